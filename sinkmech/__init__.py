@@ -1,0 +1,8 @@
+"""sinkmech: instruments for attention sinks (Barbero et al. 2025, "Why do LLMs
+attend to the first token?") on any TransformerLens HookedTransformer."""
+
+from sinkmech.models import bos_token_id, load_model
+from sinkmech.prompts import default_corpus, load_prompts, tokenize
+from sinkmech.sinks import SinkScores, sink_scores
+
+__all__ = ["load_model", "bos_token_id", "default_corpus", "load_prompts", "tokenize", "sink_scores", "SinkScores"]

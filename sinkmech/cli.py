@@ -1,0 +1,126 @@
+"""The `sinkmech` command: one subcommand per analysis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sinkmech.models import DEFAULT_MODEL
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="'smollm2' (offline default), a .gguf path, or a TransformerLens model name")
+    p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: 170 windows of the Python docs")
+    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    p.add_argument("--png", type=Path, default=None, help="write a figure here (.png or .svg)")
+
+
+def _conditions(bos: str) -> list[str]:
+    return ["prepend", "none"] if bos == "both" else [bos]
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=1))
+    except OSError as e:
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e}")
+    print(f"wrote {path}")
+
+
+# sinkmech sinks ------------------------------------------------------------
+
+
+def add_sinks_parser(sub) -> None:
+    p = sub.add_parser("sinks", help="sink scores and sink rates per head, with and without <bos>")
+    _add_common(p)
+    p.add_argument("--bos", choices=["prepend", "none", "both"], default="both")
+    p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
+    p.add_argument("--top", type=int, default=10, help="how many top sink heads to list")
+    p.set_defaults(func=cmd_sinks)
+
+
+def sinks_payload(results: dict, eps: list[str]) -> dict:
+    """The JSON contract of `sinkmech sinks`."""
+    first = next(iter(results.values()))
+    return {
+        "model": first.model_name,
+        "n_layers": first.n_layers,
+        "n_heads": first.n_heads,
+        "max_tokens": first.max_tokens,
+        "n_prompts": first.n_prompts,
+        "conditions": {k: r.summary(eps) for k, r in results.items()},
+    }
+
+
+def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
+    conds = list(results)
+    print()
+    print("sink rate (% of prompt x head pairs with score > eps)")
+    print(f"{'eps':>6} " + " ".join(f"{c:>10}" for c in conds))
+    for e in eps:
+        print(f"{e:>6} " + " ".join(f"{results[c].sink_rate(e):>9.2f}%" for c in conds))
+    print()
+    print("mean first-token score per layer")
+    print(f"{'layer':>6} " + " ".join(f"{c:>10}" for c in conds))
+    per_layer = {c: results[c].per_layer() for c in conds}
+    for l in range(next(iter(results.values())).n_layers):
+        print(f"{l:>6} " + " ".join(f"{float(per_layer[c][l]):>10.3f}" for c in conds))
+    for c in conds:
+        r = results[c]
+        print()
+        print(f"top sink heads (bos={c}; uniform attention would score {r.uniform_score():.3f})")
+        for layer, head, score in r.top_heads(top):
+            print(f"  L{layer}.H{head}  {score:.3f}")
+
+
+def cmd_sinks(args) -> None:
+    from sinkmech.figures import sink_heatmap
+    from sinkmech.models import load_model
+    from sinkmech.sinks import sink_scores
+
+    for e in args.eps:
+        try:
+            value = float(e)
+        except ValueError:
+            raise SystemExit(f"error: --eps takes numbers, got {e!r}")
+        if not 0.0 <= value < 1.0:
+            raise SystemExit(f"error: --eps values must lie in [0, 1), got {e}")
+    model = load_model(args.model)
+    results = {
+        bos: sink_scores(model, args.prompts, bos=bos, max_tokens=args.max_tokens, batch_size=args.batch_size)
+        for bos in _conditions(args.bos)
+    }
+    print_sinks_table(results, args.eps, args.top)
+    if args.json:
+        _write_json(args.json, sinks_payload(results, args.eps))
+    if args.png:
+        print(f"wrote {sink_heatmap(results, args.png, model_name=args.model)}")
+
+
+# entry point -----------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sinkmech", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_sinks_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

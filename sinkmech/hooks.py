@@ -1,0 +1,124 @@
+"""Hook names, forward passes and per-head interventions shared by the analyses.
+
+Hooks are attached only through `model.hooks(...)` so they are always removed.
+Intervention hooks return modified copies; they never edit an activation in place.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.utils import get_act_name
+
+Hook = tuple[str, Callable]
+
+
+def act_name(name: str, layer: int | None = None) -> str:
+    """TransformerLens hook name, e.g. act_name("pattern", 3)."""
+    return get_act_name(name, layer)
+
+
+def check_head(model: HookedTransformer, layer: int, head: int) -> None:
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"layer {layer} out of range: the model has {model.cfg.n_layers} layers")
+    if not 0 <= head < model.cfg.n_heads:
+        raise ValueError(f"head {head} out of range: the model has {model.cfg.n_heads} heads per layer")
+
+
+def parse_head(text: str, model: HookedTransformer | None = None) -> tuple[int, int]:
+    """'L.H' -> (L, H), checked against the model when given."""
+    try:
+        layer, head = (int(x) for x in text.split("."))
+    except ValueError:
+        raise ValueError(f"a head is written LAYER.HEAD, e.g. 12.3; got {text!r}") from None
+    if model is not None:
+        check_head(model, layer, head)
+    return layer, head
+
+
+@contextmanager
+def right_padding(model: HookedTransformer) -> Iterator[None]:
+    """Make TransformerLens treat our right-padded batches as plain causal input
+    (a left-padding tokenizer would make it build its own attention mask)."""
+    tok = model.tokenizer
+    old = getattr(tok, "padding_side", None)
+    if tok is not None:
+        tok.padding_side = "right"
+    try:
+        yield
+    finally:
+        if tok is not None and old is not None:
+            tok.padding_side = old
+
+
+def run(
+    model: HookedTransformer,
+    tokens: Tensor,
+    fwd_hooks: Sequence[Hook] = (),
+    **kwargs,
+) -> Tensor:
+    """One forward pass with hooks that are removed afterwards, no grad."""
+    with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=list(fwd_hooks)):
+        return model(tokens, **kwargs)
+
+
+def kv_head_index(model: HookedTransformer) -> Tensor:
+    """For each query head, the key/value head it reads (grouped-query attention)."""
+    n_kv = model.cfg.n_key_value_heads or model.cfg.n_heads
+    return torch.arange(model.cfg.n_heads) // (model.cfg.n_heads // n_kv)
+
+
+# Per-head interventions. `queries` (bool [batch, query_pos]) limits an
+# intervention to some query positions; None means all of them.
+
+
+def _select(queries: Tensor | None, like: Tensor) -> Tensor:
+    if queries is None:
+        return torch.ones(like.shape[0], like.shape[-2], dtype=torch.bool, device=like.device)
+    return queries.to(like.device)
+
+
+def mask_first_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = None) -> Callable:
+    """On `attn_scores`: the head cannot attend to key 0 (rows renormalise in the
+    softmax). Query 0 keeps its only key: a fully masked row has no softmax."""
+
+    def hook(scores: Float[Tensor, "batch head_index query_pos key_pos"], hook):
+        sel = _select(queries, scores).clone()
+        sel[:, 0] = False
+        out = scores.clone()
+        col = out[:, head, :, 0]
+        out[:, head, :, 0] = torch.where(sel, torch.finfo(out.dtype).min, col)
+        return out
+
+    return hook
+
+
+def all_to_first_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = None) -> Callable:
+    """On `pattern`: the head puts all of its attention on key 0 (fully dormant)."""
+
+    def hook(pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook):
+        sel = _select(queries, pattern)
+        out = pattern.clone()
+        onehot = torch.zeros_like(out[:, head])
+        onehot[..., 0] = 1.0
+        out[:, head] = torch.where(sel[..., None], onehot, out[:, head])
+        return out
+
+    return hook
+
+
+def zero_head_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = None) -> Callable:
+    """On `z`: the head's output is zeroed."""
+
+    def hook(z: Float[Tensor, "batch pos head_index d_head"], hook):
+        sel = _select(queries, z.transpose(1, 2))
+        out = z.clone()
+        out[:, :, head] = torch.where(sel[..., None], 0.0, out[:, :, head])
+        return out
+
+    return hook

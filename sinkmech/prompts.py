@@ -1,0 +1,195 @@
+"""Corpora and tokenization with an explicit `<bos>` choice.
+
+Both conditions of the paper's comparison score the same content tokens: a
+prompt is cut to `max_tokens` content tokens first, then `<bos>` is prepended
+or not. Batches are right-padded; `lengths` says how many positions are real,
+and no analysis may read past them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence, Union
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+Bos = Literal["prepend", "none"]
+BOS_CHOICES: tuple[str, ...] = ("prepend", "none")
+PromptSource = Union[str, os.PathLike, Sequence[str], Sequence[Sequence[int]], Tensor, None]
+
+DEFAULT_N_PROMPTS = 170
+DEFAULT_WORDS_PER_PROMPT = 72  # always >= 64 SmolLM2 tokens (checked in the tests)
+
+
+def check_bos(bos: str) -> Bos:
+    if bos not in BOS_CHOICES:
+        raise ValueError(f"bos must be one of {BOS_CHOICES}, got {bos!r}")
+    return bos  # type: ignore[return-value]
+
+
+def default_corpus(
+    n_prompts: int = DEFAULT_N_PROMPTS, words: int = DEFAULT_WORDS_PER_PROMPT
+) -> list[str]:
+    """`n_prompts` windows of `words` words cut at evenly spaced offsets from
+    the Python documentation in `pydoc_data.topics` (ships with every Python:
+    no download). Deterministic for a given Python version."""
+    from pydoc_data.topics import topics
+
+    text = " ".join(topics[k] for k in sorted(topics))
+    all_words = re.sub(r"\s+", " ", text).split(" ")
+    span = len(all_words) - words
+    if n_prompts < 1 or span < n_prompts:
+        raise ValueError(f"cannot cut {n_prompts} prompts of {words} words from the corpus")
+    starts = [i * span // n_prompts for i in range(n_prompts)]
+    return [" ".join(all_words[s : s + words]) for s in starts]
+
+
+def load_prompts(source: PromptSource = None) -> list[str] | list[list[int]]:
+    """Prompts from a list of strings, a text file (one prompt per line), a
+    JSONL file with a `text` field, or None for the default corpus. Lists of
+    token ids and token tensors pass through (as lists of id lists)."""
+    if source is None:
+        return default_corpus()
+    if isinstance(source, Tensor):
+        if source.ndim != 2 or source.dtype.is_floating_point:
+            raise ValueError(f"a token tensor must be integer [batch, pos], got {tuple(source.shape)} {source.dtype}")
+        return [row.tolist() for row in source]
+    if isinstance(source, os.PathLike):
+        return _read_prompt_file(Path(source))
+    if isinstance(source, str):
+        if Path(source).suffix in (".txt", ".jsonl") or Path(source).is_file():
+            return _read_prompt_file(Path(source))
+        raise ValueError(
+            "a single string is ambiguous: pass a list of prompts, or a path ending in .txt or .jsonl"
+        )
+    prompts = list(source)
+    if not prompts:
+        raise ValueError("no prompts given: the prompt list is empty")
+    if all(isinstance(p, str) for p in prompts):
+        return prompts
+    if all(isinstance(p, (list, tuple)) for p in prompts):
+        return [list(map(int, p)) for p in prompts]
+    raise ValueError("prompts must all be strings or all be lists of token ids")
+
+
+def _read_prompt_file(path: Path) -> list[str]:
+    if not path.exists():
+        raise FileNotFoundError(f"prompt file not found: {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".jsonl":
+        prompts = []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from e
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path}:{i}: each JSONL line needs a string field 'text'")
+            prompts.append(row["text"])
+    else:
+        prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return prompts
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Right-padded tokens with explicit `<bos>` handling.
+
+    `tokens[i, :lengths[i]]` is real; position `offset + j` holds content token j.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    lengths: Int[Tensor, "batch"]
+    bos: Bos
+    bos_token_id: int | None
+
+    @property
+    def offset(self) -> int:
+        return 1 if self.bos == "prepend" else 0
+
+    @property
+    def mask(self) -> Tensor:
+        """Bool [batch, pos]: True on real positions."""
+        pos = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        return pos[None, :] < self.lengths[:, None]
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def slice(self, start: int, stop: int) -> "TokenBatch":
+        """Rows start:stop, trimmed to their longest real length."""
+        lengths = self.lengths[start:stop]
+        width = int(lengths.max())
+        return TokenBatch(self.tokens[start:stop, :width], lengths, self.bos, self.bos_token_id)
+
+
+def tokenize(
+    model,
+    prompts: PromptSource,
+    *,
+    bos: Bos,
+    max_tokens: int = 64,
+    bos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> TokenBatch:
+    """Cut each prompt to `max_tokens` content tokens, then prepend `<bos>` or not.
+
+    Args:
+        model: a HookedTransformer (its tokenizer is used for strings).
+        prompts: see `load_prompts`.
+        bos: "prepend" or "none"; never taken from the model's defaults.
+        max_tokens: content tokens kept per prompt.
+        bos_token_id: overrides the tokenizer's `<bos>` id.
+    """
+    from sinkmech.models import bos_token_id as model_bos
+
+    check_bos(bos)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    items = load_prompts(prompts)
+    content: list[list[int]] = []
+    for i, p in enumerate(items):
+        if isinstance(p, str):
+            if not p.strip():
+                raise ValueError(f"prompt {i} is empty")
+            if model.tokenizer is None:
+                raise ValueError("the model has no tokenizer: pass token ids instead of strings")
+            ids = model.tokenizer(p, add_special_tokens=False)["input_ids"]
+        else:
+            ids = list(p)
+        if not ids:
+            raise ValueError(f"prompt {i} has no tokens")
+        content.append(ids[:max_tokens])
+    if bos == "prepend":
+        bos_id = bos_token_id if bos_token_id is not None else model_bos(model)
+        rows = [[bos_id] + ids for ids in content]
+    else:
+        bos_id = bos_token_id
+        rows = content
+    width = max(len(r) for r in rows)
+    if width > model.cfg.n_ctx:
+        raise ValueError(
+            f"{width} tokens do not fit the model's context of {model.cfg.n_ctx}; lower max_tokens"
+        )
+    vocab = model.cfg.d_vocab
+    if any(t < 0 or t >= vocab for r in rows for t in r):
+        raise ValueError(f"token ids must lie in [0, {vocab})")
+    if pad_token_id is None:
+        tok = model.tokenizer
+        pad_token_id = getattr(tok, "pad_token_id", None) if tok is not None else None
+        pad_token_id = 0 if pad_token_id is None else pad_token_id
+    tokens = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    return TokenBatch(tokens.to(model.cfg.device), lengths.to(model.cfg.device), bos, bos_id)

@@ -1,0 +1,233 @@
+"""Sink scores and sink rates per head (Gu et al. 2025, reused by Barbero et al. 2025).
+
+alpha_0 of a head on a prompt is the mean over all T query positions of the
+attention on the first key (1/T <= alpha_0 <= 1). The sink rate at epsilon is
+the percentage of (prompt, head) pairs with alpha_0 > epsilon. In the same
+pass: value-vector norms and residual-stream norms at the first token versus
+the rest (the sink's small value and massive activation).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import einops
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, kv_head_index, run
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, tokenize
+
+DEFAULT_EPS = (0.3, 0.8)
+
+
+@dataclass(frozen=True)
+class SinkScores:
+    """Per-prompt, per-head first-token statistics for one `<bos>` condition."""
+
+    scores: Float[Tensor, "prompt layer head_index"]
+    value_norm_first: Float[Tensor, "prompt layer head_index"]
+    value_norm_rest: Float[Tensor, "prompt layer head_index"]
+    resid_norm_first: Float[Tensor, "prompt layer"]
+    resid_norm_rest: Float[Tensor, "prompt layer"]
+    lengths: Int[Tensor, "prompt"]
+    bos: Bos
+    max_tokens: int
+    model_name: str = ""
+
+    @property
+    def n_prompts(self) -> int:
+        return self.scores.shape[0]
+
+    @property
+    def n_layers(self) -> int:
+        return self.scores.shape[1]
+
+    @property
+    def n_heads(self) -> int:
+        return self.scores.shape[2]
+
+    def sink_rate(self, eps: float | str) -> float:
+        """Percent of (prompt, head) pairs whose alpha_0 > eps (strict)."""
+        eps = float(eps)
+        if not 0.0 <= eps < 1.0:
+            raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
+        return 100.0 * (self.scores > eps).float().mean().item()
+
+    def mean_scores(self) -> Float[Tensor, "layer head_index"]:
+        return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
+
+    def per_layer(self) -> Float[Tensor, "layer"]:
+        """Mean alpha_0 over prompts and heads, per layer."""
+        return einops.reduce(self.scores, "prompt layer head_index -> layer", "mean")
+
+    def uniform_score(self) -> float:
+        """alpha_0 of a head attending uniformly, averaged over prompts:
+        mean over t of 1/(t+1), i.e. H_T / T."""
+        vals = [sum(1.0 / (t + 1) for t in range(int(T))) / int(T) for T in self.lengths]
+        return float(sum(vals) / len(vals))
+
+    def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
+        """(layer, head, mean alpha_0) of the k strongest sink heads."""
+        mean = self.mean_scores()
+        vals, idx = mean.flatten().topk(min(k, mean.numel()))
+        return [(int(i) // self.n_heads, int(i) % self.n_heads, float(v)) for v, i in zip(vals, idx)]
+
+    def to_dataframe(self):
+        """Long format: one row per (prompt, layer, head)."""
+        import pandas as pd
+
+        P, L, H = self.scores.shape
+        p, l, h = torch.meshgrid(torch.arange(P), torch.arange(L), torch.arange(H), indexing="ij")
+        return pd.DataFrame(
+            {
+                "bos": self.bos,
+                "prompt": p.flatten().numpy(),
+                "layer": l.flatten().numpy(),
+                "head": h.flatten().numpy(),
+                "score": self.scores.flatten().cpu().numpy(),
+                "value_norm_first": self.value_norm_first.flatten().cpu().numpy(),
+                "value_norm_rest": self.value_norm_rest.flatten().cpu().numpy(),
+            }
+        )
+
+    def summary(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
+        """JSON-ready means over prompts."""
+        return {
+            "bos": self.bos,
+            "scores": self.mean_scores().tolist(),
+            "sink_rate": {format_eps(e): self.sink_rate(e) for e in eps},
+            "per_layer": self.per_layer().tolist(),
+            "uniform_score": self.uniform_score(),
+            "value_norm_first": self.value_norm_first.mean(0).tolist(),
+            "value_norm_rest": self.value_norm_rest.mean(0).tolist(),
+            "resid_norm_first": self.resid_norm_first.mean(0).tolist(),
+            "resid_norm_rest": self.resid_norm_rest.mean(0).tolist(),
+        }
+
+    def to_json(self, eps: Sequence[float | str] = DEFAULT_EPS) -> str:
+        return json.dumps(
+            {
+                "model": self.model_name,
+                "n_layers": self.n_layers,
+                "n_heads": self.n_heads,
+                "max_tokens": self.max_tokens,
+                "n_prompts": self.n_prompts,
+                **self.summary(eps),
+            }
+        )
+
+
+def format_eps(eps: float | str) -> str:
+    """Epsilon as a JSON key, written as on the command line: "0.3" stays "0.3"."""
+    return eps.strip() if isinstance(eps, str) else repr(float(eps))
+
+
+def sink_scores(
+    model: HookedTransformer,
+    prompts: PromptSource,
+    *,
+    bos: Bos = "prepend",
+    max_tokens: int = 64,
+    batch_size: int = 16,
+    bos_token_id: int | None = None,
+    progress: bool = True,
+) -> SinkScores:
+    """First-token attention scores per (prompt, layer, head), streamed.
+
+    Each layer's attention pattern is reduced inside its hook to one number
+    per (prompt, head): the full activation cache is never held. Padding
+    positions never enter any mean.
+
+    Args:
+        model: any HookedTransformer.
+        prompts: strings, a .txt / .jsonl path, token-id lists, or None for the
+            default corpus.
+        bos: "prepend" puts `<bos>` at position 0; "none" scores the same content
+            tokens without it.
+        max_tokens: content tokens per prompt (the paper uses 64).
+        batch_size: prompts per forward pass.
+        bos_token_id: override for models whose tokenizer lacks one.
+
+    Returns:
+        SinkScores with [prompt, layer, head_index] tensors.
+    """
+    batch = tokenize(model, prompts, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    return sink_scores_from_tokens(
+        model, batch, batch_size=batch_size, max_tokens=max_tokens, progress=progress
+    )
+
+
+def sink_scores_from_tokens(
+    model: HookedTransformer,
+    batch: TokenBatch,
+    *,
+    batch_size: int = 16,
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> SinkScores:
+    """`sink_scores` on an already tokenized, right-padded batch."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    cfg = model.cfg
+    P, L, H = len(batch), cfg.n_layers, cfg.n_heads
+    out = {
+        k: torch.zeros(P, L, H)
+        for k in ("scores", "value_norm_first", "value_norm_rest")
+    }
+    resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
+    kv_index = kv_head_index(model).to(cfg.device)
+    starts = range(0, P, batch_size)
+    for start in tqdm(starts, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
+        part = batch.slice(start, min(start + batch_size, P))
+        rows = slice(start, start + len(part))
+        valid = part.mask.float()  # [batch, pos]
+        n_real = part.lengths.float()
+        n_rest = (n_real - 1).clamp(min=1)
+        rest = valid.clone()
+        rest[:, 0] = 0.0
+
+        def pattern_hook(pattern, hook):
+            first = pattern[:, :, :, 0]  # [batch, head, query]
+            score = einops.einsum(first, valid, "b h q, b q -> b h") / n_real[:, None]
+            out["scores"][rows, hook.layer()] = score.float().cpu()
+
+        def value_hook(v, hook):
+            norms = v.norm(dim=-1)[:, :, kv_index] if v.shape[2] != H else v.norm(dim=-1)
+            out["value_norm_first"][rows, hook.layer()] = norms[:, 0].float().cpu()
+            mean_rest = einops.einsum(norms, rest, "b p h, b p -> b h") / n_rest[:, None]
+            out["value_norm_rest"][rows, hook.layer()] = mean_rest.float().cpu()
+
+        def resid_hook(resid, hook):
+            norms = resid.norm(dim=-1)  # [batch, pos]
+            resid_first[rows, hook.layer()] = norms[:, 0].float().cpu()
+            resid_rest[rows, hook.layer()] = ((norms * rest).sum(-1) / n_rest).float().cpu()
+
+        hooks = []
+        for l in range(L):
+            hooks += [
+                (act_name("pattern", l), pattern_hook),
+                (act_name("v", l), value_hook),
+                (act_name("resid_post", l), resid_hook),
+            ]
+        # The logits are not needed: stop after the last block.
+        run(model, part.tokens, hooks, stop_at_layer=L)
+    for k, v in out.items():
+        if torch.isnan(v).any():
+            raise FloatingPointError(f"NaN in {k}: the model produced NaN activations")
+    return SinkScores(
+        scores=out["scores"],
+        value_norm_first=out["value_norm_first"],
+        value_norm_rest=out["value_norm_rest"],
+        resid_norm_first=resid_first,
+        resid_norm_rest=resid_rest,
+        lengths=batch.lengths.cpu(),
+        bos=batch.bos,
+        max_tokens=max_tokens if max_tokens is not None else int(batch.lengths.max()) - batch.offset,
+        model_name=cfg.model_name,
+    )
