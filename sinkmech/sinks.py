@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import einops
 import torch
@@ -193,6 +193,13 @@ def sink_scores_from_tokens(
         rest[:, 0] = 0.0
 
         def pattern_hook(pattern, hook):
+            # TransformerLens turns NaN attention into zero rows; catch them here.
+            row_sums = pattern.sum(-1)  # [batch, head, query]
+            if ((row_sums - 1.0).abs() * valid[:, None, :] > 1e-3).any():
+                raise FloatingPointError(
+                    f"layer {hook.layer()}: attention rows do not sum to 1 "
+                    "(NaN or inf in the attention scores)"
+                )
             first = pattern[:, :, :, 0]  # [batch, head, query]
             score = einops.einsum(first, valid, "b h q, b q -> b h") / n_real[:, None]
             out["scores"][rows, hook.layer()] = score.float().cpu()

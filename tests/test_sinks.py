@@ -1,0 +1,209 @@
+"""Sink scores: planted heads, brute force, padding, <bos> alignment, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from sinkmech.prompts import default_corpus, load_prompts, tokenize
+from sinkmech.sinks import sink_scores
+from tests.conftest import TINY_BOS
+
+
+def planted_model() -> HookedTransformer:
+    """Attention-only, no positional rotation: head 0 always attends to <bos>
+    (id 1), head 1 attends uniformly, heads 2-3 stay random."""
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=16, n_heads=4, d_head=4, n_ctx=32, d_vocab=50,
+        attn_only=True, normalization_type=None, positional_embedding_type="standard", seed=1, device="cpu",
+    )
+    model = HookedTransformer(cfg)
+    with torch.no_grad():
+        model.embed.W_E[:, 0] = 0.0
+        model.embed.W_E[TINY_BOS, 0] = 1.0  # dim 0 marks <bos>
+        model.pos_embed.W_pos[:, 0] = 0.0
+        attn = model.blocks[0].attn
+        for h in (0, 1):
+            attn.W_Q[h] = 0.0
+            attn.W_K[h] = 0.0
+            attn.b_Q[h] = 0.0
+            attn.b_K[h] = 0.0
+        attn.b_Q[0, 0] = 200.0
+        attn.W_K[0, 0, 0] = 1.0
+    model.eval()
+    return model
+
+
+def brute_force_scores(model, batch) -> torch.Tensor:
+    """alpha_0 per (prompt, layer, head) from a full cache, one prompt at a time."""
+    out = torch.zeros(len(batch), model.cfg.n_layers, model.cfg.n_heads)
+    for i in range(len(batch)):
+        T = int(batch.lengths[i])
+        _, cache = model.run_with_cache(batch.tokens[i : i + 1, :T])
+        for l in range(model.cfg.n_layers):
+            out[i, l] = cache["pattern", l][0, :, :, 0].mean(-1)
+    return out
+
+
+def test_planted_sink_head_scores_one_and_uniform_head_scores_harmonic(tiny_tokens):
+    model = planted_model()
+    res = sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    T = tiny_tokens.shape[1] + 1
+    assert torch.allclose(res.scores[:, 0, 0], torch.ones(len(tiny_tokens)), atol=1e-4)
+    harmonic = sum(1.0 / (t + 1) for t in range(T)) / T  # uniform causal attention
+    assert torch.allclose(res.scores[:, 0, 1], torch.full((len(tiny_tokens),), harmonic), atol=1e-6)
+    assert res.uniform_score() == pytest.approx(harmonic)
+    # The planted head is a sink at any eps < 1; the uniform head at none above 1/T.
+    rate = res.sink_rate(0.8)
+    assert rate >= 25.0 and (res.scores[:, 0, 1] <= 0.8).all()
+
+
+def test_streaming_equals_brute_force_tiny(tiny_model, tiny_tokens):
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, tiny_tokens, bos=bos, bos_token_id=TINY_BOS)
+        res = sink_scores(tiny_model, tiny_tokens, bos=bos, bos_token_id=TINY_BOS, batch_size=4, progress=False)
+        assert torch.allclose(res.scores, brute_force_scores(tiny_model, batch), atol=1e-6)
+
+
+def test_value_and_residual_norms_match_cache(tiny_model, tiny_tokens):
+    res = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    batch = tokenize(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS)
+    _, cache = tiny_model.run_with_cache(batch.tokens)
+    for l in range(tiny_model.cfg.n_layers):
+        v = cache["v", l].norm(dim=-1)  # [batch pos head]
+        assert torch.allclose(res.value_norm_first[:, l], v[:, 0], atol=1e-5)
+        assert torch.allclose(res.value_norm_rest[:, l], v[:, 1:].mean(1), atol=1e-5)
+        r = cache["resid_post", l].norm(dim=-1)
+        assert torch.allclose(res.resid_norm_first[:, l], r[:, 0], atol=1e-4)
+        assert torch.allclose(res.resid_norm_rest[:, l], r[:, 1:].mean(1), atol=1e-4)
+
+
+def test_grouped_query_value_norms_follow_kv_heads():
+    from tests.conftest import make_tiny
+
+    model = make_tiny(3, n_heads=4, n_kv=2)
+    tokens = torch.randint(2, 50, (3, 9), generator=torch.Generator().manual_seed(3))
+    res = sink_scores(model, tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    # heads 0,1 read kv head 0; heads 2,3 read kv head 1
+    assert torch.equal(res.value_norm_first[..., 0], res.value_norm_first[..., 1])
+    assert torch.equal(res.value_norm_first[..., 2], res.value_norm_first[..., 3])
+    assert not torch.equal(res.value_norm_first[..., 0], res.value_norm_first[..., 2])
+
+
+def test_padding_never_enters_the_means(tiny_model):
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (3, 11, 7, 1, 15)]
+    together = sink_scores(tiny_model, prompts, bos="prepend", bos_token_id=TINY_BOS, batch_size=5, progress=False)
+    for i, p in enumerate(prompts):
+        alone = sink_scores(tiny_model, [p], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+        for field in ("scores", "value_norm_first", "value_norm_rest", "resid_norm_rest"):
+            assert torch.allclose(getattr(together, field)[i], getattr(alone, field)[0], atol=1e-5), field
+
+
+def test_bos_and_no_bos_score_the_same_content_tokens(smollm2):
+    prompts = ["The cat sat on the mat.", "x = [1, 2, 3]  # a list", "Attention sinks are odd."]
+    with_bos = tokenize(smollm2, prompts, bos="prepend", max_tokens=5)
+    without = tokenize(smollm2, prompts, bos="none", max_tokens=5)
+    assert (with_bos.tokens[:, 0] == 1).all()  # <|im_start|>
+    for i in range(len(prompts)):
+        n = int(without.lengths[i])
+        assert int(with_bos.lengths[i]) == n + 1 and n <= 5
+        assert with_bos.tokens[i, 1 : n + 1].tolist() == without.tokens[i, :n].tolist()
+        ids = smollm2.tokenizer(prompts[i], add_special_tokens=False)["input_ids"][:5]
+        assert without.tokens[i, :n].tolist() == ids
+
+
+def test_smollm2_streaming_equals_brute_force(smollm2):
+    prompts = default_corpus()[:3]
+    for bos in ("prepend", "none"):
+        res = sink_scores(smollm2, prompts, bos=bos, max_tokens=16, batch_size=2, progress=False)
+        batch = tokenize(smollm2, prompts, bos=bos, max_tokens=16)
+        assert torch.allclose(res.scores, brute_force_scores(smollm2, batch), atol=1e-5)
+        assert res.scores.min() >= 1.0 / 17 - 1e-6 and res.scores.max() <= 1.0 + 1e-6
+
+
+def test_default_corpus_is_deterministic_and_long_enough(smollm2):
+    corpus = default_corpus()
+    assert len(corpus) == 170 and corpus == default_corpus()
+    assert len(set(corpus)) == 170
+    lengths = [len(smollm2.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in corpus]
+    assert min(lengths) >= 64
+
+
+def test_prompt_files(tmp_path):
+    txt = tmp_path / "p.txt"
+    txt.write_text("first prompt\n\nsecond prompt\n")
+    assert load_prompts(txt) == ["first prompt", "second prompt"]
+    jl = tmp_path / "p.jsonl"
+    jl.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b", "id": 2}) + "\n")
+    assert load_prompts(str(jl)) == ["a", "b"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "a"}) + "\n")
+    with pytest.raises(ValueError, match="'text'"):
+        load_prompts(bad)
+    with pytest.raises(FileNotFoundError):
+        load_prompts(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(tmp_path / "empty.txt")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(prompts=[]), "empty"),
+        (dict(prompts=["ok", "   "]), "prompt 1 is empty"),
+        (dict(prompts=[[3, 4]], max_tokens=0), "max_tokens"),
+        (dict(prompts=[list(range(2, 40)) * 2], max_tokens=70), "context"),
+        (dict(prompts=[[3, 400]]), "token ids"),
+        (dict(prompts=[[3, 4]], batch_size=0), "batch_size"),
+        (dict(prompts="just one string"), "ambiguous"),
+    ],
+)
+def test_bad_input_raises_specific_errors(tiny_model, kwargs, match):
+    kwargs = {"bos": "prepend", "bos_token_id": TINY_BOS, "progress": False, **kwargs}
+    prompts = kwargs.pop("prompts")
+    with pytest.raises(ValueError, match=match):
+        sink_scores(tiny_model, prompts, **kwargs)
+
+
+def test_unknown_bos_choice_is_a_value_error():
+    # Called through sink_scores, the test suite's runtime type checker rejects
+    # the Literal first; without it, check_bos is what users see.
+    from sinkmech.prompts import check_bos
+
+    with pytest.raises(ValueError, match="bos must be one of"):
+        check_bos("start")
+
+
+def test_bad_eps_and_nan_model(tiny_tokens):
+    model = planted_model()
+    res = sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    with pytest.raises(ValueError, match="epsilon"):
+        res.sink_rate(1.5)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[2, 0, 0] = math.nan
+    with pytest.raises(FloatingPointError, match="NaN"):
+        sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+
+
+def test_model_without_bos_needs_explicit_id(tiny_model, tiny_tokens):
+    with pytest.raises(ValueError, match="no <bos>"):
+        sink_scores(tiny_model, tiny_tokens, bos="prepend", progress=False)
+
+
+def test_result_exports(tiny_model, tiny_tokens):
+    res = sink_scores(tiny_model, tiny_tokens, bos="none", progress=False)
+    df = res.to_dataframe()
+    assert len(df) == res.n_prompts * res.n_layers * res.n_heads
+    assert df.loc[(df.prompt == 2) & (df.layer == 1) & (df["head"] == 3), "score"].item() == pytest.approx(
+        float(res.scores[2, 1, 3])
+    )
+    payload = json.loads(res.to_json(eps=["0.3", 0.8]))
+    assert set(payload["sink_rate"]) == {"0.3", "0.8"}
+    assert payload["sink_rate"]["0.3"] == pytest.approx(res.sink_rate(0.3))
+    assert len(payload["scores"]) == res.n_layers and len(payload["scores"][0]) == res.n_heads
