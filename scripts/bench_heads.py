@@ -1,7 +1,7 @@
 """Benchmark: `scan_heads` over the default corpus vs plain forward passes over
 the same tokens (target: scan <= 1.5x a plain forward).
 
-    python scripts/bench_heads.py [--model smollm2] [--n-prompts 170] [--json OUT]
+    PYTHONPATH=. python scripts/bench_heads.py [--model smollm2] [--n-prompts 170] [--json OUT]
 
 Prints the wall time of (a) plain forward passes `model(tokens)`, (b) the same
 passes stopped after the last block (what the scan needs: no unembedding),

@@ -25,8 +25,9 @@ class Thresholds:
     A query is dormant when its first-token attention is >= `high`, active
     when <= `low`, "between" otherwise. A head is
     - `if_else` when dormant_fraction >= `if_else_min_dormant`, active_fraction
-      >= `if_else_min_active`, between fraction <= `if_else_max_between`, its
-      best trigger has lift >= `min_lift` on >= `min_count` active queries, and
+      >= `if_else_min_active`, between fraction <= `if_else_max_between`,
+      one of its triggers (the top few per place, ranked by evidence; see
+      `sinkmech.triggers`) has lift >= `min_lift` on >= `min_count` active queries, and
       output_norm_dormant / output_norm_active <= `max_output_ratio`;
     - else `sink` when dormant_fraction >= `sink_min_dormant`;
     - else `active` when dormant_fraction <= `active_max_dormant`;
@@ -67,7 +68,7 @@ def classify(stats: dict, triggers: list, best_lift: Float[Tensor, "layer head_i
         stats: [layer, head_index] tensors `dormant_fraction`, `active_fraction`,
             `output_norm_dormant`, `output_norm_active`.
         triggers: [layer][head] lists of `Trigger`, best first.
-        best_lift: each head's best trigger lift (0 if none reaches min_count).
+        best_lift: each head's best trigger lift (0 if it has no trigger).
         th: a `Thresholds`.
 
     Returns:
@@ -87,14 +88,16 @@ def classify(stats: dict, triggers: list, best_lift: Float[Tensor, "layer head_i
         for h in range(H):
             d, a, r, lift = float(dorm[l, h]), float(act[l, h]), float(ratio[l, h]), float(best_lift[l, h])
             between = max(0.0, 1.0 - d - a)
-            top = triggers[l][h][0] if triggers[l][h] else None
-            trig = f"best trigger {top.token!r}@{top.where} lift {top.lift:.1f} (n={top.count})" if top else "no trigger with enough count"
+            strong = [t for t in triggers[l][h] if t.lift >= th.min_lift]
+            top = (strong or triggers[l][h] or [None])[0]
+            trig = (f"trigger {top.token!r}@{top.where} lift {top.lift:.1f} (n={top.count})" if top
+                    else f"no trigger on >= {th.min_count} active queries")
             ratio_txt = "n/a" if math.isnan(r) else f"{r:.2f}"
             checks = [
                 (d >= th.if_else_min_dormant, f"dormant {d:.2f} {'>=' if d >= th.if_else_min_dormant else '<'} {th.if_else_min_dormant}"),
                 (a >= th.if_else_min_active, f"active {a:.3f} {'>=' if a >= th.if_else_min_active else '<'} {th.if_else_min_active}"),
                 (between <= th.if_else_max_between, f"between {between:.2f} {'<=' if between <= th.if_else_max_between else '>'} {th.if_else_max_between}"),
-                (lift >= th.min_lift, f"{trig} {'>=' if lift >= th.min_lift else '<'} {th.min_lift}"),
+                (bool(strong), f"{trig} {'>=' if strong else '<'} {th.min_lift}"),
                 (not math.isnan(r) and r <= th.max_output_ratio,
                  f"output norm dormant/active {ratio_txt} {'<=' if r <= th.max_output_ratio else 'not <='} {th.max_output_ratio}"),
             ]

@@ -15,6 +15,8 @@ look like a trigger. The expected count is therefore position-adjusted:
   late-occurring tokens look like triggers).
 
 lift = count / expected (Barbero et al. 2025, Sec. 3.2; Guo et al. 2024).
+Triggers are ranked by the Poisson log-likelihood ratio of count vs expected,
+which weighs lift by how many queries back it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Trigger:
     count: int  # active queries with this token there
     expected: float  # position-adjusted count if tokens did not matter
     lift: float  # count / expected
+    log_lr: float  # Poisson log-likelihood ratio 2[n ln(n/e) - (n - e)]: the ranking key
     active_rate: float | None  # P(active | token there); None for "key"
 
     def to_dict(self) -> dict:
@@ -100,8 +103,8 @@ class TriggerCounter:
         min_count: int,
         top_k: int,
     ) -> tuple[list[list[list[Trigger]]], Float[Tensor, "layer head_index"]]:
-        """Top triggers per head (top_k per place, by lift, count >= min_count),
-        and each head's best lift.
+        """Top triggers per head: top_k per place with count >= min_count and
+        lift > 1, ranked by `log_lr`; and the best lift among them per head.
 
         Args:
             active_by_pos: each head's active rate at each query position.
@@ -120,23 +123,25 @@ class TriggerCounter:
         out: list[list[list[Trigger]]] = [[[] for _ in range(H)] for _ in range(L)]
         for where in WHERES:
             obs, exp = self.observed[where], expected[where]
-            lift = torch.where((obs >= min_count) & (exp > 0), obs / exp.clamp(min=1e-12), 0.0)
-            k = min(top_k, lift.shape[-1])
-            vals, ids = lift.topk(k, dim=-1)
-            best = torch.maximum(best, vals[..., 0].cpu())
+            ok = (obs >= min_count) & (exp > 0)
+            lift = torch.where(ok, obs / exp.clamp(min=1e-12), 0.0)
+            # rank by evidence, not lift alone: rare tokens reach huge lifts on a handful of counts
+            llr = 2 * (obs * torch.log(lift.clamp(min=1e-12)) - (obs - exp))
+            llr = torch.where(ok & (lift > 1), llr, -1.0)
+            vals, ids = llr.topk(min(top_k, llr.shape[-1]), dim=-1)
             vals, ids = vals.cpu(), ids.cpu()
-            obs_c, exp_c = obs.cpu(), exp.cpu()
+            obs_c, exp_c, lift_c = obs.cpu(), exp.cpu(), lift.cpu()
             for l in range(L):
                 for h in range(H):
-                    for v, t in zip(vals[l, h].tolist(), ids[l, h].tolist()):
-                        if v <= 0:
+                    for g, t in zip(vals[l, h].tolist(), ids[l, h].tolist()):
+                        if g < 0:
                             break
                         n = float(obs_c[l, h, t])
                         rate_t = n / float(occ[where][t]) if where != "key" else None
-                        out[l][h].append(
-                            Trigger(decode(t), t, where, int(round(n)), float(exp_c[l, h, t]), v, rate_t)
-                        )
+                        out[l][h].append(Trigger(decode(t), t, where, int(round(n)), float(exp_c[l, h, t]),
+                                                 float(lift_c[l, h, t]), g, rate_t))
         for l in range(L):
             for h in range(H):
-                out[l][h].sort(key=lambda tr: (-tr.lift, -tr.count))
+                out[l][h].sort(key=lambda tr: -tr.log_lr)
+                best[l, h] = max((tr.lift for tr in out[l][h]), default=0.0)
         return out, best
