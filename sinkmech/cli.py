@@ -167,7 +167,7 @@ def print_head_profile(scan, layer: int, head: int) -> None:
     print(f"    {'band':>10} {'freq':>8} " + " ".join(f"{c:>12}" for c in cols))
     for i, label in enumerate(b["labels"]):
         print(f"    {label:>10} {b['frequencies'][i]:8.4f} " + " ".join(f"{_fmt(b[c][i], '.3f'):>12}" for c in cols))
-    print("  triggers")
+    print("  triggers" + ("" if e["triggers"] else f": none on >= {scan.thresholds.min_count} active queries"))
     for t in e["triggers"]:
         rate = "" if t["active_rate"] is None else f", active {t['active_rate']:.2f} of the time"
         print(f"    {t['token']!r:>14} @{t['where']:<8} n={t['count']:<5} lift {t['lift']:.2f} (expected {t['expected']:.1f}{rate})")

@@ -97,7 +97,7 @@ def classify(stats: dict, triggers: list, best_lift: Float[Tensor, "layer head_i
                 (d >= th.if_else_min_dormant, f"dormant {d:.2f} {'>=' if d >= th.if_else_min_dormant else '<'} {th.if_else_min_dormant}"),
                 (a >= th.if_else_min_active, f"active {a:.3f} {'>=' if a >= th.if_else_min_active else '<'} {th.if_else_min_active}"),
                 (between <= th.if_else_max_between, f"between {between:.2f} {'<=' if between <= th.if_else_max_between else '>'} {th.if_else_max_between}"),
-                (bool(strong), f"{trig} {'>=' if strong else '<'} {th.min_lift}"),
+                (bool(strong), f"{trig} {'>=' if strong else '<'} {th.min_lift}" if top else trig),
                 (not math.isnan(r) and r <= th.max_output_ratio,
                  f"output norm dormant/active {ratio_txt} {'<=' if r <= th.max_output_ratio else 'not <='} {th.max_output_ratio}"),
             ]
