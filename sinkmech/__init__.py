@@ -4,5 +4,7 @@ attend to the first token?") on any TransformerLens HookedTransformer."""
 from sinkmech.models import bos_token_id, load_model
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import SinkScores, sink_scores
+from sinkmech.dormant import HeadScan, scan_heads
+from sinkmech.noop import noop_check
 
-__all__ = ["load_model", "bos_token_id", "default_corpus", "load_prompts", "tokenize", "sink_scores", "SinkScores"]
+__all__ = ["load_model", "bos_token_id", "default_corpus", "load_prompts", "tokenize", "sink_scores", "SinkScores", "scan_heads", "HeadScan", "noop_check"]

@@ -1,0 +1,401 @@
+"""Dormant ("if-else") heads: per-head profiles, streamed over a corpus.
+
+A dormant head rests on the first token, whose value vector is tiny, and
+wakes up on a trigger (Barbero et al. 2025, Sec. 3.2; Guo et al. 2024,
+"Active-dormant attention heads"). For every (layer, head) one pass over the
+corpus measures: the distribution over queries of the attention on the first
+token (a query is *dormant* at >= `high`, *active* at <= `low`), value norms,
+the head's output norm ||z W_O|| in each mode (Sandoval-Segura et al. 2025),
+q/k norm bands (`sinkmech.bands`) and triggers (`sinkmech.triggers`). Query 0
+is left out everywhere: it can only attend to itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import einops
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.bands import band_layout, band_norms, band_products
+from sinkmech.hooks import act_name, kv_head_index, run
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, tokenize
+from sinkmech.labels import MODES, Mode, Thresholds, classify
+from sinkmech.triggers import Trigger, TriggerCounter
+
+@dataclass(frozen=True)
+class HeadScan:
+    """Per-(layer, head) profiles over a corpus. NaN where a mode never occurred."""
+
+    first_token_attention: Float[Tensor, "layer head_index"]  # mean over queries
+    dormant_fraction: Float[Tensor, "layer head_index"]
+    active_fraction: Float[Tensor, "layer head_index"]
+    bimodality: Float[Tensor, "layer head_index"]  # Sarle's coefficient; > 5/9 hints bimodal
+    histogram: Float[Tensor, "layer head_index bin"]  # fraction of queries per first-token bin
+    attention_by_position: Float[Tensor, "layer head_index pos"]
+    active_by_position: Float[Tensor, "layer head_index pos"]
+    value_norm_first: Float[Tensor, "layer head_index"]
+    value_norm_rest: Float[Tensor, "layer head_index"]
+    value_norm_active: Float[Tensor, "layer head_index"]  # attention-weighted, active queries
+    value_norm_dormant: Float[Tensor, "layer head_index"]
+    output_norm_active: Float[Tensor, "layer head_index"]  # ||z W_O||
+    output_norm_dormant: Float[Tensor, "layer head_index"]
+    bands: dict[str, Float[Tensor, "layer head_index band"]]  # see `scan_heads`
+    band_labels: tuple[str, ...]
+    band_frequencies: Float[Tensor, "band"]
+    rotary: bool
+    best_lift: Float[Tensor, "layer head_index"]
+    if_else_score: Float[Tensor, "layer head_index"]
+    modes: tuple[tuple[Mode, ...], ...]  # [layer][head]
+    evidence: tuple[tuple[tuple[str, ...], ...], ...]
+    triggers: tuple[tuple[tuple[Trigger, ...], ...], ...]
+    thresholds: Thresholds
+    n_prompts: int
+    n_queries: int
+    bos: Bos
+    max_tokens: int
+    model_name: str = ""
+
+    @property
+    def n_layers(self) -> int:
+        return self.first_token_attention.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.first_token_attention.shape[1]
+
+    def mode(self, layer: int, head: int) -> str:
+        return self.modes[layer][head]
+
+    def if_else_heads(self) -> list[tuple[int, int]]:
+        """Heads labelled if_else, best score first."""
+        return [lh for lh in self.ranked() if self.mode(*lh) == "if_else"]
+
+    def ranked(self) -> list[tuple[int, int]]:
+        """All heads by if_else_score, then best trigger lift."""
+        key = self.if_else_score.flatten() * 1e6 + self.best_lift.flatten().clamp(max=1e5)
+        order = torch.argsort(key, descending=True, stable=True)
+        return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
+
+    def head_summary(self, layer: int, head: int) -> dict:
+        """The JSON entry of one head (the `heads` contract plus evidence)."""
+        def num(x: Tensor) -> float | None:
+            v = float(x)
+            return None if math.isnan(v) else v
+
+        l, h = layer, head
+        return {
+            "layer": l,
+            "head": h,
+            "mode": self.modes[l][h],
+            "if_else_score": num(self.if_else_score[l, h]),
+            "first_token_attention": num(self.first_token_attention[l, h]),
+            "dormant_fraction": num(self.dormant_fraction[l, h]),
+            "active_fraction": num(self.active_fraction[l, h]),
+            "bimodality": num(self.bimodality[l, h]),
+            "value_norm_first": num(self.value_norm_first[l, h]),
+            "value_norm_rest": num(self.value_norm_rest[l, h]),
+            "value_norm_active": num(self.value_norm_active[l, h]),
+            "value_norm_dormant": num(self.value_norm_dormant[l, h]),
+            "output_norm_active": num(self.output_norm_active[l, h]),
+            "output_norm_dormant": num(self.output_norm_dormant[l, h]),
+            "triggers": [t.to_dict() for t in self.triggers[l][h]],
+            "evidence": list(self.evidence[l][h]),
+        }
+
+    def profile(self, layer: int, head: int) -> dict:
+        """Everything about one head: summary, histogram, per-position rates, bands."""
+        l, h = layer, head
+        out = self.head_summary(l, h)
+        out["histogram"] = self.histogram[l, h].tolist()
+        out["attention_by_position"] = self.attention_by_position[l, h].tolist()
+        out["active_by_position"] = self.active_by_position[l, h].tolist()
+        out["bands"] = {
+            "rotary": self.rotary,
+            "labels": list(self.band_labels),
+            "frequencies": self.band_frequencies.tolist(),
+            **{k: v[l, h].tolist() for k, v in self.bands.items()},
+        }
+        return _no_nan(out)
+
+    def to_dataframe(self):
+        """Long format: one row per (layer, head)."""
+        import pandas as pd
+
+        rows = [self.head_summary(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
+        for r in rows:
+            r["triggers"] = "; ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} (n={t['count']})" for t in r["triggers"][:3])
+            r["evidence"] = "; ".join(r["evidence"])
+        return pd.DataFrame(rows)
+
+    def to_json(self, *, profiles: bool = False) -> str:
+        heads = [
+            self.profile(l, h) if profiles else self.head_summary(l, h)
+            for l in range(self.n_layers)
+            for h in range(self.n_heads)
+        ]
+        return json.dumps(_no_nan(
+            {
+                "model": self.model_name,
+                "bos": self.bos,
+                "max_tokens": self.max_tokens,
+                "n_prompts": self.n_prompts,
+                "n_queries": self.n_queries,
+                "rotary": self.rotary,
+                "thresholds": vars(self.thresholds),
+                "mode_counts": {m: sum(row.count(m) for row in self.modes) for m in MODES},
+                "heads": heads,
+            }
+        ))
+
+
+def _no_nan(obj):
+    """NaN (a mode that never occurred) -> None, so the JSON is standard."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) else obj
+    if isinstance(obj, dict):
+        return {k: _no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_no_nan(v) for v in obj]
+    return obj
+
+
+def scan_heads(
+    model: HookedTransformer,
+    prompts: PromptSource,
+    *,
+    bos: Bos = "prepend",
+    max_tokens: int = 64,
+    batch_size: int = 16,
+    bos_token_id: int | None = None,
+    high: float = 0.8,
+    low: float = 0.2,
+    sink_min_dormant: float = 0.9,
+    active_max_dormant: float = 0.1,
+    if_else_min_dormant: float = 0.5,
+    if_else_min_active: float = 0.01,
+    if_else_max_between: float = 0.25,
+    min_lift: float = 3.0,
+    min_count: int = 5,
+    max_output_ratio: float = 0.5,
+    top_triggers: int = 5,
+    n_bins: int = 20,
+    progress: bool = True,
+) -> HeadScan:
+    """Profile every head in one streamed pass and label it (see `Thresholds`).
+
+    Args:
+        model: any HookedTransformer.
+        prompts: strings, a .txt/.jsonl path, token-id lists or None (default corpus).
+        bos: "prepend" or "none"; the first token is position 0 either way.
+        max_tokens: content tokens per prompt.
+        batch_size: prompts per forward pass.
+        bos_token_id: for models without a tokenizer.
+        high, low, ...: the thresholds documented in `Thresholds`.
+        top_triggers: triggers kept per head and place (query / previous / key).
+        n_bins: histogram bins of first-token attention.
+
+    Returns:
+        HeadScan. `bands` holds [layer, head_index, band] means of the band
+        norms `q_first`, `q_rest`, `k_first`, `k_rest` (first token vs the
+        rest), `q_dormant`, `q_active` (by query mode), and the per-band
+        shares of the attention logit q.k/scale: `logit_first_dormant`,
+        `logit_first_active` (to the first key) and `logit_key_active` (to the
+        most attended other key).
+    """
+    th = Thresholds(high, low, sink_min_dormant, active_max_dormant, if_else_min_dormant,
+                    if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio)
+    if batch_size < 1 or n_bins < 2 or top_triggers < 1:
+        raise ValueError("need batch_size >= 1, n_bins >= 2 and top_triggers >= 1")
+    batch = tokenize(model, prompts, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    if int(batch.lengths.max()) < 2:
+        raise ValueError("every prompt has a single token: there is no query to scan")
+    acc = _Accumulator(model, batch, th, n_bins)
+    for start in tqdm(range(0, len(batch), batch_size), desc="scan heads", disable=not progress, unit="batch"):
+        part = batch.slice(start, min(start + batch_size, len(batch)))
+        run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
+    decode = _decoder(model)
+    return acc.finish(th, decode=decode, top_triggers=top_triggers, max_tokens=max_tokens)
+
+
+def _decoder(model: HookedTransformer):
+    tok = model.tokenizer
+    if tok is None:
+        return lambda t: f"<{t}>"
+    return lambda t: tok.decode([t])
+
+
+class _Accumulator:
+    """Running sums for `scan_heads`; each layer is reduced in its `z` hook."""
+
+    def __init__(self, model: HookedTransformer, batch: TokenBatch, th: Thresholds, n_bins: int) -> None:
+        cfg = model.cfg
+        L, H, P = cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
+        dev = cfg.device
+        self.model, self.th, self.n_bins, self.batch = model, th, n_bins, batch
+        self.layout = band_layout(model)
+        C = self.layout.n_bands
+        self.kv_index = kv_head_index(model).to(dev)
+        self.scale = [float(model.blocks[l].attn.attn_scale) for l in range(L)]
+        # ||z W_O||^2 = z G z with G = W_O W_O^T: d_head^2 work instead of d_head * d_model
+        self.gram = [einops.einsum(b.attn.W_O, b.attn.W_O, "h d m, h e m -> h d e").detach() for b in model.blocks]
+        z = lambda *s: torch.zeros(*s, device=dev, dtype=torch.float64)  # noqa: E731
+        self.sums = {k: z(L, H) for k in ("f", "f2", "f3", "f4", "n_dormant", "n_active", "v_first", "v_rest",
+                                          "read_active", "read_dormant", "out_active", "out_dormant")}
+        self.hist = z(L, H, n_bins)
+        self.pos = {k: z(L, H, P) for k in ("f", "active")}
+        self.pos_total = z(P)
+        self.band_keys = ("q_first", "q_rest", "k_first", "k_rest", "q_dormant", "q_active",
+                          "logit_first_dormant", "logit_first_active", "logit_key_active")
+        self.band = {k: z(L, H, C) for k in self.band_keys}
+        self.n_prompts = 0
+        self.triggers = TriggerCounter(L, H, cfg.d_vocab, P, dev)
+        self.rotary = cfg.positional_embedding_type == "rotary"
+
+    def hooks(self, part: TokenBatch) -> list:
+        cur: dict[str, Tensor] = {}
+        mask = part.mask
+        valid_q = mask.clone()
+        valid_q[:, 0] = False
+        self.pos_total[: mask.shape[1]] += valid_q.sum(0)
+        self.n_prompts += len(part)
+        self.triggers.add_tokens(part.tokens, valid_q)
+
+        def keep(name):
+            def hook(x, hook):
+                cur[name] = x
+            return hook
+
+        def reduce(z, hook):
+            self._reduce_layer(hook.layer(), part, valid_q, mask, z, cur)
+            cur.clear()
+
+        q_name, k_name = ("rot_q", "rot_k") if self.rotary else ("q", "k")
+        hooks = []
+        for l in range(self.model.cfg.n_layers):
+            hooks += [(act_name(q_name, l), keep("q")), (act_name(k_name, l), keep("k")),
+                      (act_name("v", l), keep("v")), (act_name("pattern", l), keep("pattern")),
+                      (act_name("z", l), reduce)]
+        return hooks
+
+    def _per_head(self, x: Tensor) -> Tensor:
+        """[batch, pos, kv_head, ...] -> [batch, pos, head_index, ...] under GQA."""
+        return x if x.shape[2] == self.model.cfg.n_heads else x[:, :, self.kv_index]
+
+    def _reduce_layer(self, l, part, valid_q, mask, z, cur) -> None:
+        th, s, bd = self.th, self.sums, self.band
+        pattern = cur["pattern"].float()  # [b, h, q, k]
+        f = pattern[..., 0]  # [b, h, q]
+        vq = valid_q[:, None, :].float()
+        dormant = (f >= th.high) & valid_q[:, None, :]
+        active = (f <= th.low) & valid_q[:, None, :]
+        dm, am = dormant.double(), active.double()
+        fd = f.double() * vq
+        for i, k in enumerate(("f", "f2", "f3", "f4"), 1):
+            s[k][l] += (fd ** i).sum((0, 2))
+        s["n_dormant"][l] += dm.sum((0, 2))
+        s["n_active"][l] += am.sum((0, 2))
+        bins = (f * self.n_bins).long().clamp(0, self.n_bins - 1)
+        H = f.shape[1]
+        head = torch.arange(H, device=f.device)[None, :, None].expand_as(bins)
+        self.hist[l].view(-1).index_add_(0, (head * self.n_bins + bins).flatten(), vq.expand_as(f).double().flatten())
+        P = f.shape[-1]
+        self.pos["f"][l, :, :P] += fd.sum(0)
+        self.pos["active"][l, :, :P] += am.sum(0)
+        # values: norm at the first token, elsewhere, and what each query reads
+        vn = self._per_head(cur["v"]).float().norm(dim=-1)  # [b, k, h]
+        rest = mask.clone()
+        rest[:, 0] = False
+        s["v_first"][l] += vn[:, 0].double().sum(0)
+        s["v_rest"][l] += einops.einsum(vn.double(), rest.double(), "b k h, b k -> h")
+        read = einops.einsum(pattern, vn, "b h q k, b k h -> b h q").double()
+        s["read_active"][l] += (read * am).sum((0, 2))
+        s["read_dormant"][l] += (read * dm).sum((0, 2))
+        zf = z.float()
+        out = einops.einsum(zf, self.gram[l].float(), zf, "b q h d, h d e, b q h e -> b h q").clamp(min=0).sqrt().double()
+        s["out_active"][l] += (out * am).sum((0, 2))
+        s["out_dormant"][l] += (out * dm).sum((0, 2))
+        # q/k bands, and each band's share of the logit to the first / attended key
+        q = cur["q"].float()  # [b, q, h, d]
+        k = self._per_head(cur["k"]).float()
+        qb, kb = band_norms(self.layout, q).double(), band_norms(self.layout, k).double()  # [b, p, h, c]
+        rest_q = valid_q.double()
+        bd["q_first"][l] += qb[:, 0].sum(0)
+        bd["k_first"][l] += kb[:, 0].sum(0)
+        bd["q_rest"][l] += einops.einsum(qb, rest_q, "b p h c, b p -> h c")
+        bd["k_rest"][l] += einops.einsum(kb, rest.double(), "b p h c, b p -> h c")
+        bd["q_dormant"][l] += einops.einsum(qb, dm, "b p h c, b h p -> h c")
+        bd["q_active"][l] += einops.einsum(qb, am, "b p h c, b h p -> h c")
+        logit0 = band_products(self.layout, q, k[:, :1]).double() / self.scale[l]
+        bd["logit_first_dormant"][l] += einops.einsum(logit0, dm, "b p h c, b h p -> h c")
+        bd["logit_first_active"][l] += einops.einsum(logit0, am, "b p h c, b h p -> h c")
+        key_index = pattern[..., 1:].argmax(-1) + 1 if P > 1 else torch.zeros_like(f, dtype=torch.long)
+        kh = einops.rearrange(k, "b p h d -> b h p d")
+        k_att = torch.gather(kh, 2, key_index[..., None].expand(-1, -1, -1, kh.shape[-1]))
+        logit_k = band_products(self.layout, einops.rearrange(q, "b p h d -> b h p d"), k_att).double() / self.scale[l]
+        bd["logit_key_active"][l] += einops.einsum(logit_k, am, "b h p c, b h p -> h c")
+        self.triggers.add_layer(l, part.tokens, active, key_index)
+
+    def finish(self, th: Thresholds, *, decode, top_triggers: int, max_tokens: int) -> HeadScan:
+        s = {k: v.cpu() for k, v in self.sums.items()}
+        n = float(self.pos_total.sum())
+        if n == 0:
+            raise ValueError("no query positions to scan")
+        nd, na = s["n_dormant"], s["n_active"]
+        mean = s["f"] / n
+        var = (s["f2"] / n - mean ** 2).clamp(min=0)
+        m3 = s["f3"] / n - 3 * mean * s["f2"] / n + 2 * mean ** 3
+        m4 = s["f4"] / n - 4 * mean * s["f3"] / n + 6 * mean ** 2 * s["f2"] / n - 3 * mean ** 4
+        bimodality = torch.where(var > 1e-12, (m3 ** 2 / var ** 3 + 1) / (m4 / var ** 2).clamp(min=1e-12), float("nan"))
+        pos_total = self.pos_total.cpu()
+        by_pos = {k: (v.cpu() / pos_total).where(pos_total > 0, torch.tensor(float("nan"), dtype=torch.float64))
+                  for k, v in self.pos.items()}
+        triggers, best = self.triggers.finalize(by_pos["active"].float(), decode=decode,
+                                                min_count=th.min_count, top_k=top_triggers)
+        div = lambda a, b: (a / b).float()  # noqa: E731  (0/0 -> NaN: that mode never occurred)
+        bands = {}
+        for k, v in self.band.items():
+            denom = {"q_first": self.n_prompts, "k_first": self.n_prompts, "q_rest": n, "k_rest": n}.get(k)
+            if denom is None:
+                denom = (nd if "dormant" in k else na)[..., None]
+            bands[k] = div(v.cpu(), denom)
+        kw = dict(
+            first_token_attention=mean.float(),
+            dormant_fraction=(nd / n).float(),
+            active_fraction=(na / n).float(),
+            bimodality=bimodality.float(),
+            histogram=(self.hist.cpu() / n).float(),
+            attention_by_position=by_pos["f"].float(),
+            active_by_position=by_pos["active"].float(),
+            value_norm_first=div(s["v_first"], self.n_prompts),
+            value_norm_rest=div(s["v_rest"], n),
+            value_norm_active=div(s["read_active"], na),
+            value_norm_dormant=div(s["read_dormant"], nd),
+            output_norm_active=div(s["out_active"], na),
+            output_norm_dormant=div(s["out_dormant"], nd),
+        )
+        modes, evidence, score = classify(kw, triggers, best, th)
+        return HeadScan(
+            **kw,
+            bands=bands,
+            band_labels=tuple(self.layout.labels()),
+            band_frequencies=self.layout.frequencies,
+            rotary=self.layout.rotary,
+            best_lift=best.float(),
+            if_else_score=score,
+            modes=modes,
+            evidence=evidence,
+            triggers=tuple(tuple(tuple(t) for t in row) for row in triggers),
+            thresholds=th,
+            n_prompts=self.n_prompts,
+            n_queries=int(n),
+            bos=self.batch.bos,
+            max_tokens=max_tokens,
+            model_name=self.model.cfg.model_name,
+        )

@@ -1,0 +1,141 @@
+"""The no-op check of a dormant head (Guo et al. 2024; Barbero et al. 2025, Sec. 3.2).
+
+Force the head to put all of its attention on the first token, once on the
+queries where it was dormant anyway and once on the queries where it was
+active, and compare next-token loss with the clean run. For a true if-else
+head the first costs almost nothing (its resting mode is an approximate
+no-op) and the second clearly more. Because dormant queries usually far
+outnumber active ones, the cost is also given per forced query.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, all_to_first_hook, check_head, run
+from sinkmech.prompts import Bos, PromptSource, tokenize
+
+
+@dataclass(frozen=True)
+class NoopResult:
+    """Loss changes (intervened - clean, nats) of forcing one head onto the first token."""
+
+    layer: int
+    head: int
+    n_dormant: int  # queries forced in the dormant condition
+    n_active: int
+    delta_loss_dormant: float  # mean over all predicted tokens
+    delta_loss_active: float
+    per_query_dormant: float | None  # summed loss change / forced queries
+    per_query_active: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NoopCheck:
+    results: tuple[NoopResult, ...]
+    loss_clean: float  # mean next-token loss of the clean run
+    n_tokens: int  # predicted tokens the means run over
+    bos: Bos
+    high: float
+    low: float
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame([r.to_dict() for r in self.results])
+
+    def to_json(self) -> str:
+        return json.dumps({"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
+                           "high": self.high, "low": self.low, "heads": [r.to_dict() for r in self.results]})
+
+
+def noop_check(
+    model: HookedTransformer,
+    prompts: PromptSource,
+    heads: Sequence[tuple[int, int]],
+    *,
+    bos: Bos = "prepend",
+    max_tokens: int = 64,
+    batch_size: int = 16,
+    bos_token_id: int | None = None,
+    high: float = 0.8,
+    low: float = 0.2,
+    progress: bool = True,
+) -> NoopCheck:
+    """Loss change of forcing each head onto the first token on its dormant
+    (first-token attention >= high) and on its active (<= low) queries.
+
+    Args:
+        model: any HookedTransformer.
+        prompts: see `sinkmech.prompts.load_prompts`.
+        heads: (layer, head) pairs, e.g. `scan.if_else_heads()`.
+        high, low: the query-mode thresholds (use the scan's).
+
+    Returns:
+        NoopCheck with one NoopResult per head, in the given order.
+    """
+    if not 0.0 <= low < high <= 1.0:
+        raise ValueError(f"thresholds out of order: need 0 <= low < high <= 1, got low={low}, high={high}")
+    for layer, head in heads:
+        check_head(model, layer, head)
+    batch = tokenize(model, prompts, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    heads = [(int(l), int(h)) for l, h in heads]
+    sums = {lh: {"n_dormant": 0, "n_active": 0, "dormant": 0.0, "active": 0.0} for lh in heads}
+    loss_sum, n_tokens = 0.0, 0
+    layers = sorted({l for l, _ in heads})
+    for start in tqdm(range(0, len(batch), batch_size), desc="no-op check", disable=not progress, unit="batch"):
+        part = batch.slice(start, min(start + batch_size, len(batch)))
+        first: dict[int, Tensor] = {}
+
+        def keep(pattern, hook):
+            first[hook.layer()] = pattern[..., 0].clone()  # [batch, head, query]
+
+        clean = _loss(model, part.tokens, [(act_name("pattern", l), keep) for l in layers])
+        valid_loss = torch.arange(clean.shape[1], device=clean.device)[None, :] < (part.lengths[:, None] - 1)
+        loss_sum += float(clean[valid_loss].sum())
+        n_tokens += int(valid_loss.sum())
+        valid_q = part.mask.clone()
+        valid_q[:, 0] = False
+        for lh in heads:
+            layer, head = lh
+            dormant, active = force_mask(first[layer][:, head], valid_q, high=high, low=low)
+            for mode, queries in (("dormant", dormant), ("active", active)):
+                n = int(queries.sum())
+                if n == 0:
+                    continue
+                hooked = _loss(model, part.tokens, [(act_name("pattern", layer), all_to_first_hook(head, queries))])
+                sums[lh][mode] += float((hooked - clean)[valid_loss].sum())
+                sums[lh]["n_" + mode] += n
+    if n_tokens == 0:
+        raise ValueError("no next-token predictions: every prompt has a single token")
+    results = tuple(
+        NoopResult(
+            layer=l, head=h, n_dormant=s["n_dormant"], n_active=s["n_active"],
+            delta_loss_dormant=s["dormant"] / n_tokens, delta_loss_active=s["active"] / n_tokens,
+            per_query_dormant=s["dormant"] / s["n_dormant"] if s["n_dormant"] else None,
+            per_query_active=s["active"] / s["n_active"] if s["n_active"] else None,
+        )
+        for (l, h), s in sums.items()
+    )
+    return NoopCheck(results, loss_sum / n_tokens, n_tokens, batch.bos, high, low)
+
+
+def _loss(model: HookedTransformer, tokens: Tensor, hooks: list) -> Float[Tensor, "batch pos_minus_1"]:
+    return run(model, tokens, hooks, return_type="loss", loss_per_token=True).float()
+
+
+def force_mask(first: Float[Tensor, "batch query_pos"], valid: Bool[Tensor, "batch query_pos"], *,
+               high: float, low: float) -> tuple[Tensor, Tensor]:
+    """(dormant, active) query masks from first-token attention."""
+    return (first >= high) & valid, (first <= low) & valid

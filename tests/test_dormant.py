@@ -1,0 +1,280 @@
+"""Dormant-head detector: planted heads are found and named, streaming equals
+brute force, trigger lift is position-adjusted, the no-op check separates the
+modes, and bad input gets clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from sinkmech.bands import band_layout, band_norms
+from sinkmech.dormant import scan_heads
+from sinkmech.labels import Thresholds
+from sinkmech.noop import noop_check
+from tests.conftest import TINY_BOS, make_tiny
+
+TRIGGER = 7
+N_CTX = 32
+LATE = 9  # a token that only occurs late in the sequence
+X_BOS, X_TRIG, X_CONST, X_POS = 0, 1, 2, 3  # residual dims of the planted model
+X_RAND = X_POS + N_CTX
+
+
+def planted_model(kinds: dict[int, str], seed: int = 0) -> HookedTransformer:
+    """Attention-only 2-layer model with hand-set layer-0 heads (others random).
+
+    Residual = one-hot "is <bos>", "is trigger", a constant 1 on every
+    non-<bos> token, a one-hot position, and 10 random features. Logits are
+    written in units of the attention scale, so 15 means 15 after scaling.
+
+    kinds: head -> "if_else" (sink logit +15, -15 when the query token is
+    TRIGGER; previous-token logit +8; the value at <bos> is 0), "sink"
+    (always +15 on <bos>), "prev" (previous token +15), "position" (sink
+    before position 10, previous token from there on).
+    """
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=X_RAND + 10, n_heads=4, d_head=N_CTX + 2, n_ctx=N_CTX, d_vocab=50,
+        attn_only=True, normalization_type=None, positional_embedding_type="standard", seed=seed, device="cpu",
+    )
+    model = HookedTransformer(cfg)
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.arange(N_CTX)
+    with torch.no_grad():
+        W_E = torch.zeros(cfg.d_vocab, cfg.d_model)
+        W_E[:, X_CONST] = 1.0
+        W_E[:, X_RAND:] = torch.randn(cfg.d_vocab, 10, generator=g)
+        W_E[TINY_BOS] = 0.0
+        W_E[TINY_BOS, X_BOS] = 1.0
+        W_E[TRIGGER, X_TRIG] = 1.0
+        model.embed.W_E.copy_(W_E)
+        model.pos_embed.W_pos.copy_(torch.zeros(N_CTX, cfg.d_model).index_put_((pos, X_POS + pos), torch.tensor(1.0)))
+        attn = model.blocks[0].attn
+        s = attn.attn_scale
+        for h, kind in kinds.items():
+            for w in (attn.W_Q, attn.W_K):
+                w[h].zero_()
+            attn.W_K[h, X_BOS, 0] = 1.0  # head dim 0: "is <bos>" key
+            p = pos[1:-1]
+            attn.W_K[h, X_POS + p - 1, p] = 1.0  # head dim p: "I am at position p - 1"
+            if kind == "if_else":
+                attn.W_V[h, X_BOS].zero_()
+                attn.W_V[h, X_POS].zero_()
+                attn.W_Q[h, X_CONST, 0] = 15.0 * s
+                attn.W_Q[h, X_TRIG, 0] = -30.0 * s
+                attn.W_Q[h, X_POS + p, p] = 8.0 * s
+            elif kind == "sink":
+                attn.W_Q[h, X_CONST, 0] = 15.0 * s
+            elif kind == "prev":
+                attn.W_Q[h, X_POS + p, p] = 15.0 * s
+            elif kind == "position":
+                attn.W_Q[h, X_POS + pos[:10], 0] = 15.0 * s
+                attn.W_Q[h, X_POS + p, p] = 8.0 * s
+    model.eval()
+    return model
+
+
+def planted_corpus(n: int = 64, length: int = 20, seed: int = 0) -> torch.Tensor:
+    """Random content tokens in [2, 50) with TRIGGER at 10 % of positions."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(2, 50, (n, length), generator=g)
+    tokens[tokens == TRIGGER] = 2
+    tokens[torch.rand(n, length, generator=g) < 0.1] = TRIGGER
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def planted():
+    model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
+    corpus = planted_corpus()
+    scan = scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    return model, corpus, scan
+
+
+def test_planted_attention_is_what_we_planted(planted):
+    model, corpus, _ = planted
+    tokens = torch.cat([torch.full((len(corpus), 1), TINY_BOS), corpus], dim=1)
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pattern")
+    pattern = cache["pattern", 0]  # [batch, head, query, key]
+    q = torch.arange(2, tokens.shape[1])
+    is_trig = tokens[:, q] == TRIGGER
+    first, prev = pattern[:, 0, q, 0], pattern[:, 0, q, q - 1]
+    assert (first[~is_trig] > 0.99).all() and (prev[is_trig] > 0.99).all()
+    assert (pattern[:, 1, 1:, 0] > 0.99).all()
+    assert (pattern[:, 2, q, q - 1] > 0.99).all()
+
+
+def test_planted_heads_get_their_labels(planted):
+    _, _, scan = planted
+    assert scan.mode(0, 0) == "if_else"
+    assert scan.mode(0, 1) == "sink"
+    assert scan.mode(0, 2) == "active"
+    top = scan.triggers[0][0][0]
+    assert (top.token_id, top.where) == (TRIGGER, "query")
+    assert top.active_rate > 0.95 and top.lift >= scan.thresholds.min_lift
+    assert scan.if_else_heads()[0] == (0, 0)
+    # the if-else head's resting mode writes nothing: <bos> has a zero value
+    assert scan.value_norm_first[0, 0] < 1e-6 < scan.value_norm_active[0, 0]
+    assert scan.output_norm_dormant[0, 0] < 0.01 * scan.output_norm_active[0, 0]
+    assert not scan.rotary and scan.band_labels == ("all",)
+
+
+def test_random_heads_are_never_if_else(planted):
+    _, _, scan = planted
+    random_heads = [(0, 3)] + [(1, h) for h in range(4)]
+    assert all(scan.mode(l, h) != "if_else" for l, h in random_heads)
+    for seed in range(3):
+        model = make_tiny(seed, n_kv=2)
+        with torch.no_grad():  # sharper, token-dependent random attention
+            for block in model.blocks:
+                block.attn.W_Q.mul_(6.0)
+                block.attn._W_K.mul_(6.0)  # the key/value heads of grouped-query attention
+        tokens = torch.randint(2, 50, (48, 16), generator=torch.Generator().manual_seed(seed))
+        random_scan = scan_heads(model, tokens, bos="prepend", bos_token_id=TINY_BOS, max_tokens=16, progress=False)
+        assert random_scan.if_else_heads() == []
+        assert {m for row in random_scan.modes for m in row} <= {"sink", "active", "mixed"}
+
+
+def test_trigger_lift_is_position_adjusted():
+    """A head that wakes up by position alone has no trigger, even for a token
+    that only occurs where the head is active."""
+    model = planted_model({0: "position"})
+    corpus = planted_corpus(seed=1)
+    corpus[corpus == LATE] = 3
+    corpus[:, 14:][torch.rand(corpus[:, 14:].shape, generator=torch.Generator().manual_seed(2)) < 0.3] = LATE
+    scan = scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    late = [t for t in scan.triggers[0][0] if t.token_id == LATE and t.where == "query"]
+    raw_lift = 1.0 / float(scan.active_fraction[0, 0])  # what an unadjusted base rate would give
+    assert raw_lift > 1.5
+    assert all(0.8 < t.lift < 1.25 for t in late)
+    assert scan.best_lift[0, 0] < scan.thresholds.min_lift
+    assert scan.mode(0, 0) != "if_else"
+
+
+def test_noop_check_on_planted_heads(planted):
+    model, corpus, scan = planted
+    check = noop_check(model, corpus, scan.if_else_heads(), bos="prepend", bos_token_id=TINY_BOS,
+                       max_tokens=20, progress=False)
+    (r,) = check.results
+    assert (r.layer, r.head) == (0, 0)
+    assert r.n_dormant + r.n_active == scan.n_queries
+    assert abs(r.per_query_dormant) < 1e-4
+    assert abs(r.per_query_active) > 100 * abs(r.per_query_dormant)
+    assert json.loads(check.to_json())["heads"][0]["n_active"] == r.n_active
+
+
+def test_streamed_profile_equals_brute_force():
+    """Rotary GQA model, ragged prompts: every streamed mean equals the cache-based one."""
+    model = make_tiny(3, n_kv=2)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (12, 7, 12, 3, 9)]
+    high, low = 0.3, 0.12
+    scan = scan_heads(model, prompts, bos="prepend", bos_token_id=TINY_BOS, max_tokens=12, batch_size=2,
+                      high=high, low=low, progress=False)
+    layout = band_layout(model)
+    assert scan.rotary and layout.n_bands == model.cfg.d_head // 2
+    firsts, dorms, acts, reads, outs, q_act, logit0 = [], [], [], [], [], [], []
+    kv = torch.arange(4) // 2
+    for ids in prompts:
+        tokens = torch.tensor([[TINY_BOS] + ids])
+        _, cache = model.run_with_cache(tokens)
+        l = 1
+        pat = cache["pattern", l][0]  # [head, q, k]
+        f = pat[:, 1:, 0]
+        firsts.append(f)
+        dorms.append(f >= high)
+        acts.append(f <= low)
+        vn = cache["v", l][0][:, kv].norm(dim=-1)  # [k, head]
+        reads.append(torch.einsum("hqk,kh->hq", pat, vn)[:, 1:])
+        z = cache["z", l][0]  # [q, head, d_head]
+        outs.append(torch.einsum("qhd,hdm->hqm", z, model.blocks[l].attn.W_O).norm(dim=-1)[:, 1:])
+        q = cache["rot_q", l][0]  # [q, head, d_head]
+        q_act.append(band_norms(layout, q)[1:].transpose(0, 1))  # [head, q, band]
+        k0 = cache["rot_k", l][0][0, kv]  # [head, d_head]
+        logit0.append((q * k0).sum(-1)[1:].T / model.blocks[l].attn.attn_scale)
+    f, d, a = torch.cat(firsts, 1), torch.cat(dorms, 1), torch.cat(acts, 1)
+    assert d.any(1).all() and a.any(1).all(), "choose thresholds that give both modes"
+    torch.testing.assert_close(scan.first_token_attention[1], f.mean(1))
+    torch.testing.assert_close(scan.dormant_fraction[1], d.float().mean(1))
+    torch.testing.assert_close(scan.active_fraction[1], a.float().mean(1))
+
+    def mode_mean(x, m):
+        return (x * m).sum(1) / m.sum(1)
+
+    torch.testing.assert_close(scan.value_norm_active[1], mode_mean(torch.cat(reads, 1), a))
+    torch.testing.assert_close(scan.output_norm_dormant[1], mode_mean(torch.cat(outs, 1), d))
+    qa = torch.cat(q_act, 1)
+    torch.testing.assert_close(scan.bands["q_active"][1], (qa * a[..., None]).sum(1) / a.sum(1)[:, None])
+    # band logits add up to the real attention logit on the first key
+    torch.testing.assert_close(scan.bands["logit_first_dormant"][1].sum(-1), mode_mean(torch.cat(logit0, 1), d))
+    assert scan.n_queries == sum(len(p) for p in prompts)
+    assert torch.isclose(scan.histogram.sum(-1), torch.tensor(1.0)).all()
+
+
+def test_bands_follow_the_rotary_layout():
+    model = make_tiny(0)
+    layout = band_layout(model)
+    x = torch.zeros(model.cfg.d_head)
+    half = model.cfg.rotary_dim // 2
+    x[1], x[1 + half] = 3.0, 4.0  # one rotate-half chunk
+    norms = band_norms(layout, x)
+    assert norms[1] == 5.0 and norms.sum() == 5.0
+    assert layout.frequencies[0] == 1.0 and (layout.frequencies.diff() < 0).all()
+
+
+def test_bad_input_gets_clear_errors(planted):
+    model, corpus, _ = planted
+    with pytest.raises(ValueError, match="out of order"):
+        scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, high=0.2, low=0.5, progress=False)
+    with pytest.raises(ValueError, match="out of order"):
+        Thresholds(active_max_dormant=0.9, sink_min_dormant=0.5)
+    with pytest.raises(ValueError, match="empty"):
+        scan_heads(model, [], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    with pytest.raises(ValueError, match="out of range"):
+        noop_check(model, corpus, [(0, 9)], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    with pytest.raises(ValueError, match="no query"):
+        scan_heads(model, corpus[:, :1], bos="none", bos_token_id=TINY_BOS, progress=False)
+
+
+@pytest.mark.slow
+def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
+    """The CLI on a small slice of the default corpus: the JSON contract holds and
+    the no-op check reports both numbers for the top if_else heads (or, when
+    none passes on so small a slice, for the closest candidates)."""
+    from sinkmech import cli, models
+    from sinkmech.prompts import default_corpus
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CI box is small and shared
+    try:
+        prompts = tmp_path / "p.txt"
+        prompts.write_text("\n".join(default_corpus()[:8]))
+        out = tmp_path / "heads.json"
+        argv = ["heads", "--prompts", str(prompts), "--max-tokens", "24", "--json", str(out), "--top", "5",
+                "--noop", "2", "--noop-prompts", "2"]
+        assert cli.main(argv) == 0
+        assert cli.main(["heads", "--head", "30.0", "--prompts", str(prompts)]) == 2
+    finally:
+        torch.set_num_threads(threads)
+    payload = json.loads(out.read_text())
+    heads = payload["heads"]
+    assert {(e["layer"], e["head"]) for e in heads} == {(l, h) for l in range(30) for h in range(9)}
+    for key in ("layer", "head", "mode", "first_token_attention", "dormant_fraction", "active_fraction",
+                "value_norm_first", "value_norm_active", "triggers"):
+        assert all(key in e for e in heads)
+    assert all(set(t) >= {"token", "where", "count", "lift"} for e in heads for t in e["triggers"])
+    assert all(0.0 <= e["dormant_fraction"] + e["active_fraction"] <= 1.0 + 1e-6 for e in heads)
+    if_else = [(e["layer"], e["head"]) for e in heads if e["mode"] == "if_else"]
+    checked = [(r["layer"], r["head"]) for r in payload["noop"]["heads"]]
+    if if_else:
+        assert set(checked) <= set(if_else) and len(checked) == min(2, len(if_else))
+    else:
+        assert len(checked) == 2
+    for r in payload["noop"]["heads"]:
+        assert isinstance(r["delta_loss_dormant"], float) and isinstance(r["delta_loss_active"], float)
+    captured = capsys.readouterr()
+    assert "no-op check" in captured.out and ("top if-else heads" in captured.out or "no head passes" in captured.out)
+    assert "out of range" in captured.err
