@@ -73,6 +73,8 @@ def _split_local_src(local_src: str) -> tuple[str, str, str]:
         )
     bundle = local_src[start + len(_OPEN) : call].strip()
     if _bundle is None:
+        if "</script" in bundle.lower() or "<!--" in bundle:
+            raise RuntimeError("the circuitsvis bundle contains </script or <!-- and cannot be inlined safely")
         _bundle = bundle
     return bundle, m["element"], m["props"]
 
