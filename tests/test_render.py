@@ -133,3 +133,14 @@ def test_saving_to_an_unwritable_place_is_a_clear_error(att, tmp_path):
     blocker.write_text("x")
     with pytest.raises(OSError, match="cannot write"):
         render.first_token_view(att).save(blocker / "sub" / "view.html")
+
+
+def test_head_attention_tables(att):
+    df = att.to_dataframe()
+    n, m = len(PROMPT) + 1, len(PROMPT)
+    assert len(df) == len(att.heads) * (n * (n + 1) // 2 + m * (m + 1) // 2)  # causal: key <= query only
+    assert (df["key"] <= df["query"]).all()
+    first = df[(df["bos"] == "none") & (df["layer"] == 1) & (df["head"] == 2) & (df["key"] == 0)].sort_values("query")
+    torch.testing.assert_close(torch.tensor(first["attention"].to_numpy()), att.first_token("none")[1])
+    payload = json.loads(att.to_json())
+    assert payload["heads"] == ["L0.H1", "L1.H2"] and payload["tokens_without_bos"][0] == PLANTED[5]
