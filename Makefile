@@ -21,6 +21,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/sinkmech sinks --model smollm2 --json figures/sinks.json --png figures/sinks.png
+	$(BIN)/sinkmech report --model smollm2 --out figures/report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
