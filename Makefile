@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/sinkmech sinks --model smollm2 --json figures/sinks.json --png figures/sinks.png
+	$(BIN)/sinkmech report --model smollm2 --out figures
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

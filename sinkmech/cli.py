@@ -223,6 +223,56 @@ def cmd_heads(args) -> None:
             title=f"Dormant-head profile per head — {args.model} (bos={args.bos})",
             xlabel="head", ylabel="layer", cbar_label="fraction of queries / score", vmin=0.0, vmax=1.0)
         print(f"wrote {save(fig, args.png)}")
+# sinkmech report ------------------------------------------------------------
+
+
+def add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="one-page offline report: figures, summary.json and circuitsvis views")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="'smollm2' (offline default), a .gguf path, or a TransformerLens model name")
+    p.add_argument("--out", type=Path, required=True, help="output folder (index.html, summary.json, figures/)")
+    p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: the Python docs corpus")
+    p.add_argument("--n-prompts", type=int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
+    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
+    p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
+    p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> None:
+    import time
+
+    from sinkmech.models import load_model
+    from sinkmech.report import build_report
+
+    for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be >= 1")
+    try:  # fail before the slow model load, not after the analyses
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"cannot create the report folder {args.out}: {e.strerror or e}") from e
+    t0 = time.perf_counter()
+    print(f"loading {args.model} ...", flush=True)
+    model = load_model(args.model)
+    report = build_report(
+        model,
+        args.out,
+        model_label=args.model,
+        prompts=args.prompts,
+        n_prompts=args.n_prompts,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        n_heads=args.heads,
+        view_tokens=args.view_tokens,
+        view_prompts=args.view_prompts,
+    )
+    rates = report.summary["sections"]["sinks"]["sink_rate"]
+    for bos, r in rates.items():
+        print(f"sink rate bos={bos}: " + ", ".join(f"eps {e}: {v:.1f}%" for e, v in r.items()))
+    print(f"wrote {report.index} and {report.summary_json} ({len(report.figures)} figure files) "
+          f"in {time.perf_counter() - t0:.0f} s")
 
 
 # entry point -----------------------------------------------------------------
@@ -233,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_sinks_parser(sub)
     add_heads_parser(sub)
+    add_report_parser(sub)
     return parser
 
 

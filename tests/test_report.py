@@ -1,0 +1,167 @@
+"""The report: right numbers, offline in a real browser, inert token strings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from circuitsvis.tokens import colored_tokens
+
+from browser import Dom, dump_dom, screenshot
+from conftest import TINY_BOS
+from sinkmech import cli, render, report
+from sinkmech.sinks import sink_scores
+from test_render import PLANTED, planted_str
+
+TITLE = "sinkmech report: tiny"
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """12 prompts of 16 ids; every planted token appears in the first prompts."""
+    g = torch.Generator().manual_seed(1)
+    toks = torch.randint(10, 50, (12, 16), generator=g)
+    toks[:3, 2:7] = torch.tensor(list(PLANTED))
+    return toks
+
+
+@pytest.fixture(scope="module")
+def built(tiny_model, prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    rep = report.build_report(
+        tiny_model, out, model_label="tiny", prompts=prompts, n_prompts=12, max_tokens=16,
+        bos_token_id=TINY_BOS, token_str=planted_str, n_heads=2, view_tokens=12, view_prompts=2, progress=False,
+    )
+    return rep
+
+
+@pytest.fixture(scope="module")
+def copied(built, tmp_path_factory):
+    """The report folder copied somewhere else: it must work from there."""
+    dest = tmp_path_factory.mktemp("elsewhere") / "copy"
+    shutil.copytree(built.index.parent, dest)
+    return dest
+
+
+def test_summary_matches_the_analysis(built, tiny_model, prompts):
+    s = json.loads(built.summary_json.read_text())
+    assert s == json.loads(json.dumps(built.summary))
+    direct = sink_scores(tiny_model, prompts, bos="prepend", max_tokens=16, bos_token_id=TINY_BOS, progress=False)
+    assert s["sections"]["sinks"]["sink_rate"]["prepend"]["0.3"] == pytest.approx(direct.sink_rate(0.3))
+    mean = direct.mean_scores()
+    top = s["sections"]["head_views"]["top sink heads"]
+    least = s["sections"]["head_views"]["least sink-like heads"]
+    assert max(v["prepend"] for v in top.values()) == pytest.approx(float(mean.max()), abs=1e-6)
+    assert min(v["prepend"] for v in least.values()) == pytest.approx(float(mean.min()), abs=1e-6)
+    assert min(v["prepend"] for v in top.values()) >= max(v["prepend"] for v in least.values())
+    assert set(s["timing_s"]) == {"sinks", "norms", "head_views"}
+    for f in built.figures:
+        assert f.exists() and f.stat().st_size > 1000, f
+
+
+def test_page_renders_offline_from_a_copied_folder(built, copied):
+    dom = Dom(dump_dom(copied / "index.html"))
+    # No planted token ran: a script or an onerror handler would have changed the title.
+    assert dom.title == TITLE
+    # Every circuitsvis mount point was filled by React, not just given a script tag.
+    n_views = len([v for v in dom.views if v["element"]])
+    assert n_views >= 6
+    for v in dom.views:
+        assert v["tags"], f"circuitsvis view {v['id']} ({v['element']}) did not render"
+        if v["element"] == "AttentionHeads":
+            assert "canvas" in v["tags"] and "Zoomed" in v["text"]
+        if v["element"] == "ColoredTokens":
+            assert "span" in v["tags"]
+        assert "img" not in v["tags"] and "script" not in v["tags"]
+    # The planted strings show as text, exactly as the tokenizer would decode them.
+    text = "".join(v["text"] for v in dom.views if v["element"] == "ColoredTokens")
+    for token in PLANTED.values():
+        assert token in text
+    # Every figure loaded (the page marks each <img> once it has loaded or failed).
+    pngs = [f for f in built.figures if f.suffix == ".png"]
+    assert len(dom.images) == len(pngs) >= 5
+    assert all(img.get("data-loaded") == "yes" for img in dom.images), dom.images
+
+
+def test_a_missing_figure_file_is_caught(built, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(built.index.parent, copy)
+    (copy / "figures" / "sink_heatmap.png").unlink()
+    dom = Dom(dump_dom(copy / "index.html"))
+    assert sorted(img.get("data-loaded") for img in dom.images).count("no") == 1
+
+
+def test_screenshot_is_not_blank(built, tmp_path):
+    img = screenshot(built.index, tmp_path / "shot.png")
+    rgb = img[..., :3]
+    assert rgb.shape[0] >= 2000 and rgb.shape[1] >= 1200
+    assert rgb.std() > 0.1
+    assert (rgb.min(axis=-1) < 0.8).mean() > 0.05  # enough non-white: figures and views drew
+
+
+def test_checks_would_catch_raw_circuitsvis_output(tmp_path):
+    # Control: circuitsvis' own local_src with a planted token runs the script,
+    # and its CDN form renders nothing with the network off. The checks above
+    # can therefore fail.
+    planted = colored_tokens(["ok", PLANTED[5]], [0.1, 0.9])
+    page = tmp_path / "raw.html"
+    page.write_text(
+        "<!DOCTYPE html><html><head><title>raw</title></head><body>"
+        + planted.local_src + '<div class="sinkmech-cv" id="cdn" data-element="cdn">' + str(planted) + "</div></body></html>"
+    )
+    dom = Dom(dump_dom(page))
+    assert dom.title == "PWNED-script"
+    cdn = next(v for v in dom.views if v["id"] == "cdn")
+    assert "span" not in cdn["tags"]
+
+
+def test_custom_sections_join_the_page(tiny_model, prompts, tmp_path):
+    def extra(ctx: report.ReportContext) -> report.Section:
+        att = render.head_attention(ctx.model, ctx.prompt_list()[0], ["1.3"], max_tokens=8, bos_token_id=TINY_BOS)
+        figs = ctx.figure("extra", lambda p: report.figures.layer_lines({"a": [1.0, 2.0]}, p, title="t", ylabel="y"))
+        body = "<p>extra body</p>" + report.figure_html(figs, "a line")
+        return report.Section("extra", "Extra", body, tuple(figs), {"answer": 42},
+                              (render.first_token_view(att),))
+
+    rep = report.build_report(tiny_model, tmp_path, sections=[extra], prompts=prompts, n_prompts=2,
+                              bos_token_id=TINY_BOS, progress=False)
+    page = rep.index.read_text()
+    assert rep.summary["sections"] == {"extra": {"answer": 42}}
+    assert "extra body" in page and 'src="figures/extra.png"' in page
+    assert page.count("var CircuitsVis=") == 1 and page.count('class="sinkmech-cv"') == 2
+
+
+def test_bad_settings_and_folders_are_clear_errors(tiny_model, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="cannot create the report folder"):
+        report.build_report(tiny_model, blocker / "out", bos_token_id=TINY_BOS)
+    with pytest.raises(ValueError, match="unknown report settings"):
+        report.build_report(tiny_model, tmp_path / "r", n_prompt=3)
+    # The CLI says so before loading any model.
+    assert cli.main(["report", "--model", "no-such-model", "--out", str(blocker / "out")]) == 2
+    assert "cannot create the report folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
+    import sinkmech.models
+
+    monkeypatch.setattr(sinkmech.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per session
+    out = tmp_path / "rep"
+    args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "16",
+            "--heads", "2", "--view-tokens", "10", "--view-prompts", "1"]
+    assert cli.main(args) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["model"] == "smollm2" and s["n_layers"] == 30 and s["settings"]["n_prompts"] == 8
+    rates = s["sections"]["sinks"]["sink_rate"]
+    assert 0 < rates["prepend"]["0.3"] <= 100 and 0 <= rates["prepend"]["0.8"] <= rates["prepend"]["0.3"]
+    # The real <bos> string "<|im_start|>" reaches the page as text.
+    dom = Dom(dump_dom(out / "index.html"))
+    assert dom.title == "sinkmech report: smollm2"
+    assert all(v["tags"] for v in dom.views)
+    assert "<|im_start|>" in "".join(v["text"] for v in dom.views)
+    assert all(img.get("data-loaded") == "yes" for img in dom.images)
