@@ -6,8 +6,8 @@
 
 `packing` (Barbero et al. 2025, Table 2): train with and without a fixed
 `<bos>` (and with intra-document masking), evaluate each with and without
-`<bos>` at inference. `context-length` (their Figure 6): the same model at
-several context lengths, tokens per step held constant.
+`<bos>` at inference. `context-length`: the same model at
+several context lengths, tokens per step held constant (their context-length study).
 Outputs (under --out, default figures/train): packing.json, packing.md,
 packing_curves.png; context_length.json, context_length.png,
 context_length_curves.png; logs/<run>.json. Checkpoints go to --runs-dir.
@@ -192,6 +192,27 @@ def cmd_context_length(args) -> list[dict]:
     return rows
 
 
+def cmd_replot(args) -> None:
+    """Redraw the figures from the JSON an experiment wrote (no training)."""
+    out = Path(args.out)
+    for exp in ("packing", "context_length"):
+        path = out / f"{args.prefix}{exp}.json"
+        if not path.exists():
+            continue
+        rows = json.loads(path.read_text())
+        if exp == "packing":
+            keys = [f"{r['packing']}-{'fixedbos' if r['fixed_bos'] else 'nofixedbos'}-T{r['context_length']}" for r in rows]
+            title = f"Packing recipes ({rows[0]['preset']} preset, {rows[0]['data']}): sink signals during training"
+        else:
+            keys = [f"causal-{'fixedbos' if r['fixed_bos'] else 'nofixedbos'}-T{r['context_length']}" for r in rows]
+            title = (f"Context length ({rows[0]['preset']} preset, {rows[0]['data']}, {rows[0]['steps']} steps, "
+                     "equal tokens per step)")
+            context_length_plot(rows, out / f"{args.prefix}context_length.png", title=title)
+        logs = {k: json.loads((out / "logs" / f"{args.prefix}{k}.json").read_text()) for k in dict.fromkeys(keys)}
+        training_curves(logs, out / f"{args.prefix}{exp}_curves.png", title=title)
+        print(f"redrew the {exp} figures in {out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="experiment", required=True)
@@ -214,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--no-fixed-bos", dest="fixed_bos", action="store_false",
                            help="train without a fixed <bos> (default: with)")
         p.set_defaults(func=func)
+    p = sub.add_parser("replot", help="redraw figures from the JSON under --out")
+    p.add_argument("--out", default="figures/train")
+    p.add_argument("--prefix", default="")
+    p.set_defaults(func=cmd_replot)
     return parser
 
 

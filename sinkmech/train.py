@@ -1,6 +1,6 @@
 """From-scratch training of small language models and the sink measurements
-taken while they train (Barbero et al. 2025, Section 5: packing with and
-without a fixed `<bos>`, Table 2; context length, Figure 6).
+taken while they train (Barbero et al. 2025: packing with and without a fixed
+`<bos>`, their Table 2; and the context-length experiment).
 
 Packing recipes: `causal` (documents concatenated, attention crosses them) and
 `intra_doc` (a hook on every layer's `attn_scores` adds -inf wherever query and
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -308,7 +308,6 @@ class TrainResult:
     log: dict
     out_dir: Path | None = None
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def final(self) -> dict:
         return self.log["evals"][-1]

@@ -1,4 +1,4 @@
-"""Training data for the from-scratch sink experiments (Barbero et al. 2025, Section 5).
+"""Training data for the from-scratch sink experiments (Barbero et al. 2025, Table 2).
 
 Two sources, both as a stream of documents, each document opening with `<bos>`:
 
@@ -195,7 +195,7 @@ class BigramBackcopyStream:
         none = torch.full((B,), -1, dtype=torch.long)
         for t in range(n):
             new_doc = self.left == 0
-            sampled = torch.searchsorted(self.cum[self.prev.clamp(min=0)], u[:, t]).squeeze(1)
+            sampled = torch.searchsorted(self.cum[self.prev.clamp(min=0)], u[:, t].contiguous()).squeeze(1)
             tok = torch.where(self.prev < 0, first[:, t], sampled)
             tok = torch.where((self.prev >= 0) & (self.prev < s.n_triggers), self.prev2, tok)
             tok = torch.where(new_doc, bos, tok)

@@ -208,4 +208,20 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     assert {r["tokens_per_step"] for r in rows} == {128}  # held constant across lengths
     assert min(r["n_params"] for r in rows) > 10_000_000
     assert (out / "context_length.png").stat().st_size > 0
+    (out / "context_length.png").unlink()
+    assert mod.main(["replot", "--out", str(out)]) == 0  # figures redrawn from the JSON alone
+    assert (out / "context_length.png").stat().st_size > 0
     assert mod.main(["packing", "--set", "packing=sideways", *common]) == 2
+
+
+def test_cli_train_writes_checkpoint_log_and_plot(tmp_path):
+    from sinkmech.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--data", "bigram_backcopy", "--context-length", "16", "--tokens-per-step", "64",
+                 "--layers", "1", "--d-model", "16", "--steps", "2", "--eval-every", "2", "--threads", "1",
+                 "--out", str(out), "--png", str(tmp_path / "curves.png")]) == 0
+    assert {"model.safetensors", "config.json", "log.json"} <= {p.name for p in out.iterdir()}
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    # A bad option is a clear error (exit 2), not a traceback.
+    assert main(["train", "--context-length", "256", "--tokens-per-step", "128", "--out", str(out)]) == 2
