@@ -10,7 +10,8 @@
 several context lengths, tokens per step held constant (their context-length study).
 Outputs (under --out, default figures/train): packing.json, packing.md,
 packing_curves.png; context_length.json, context_length.png,
-context_length_curves.png; logs/<run>.json. Checkpoints go to --runs-dir.
+context_length_curves.png; logs/<experiment>/<run>.json. Checkpoints go to
+--runs-dir/<experiment>/<run>/.
 """
 
 from __future__ import annotations
@@ -141,13 +142,13 @@ def packing_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(cfg: TrainConfig, args, logs: dict) -> object:
+def _run(cfg: TrainConfig, args, logs: dict, experiment: str) -> object:
     name = run_name(cfg)
     t = time.perf_counter()
-    result = train(cfg, Path(args.runs_dir) / name, progress=not args.quiet)
+    result = train(cfg, Path(args.runs_dir) / experiment / name, progress=not args.quiet)
     print(f"{name}: {time.perf_counter() - t:.1f} s ({result.log['n_params']} parameters, {hardware()})", flush=True)
     logs[name] = result.log
-    out = Path(args.out) / "logs"
+    out = Path(args.out) / "logs" / experiment
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.prefix}{name}.json").write_text(json.dumps(result.log))
     return result
@@ -157,7 +158,7 @@ def cmd_packing(args) -> list[dict]:
     rows, logs = [], {}
     for packing, fixed_bos in RECIPES:
         cfg = preset_config(args, packing=packing, fixed_bos=fixed_bos)
-        rows += summary_rows(_run(cfg, args, logs), preset=args.preset)
+        rows += summary_rows(_run(cfg, args, logs, "packing"), preset=args.preset)
     out = Path(args.out)
     table = packing_table(rows)
     header = (f"# Packing experiment ({args.preset} preset, {rows[0]['data']}, T={rows[0]['context_length']}, "
@@ -177,7 +178,7 @@ def cmd_context_length(args) -> list[dict]:
     steps = args.steps if args.steps is not None else CONTEXT_STEPS[args.preset]
     for T in lengths:
         cfg = preset_config(args, context_length=T, steps=steps, packing="causal", fixed_bos=args.fixed_bos)
-        rows += summary_rows(_run(cfg, args, logs), preset=args.preset)
+        rows += summary_rows(_run(cfg, args, logs, "context_length"), preset=args.preset)
     out = Path(args.out)
     (out / f"{args.prefix}context_length.json").write_text(json.dumps(rows, indent=1))
     title = f"Context length ({args.preset} preset, {rows[0]['data']}, {rows[0]['steps']} steps, equal tokens per step)"
@@ -208,7 +209,7 @@ def cmd_replot(args) -> None:
             title = (f"Context length ({rows[0]['preset']} preset, {rows[0]['data']}, {rows[0]['steps']} steps, "
                      "equal tokens per step)")
             context_length_plot(rows, out / f"{args.prefix}context_length.png", title=title)
-        logs = {k: json.loads((out / "logs" / f"{args.prefix}{k}.json").read_text()) for k in dict.fromkeys(keys)}
+        logs = {k: json.loads((out / "logs" / exp / f"{args.prefix}{k}.json").read_text()) for k in dict.fromkeys(keys)}
         training_curves(logs, out / f"{args.prefix}{exp}_curves.png", title=title)
         print(f"redrew the {exp} figures in {out}")
 
