@@ -44,7 +44,7 @@ CONTEXT_STEPS = {"cpu": 600, "gpu": 1000}  # a bit fewer steps: four or five run
 # (packing, fixed_bos) in the paper's Table 2 order.
 RECIPES = [("causal", False), ("causal", True), ("intra_doc", True)]
 PAPER_TABLE2 = (
-    "Paper (Barbero et al. 2025, Table 2; 120M parameters, 30B tokens, sink rate at epsilon 0.8 per the notes):\n\n"
+    "Paper (Barbero et al. 2025, Table 2; 120M parameters, 30B tokens; the notes we have do not say which epsilon):\n\n"
     "| trained with | inference `<bos>` | sink rate % | val loss |\n|---|---|---|---|\n"
     "| no fixed `<bos>` | yes | 65.10 | - |\n| no fixed `<bos>` | no | 65.15 | - |\n"
     "| fixed `<bos>` | yes | 90.84 | 2.69 |\n| fixed `<bos>` | no | 0.05 | 7.56 |\n"
