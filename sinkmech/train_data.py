@@ -1,0 +1,283 @@
+"""Training data for the from-scratch sink experiments (Barbero et al. 2025, Table 2).
+
+Two sources, both as a stream of documents, each document opening with `<bos>`:
+
+- `text`: the documentation that ships with Python (`pydoc_data.topics` and the
+  docstrings of the top-level standard-library modules, read with `ast`, never
+  imported), byte-level: a token is a UTF-8 byte (ids 0-255).
+- `bigram_backcopy`: the synthetic "bigram-backcopy" stream of Guo et al. 2024
+  ("Active-dormant attention heads"), generated on the fly. Rule, exactly:
+  a document is `<bos> x_0 x_1 ... x_{n-1}`; `x_0` is uniform over the
+  non-trigger tokens; for t >= 1, if `x_{t-1}` is a trigger token then
+  `x_t = x_{t-2}` (the token just before the trigger is copied), otherwise
+  `x_t ~ P[x_{t-1}, :]`, a fixed random bigram table. A trigger is therefore
+  never the first token and never follows a trigger, so the rule is never
+  ambiguous. The copy needs attention (to two tokens back) only after a
+  trigger; elsewhere the bigram needs only the current token, so the ideal
+  attention head is active on triggers and dormant (on the sink) otherwise.
+
+Special ids sit after the content vocabulary: `<bos>` = n_content,
+`pad` = n_content + 1. Training windows are packed from the stream; with
+`fixed_bos` a window is `<bos>` followed by `context_length - 1` stream tokens.
+"""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+DataSource = Literal["text", "bigram_backcopy"]
+DATA_SOURCES: tuple[str, ...] = ("text", "bigram_backcopy")
+TEXT_VOCAB = 256  # bytes
+VAL_EVERY = 20  # every 20th text document (by a stable hash) is held out
+
+
+def check_data_source(data: str) -> DataSource:
+    if data not in DATA_SOURCES:
+        raise ValueError(f"unknown data source {data!r}: choose one of {DATA_SOURCES}")
+    return data  # type: ignore[return-value]
+
+
+# --- text ----------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def python_docs() -> tuple[str, ...]:
+    """Documents: every `pydoc_data.topics` entry, then every module, class and
+    function docstring (> 40 characters) of the top-level standard library."""
+    from pydoc_data.topics import topics
+
+    docs = [topics[k] for k in sorted(topics)]
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    docs.append(doc)
+    return tuple(docs)
+
+
+def text_streams(
+    *, limit_bytes: int | None = None
+) -> tuple[Int[Tensor, "train_tokens"], Int[Tensor, "val_tokens"]]:
+    """Byte-level train and validation streams, each document prefixed by `<bos>`.
+
+    Args:
+        limit_bytes: keep documents only until this many bytes (for small tests).
+
+    Returns:
+        (train, val) 1-D int64 streams; `<bos>` is id 256.
+    """
+    train: list[int] = []
+    val: list[int] = []
+    used = 0
+    for doc in python_docs():
+        data = doc.encode("utf-8")
+        if limit_bytes is not None and used + len(data) > limit_bytes:
+            break
+        used += len(data)
+        split = val if zlib.crc32(data) % VAL_EVERY == 0 else train
+        split.append(TEXT_VOCAB)
+        split.extend(data)
+    return torch.tensor(train, dtype=torch.long), torch.tensor(val, dtype=torch.long)
+
+
+def stream_documents(
+    stream: Int[Tensor, "tokens"], *, bos_id: int, min_len: int, n: int
+) -> list[list[int]]:
+    """The first `n` complete documents of a stream with at least `min_len`
+    content tokens, without their `<bos>` (for sink scoring, which puts `<bos>`
+    in front itself or not)."""
+    starts = (stream == bos_id).nonzero().flatten().tolist()
+    docs = [stream[a + 1 : b].tolist() for a, b in zip(starts[:-1], starts[1:])]
+    return [d for d in docs if len(d) >= min_len][:n]
+
+
+# --- bigram-backcopy ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BigramBackcopy:
+    """The generator's fixed parts: bigram table, trigger set, document lengths.
+
+    Content ids are 0..vocab-1; the triggers are ids 0..n_triggers-1; `<bos>`
+    is id `vocab`. Document lengths (content tokens) are uniform in
+    [doc_min, doc_max].
+    """
+
+    table: Float[Tensor, "vocab next_token"]  # rows sum to 1
+    n_triggers: int
+    doc_min: int
+    doc_max: int
+
+    @property
+    def vocab(self) -> int:
+        return self.table.shape[0]
+
+    @property
+    def bos(self) -> int:
+        return self.vocab
+
+    @staticmethod
+    def make(
+        *,
+        vocab: int = 64,
+        n_triggers: int = 3,
+        trigger_prob: float = 0.15,
+        concentration: float = 0.2,
+        doc_min: int = 16,
+        doc_max: int = 512,
+        seed: int = 0,
+    ) -> "BigramBackcopy":
+        """A random bigram table: each row is Dirichlet(concentration) over the
+        non-triggers scaled to 1 - trigger_prob, plus trigger_prob spread evenly
+        over the triggers (so triggers are common in every context)."""
+        if not 0 < n_triggers < vocab - 1:
+            raise ValueError(f"need 0 < n_triggers < vocab - 1, got {n_triggers} triggers, vocab {vocab}")
+        if not 0.0 < trigger_prob < 1.0:
+            raise ValueError(f"trigger_prob must lie in (0, 1), got {trigger_prob}")
+        if not 2 <= doc_min <= doc_max:
+            raise ValueError(f"need 2 <= doc_min <= doc_max, got {doc_min}, {doc_max}")
+        g = torch.Generator().manual_seed(seed)
+        gamma = torch._standard_gamma(torch.full((vocab, vocab - n_triggers), concentration), generator=g)
+        gamma = gamma + 1e-6  # no transition is impossible
+        rows = gamma / gamma.sum(-1, keepdim=True) * (1 - trigger_prob)
+        table = torch.cat([torch.full((vocab, n_triggers), trigger_prob / n_triggers), rows], dim=1)
+        return BigramBackcopy(table=table, n_triggers=n_triggers, doc_min=doc_min, doc_max=doc_max)
+
+
+class BigramBackcopyStream:
+    """`batch` independent, endless bigram-backcopy streams, extended `n`
+    tokens at a time: consecutive calls continue the same documents.
+
+    Every stream starts at a random phase: a partial document of uniform
+    length in [0, doc_max] (no `<bos>`; its first token is drawn like a
+    document's first token), then whole documents. `doc_len` fixes every
+    later document's length (for held-out scoring documents).
+    """
+
+    def __init__(self, spec: BigramBackcopy, batch: int, *, seed: int, doc_len: int | None = None):
+        self.spec = spec
+        self.g = torch.Generator().manual_seed(seed)
+        self.batch = batch
+        self.doc_len = doc_len
+        self.cum = spec.table.cumsum(-1)
+        self.cum[:, -1] = 1.0 + 1e-6  # searchsorted never runs off the end
+        self.left = torch.randint(0, spec.doc_max + 1, (batch,), generator=self.g)  # content tokens left
+        self.prev = torch.full((batch,), -1, dtype=torch.long)  # -1: no content token yet
+        self.prev2 = torch.full((batch,), -1, dtype=torch.long)
+
+    def next(self, n: int) -> Int[Tensor, "batch n"]:
+        """The next `n` tokens of every stream ([batch, n], int64)."""
+        s, B = self.spec, self.batch
+        out = torch.empty(B, n, dtype=torch.long)
+        u = torch.rand(B, n, 1, generator=self.g)
+        first = s.n_triggers + torch.randint(0, s.vocab - s.n_triggers, (B, n), generator=self.g)
+        if self.doc_len is None:
+            lengths = torch.randint(s.doc_min, s.doc_max + 1, (B, n), generator=self.g)
+        else:
+            lengths = torch.full((B, n), self.doc_len, dtype=torch.long)
+        bos = torch.full((B,), s.bos, dtype=torch.long)
+        none = torch.full((B,), -1, dtype=torch.long)
+        for t in range(n):
+            new_doc = self.left == 0
+            sampled = torch.searchsorted(self.cum[self.prev.clamp(min=0)], u[:, t].contiguous()).squeeze(1)
+            tok = torch.where(self.prev < 0, first[:, t], sampled)
+            tok = torch.where((self.prev >= 0) & (self.prev < s.n_triggers), self.prev2, tok)
+            tok = torch.where(new_doc, bos, tok)
+            out[:, t] = tok
+            # Advance the state: a <bos> opens a fresh document.
+            self.left = torch.where(new_doc, lengths[:, t], self.left - 1)
+            self.prev2 = torch.where(new_doc, none, self.prev)
+            self.prev = torch.where(new_doc, none, tok)
+        return out
+
+
+def backcopy_documents(spec: BigramBackcopy, n: int, length: int, *, seed: int) -> list[list[int]]:
+    """`n` fresh documents of exactly `length` content tokens, without `<bos>`."""
+    stream = BigramBackcopyStream(spec, n, seed=seed, doc_len=length)
+    stream.left.zero_()  # start at a document boundary
+    return stream.next(length + 1)[:, 1:].tolist()
+
+
+def check_backcopy_rule(tokens: Int[Tensor, "batch pos"], spec: BigramBackcopy) -> int:
+    """Raise AssertionError at the first broken rule in stream windows: a
+    trigger right after `<bos>` or after another trigger, or a token after a
+    trigger (inside its document) that is not the token before the trigger.
+
+    Returns:
+        how many copies were checked.
+    """
+    n_checked = 0
+    for row in tokens.tolist():
+        for t in range(1, len(row)):
+            if row[t] >= spec.n_triggers:
+                continue
+            if row[t - 1] == spec.bos or row[t - 1] < spec.n_triggers:
+                raise AssertionError(f"trigger {row[t]} at {t} follows {row[t - 1]}")
+            if t + 1 < len(row) and row[t + 1] != spec.bos:
+                if row[t + 1] != row[t - 1]:
+                    raise AssertionError(f"after the trigger at {t}: {row[t + 1]} != {row[t - 1]}")
+                n_checked += 1
+    return n_checked
+
+
+# --- packing -------------------------------------------------------------------------
+
+
+def sample_windows(
+    stream: Int[Tensor, "tokens"], *, batch: int, length: int, generator: torch.Generator
+) -> Int[Tensor, "batch length"]:
+    """`batch` windows of `length` consecutive stream tokens at uniform offsets."""
+    if length >= len(stream):
+        raise ValueError(
+            f"a window of {length} tokens does not fit a stream of {len(stream)} tokens: "
+            "lower the context length or use a larger corpus"
+        )
+    starts = torch.randint(0, len(stream) - length + 1, (batch,), generator=generator)
+    return stream[starts[:, None] + torch.arange(length)]
+
+
+def make_inputs(
+    chunk: Int[Tensor, "batch n"], *, fixed_bos: bool, bos_id: int
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """Inputs and next-token targets from `context_length + 1` (no fixed bos) or
+    `context_length` (fixed bos) stream tokens per row."""
+    if fixed_bos:
+        bos = torch.full((chunk.shape[0], 1), bos_id, dtype=chunk.dtype)
+        return torch.cat([bos, chunk[:, :-1]], dim=1), chunk
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def document_ids(tokens: Int[Tensor, "batch pos"], *, bos_id: int) -> Int[Tensor, "batch pos"]:
+    """Index of the document each position belongs to: a `<bos>` opens a new one.
+    Tokens before the first `<bos>` of a window are the tail of document 0."""
+    return torch.cumsum((tokens == bos_id).long(), dim=1)
+
+
+def same_document(
+    tokens: Int[Tensor, "batch pos"], *, bos_id: int, fixed_bos: bool
+) -> Bool[Tensor, "batch query_pos key_pos"]:
+    """True where query and key lie in the same document. With `fixed_bos` the
+    `<bos>` at position 0 belongs to no document and every query may see it."""
+    doc = document_ids(tokens[:, 1:] if fixed_bos else tokens, bos_id=bos_id)
+    if fixed_bos:
+        doc = torch.cat([torch.zeros_like(doc[:, :1]), doc], dim=1)  # doc 0 now includes key 0
+    allowed = doc[:, :, None] == doc[:, None, :]
+    if fixed_bos:
+        allowed[:, :, 0] = True
+    return allowed

@@ -1,0 +1,100 @@
+"""Figures for the training experiments: sink signals against training step
+and against context length (Barbero et al. 2025, Table 2 and the context-length study)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from sinkmech.figures import save  # noqa: E402
+
+COND_STYLE = {"prepend": ("with <bos>", "tab:blue"), "none": ("without <bos>", "tab:orange")}
+
+
+def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title: str = "") -> Path:
+    """One column per run: validation loss, first-token scores (max and mean
+    head, against the uniform baseline) and sink rates, each against step.
+
+    Args:
+        logs: run name -> the log written by `sinkmech.train.train`.
+    """
+    if not logs:
+        raise ValueError("no training logs to plot")
+    n = len(logs)
+    fig, axes = plt.subplots(3, n, figsize=(3.6 * n + 0.6, 8.0), squeeze=False, constrained_layout=True)
+    for col, (name, log) in enumerate(logs.items()):
+        evals = log["evals"]
+        steps = [e["step"] for e in evals]
+        ax = axes[0, col]
+        ax.plot(range(1, len(log["train_loss"]) + 1), log["train_loss"], color="0.75", lw=0.8, label="train")
+        for cond, (label, color) in COND_STYLE.items():
+            ax.plot(steps, [e["val_loss"][cond] for e in evals], "o-", ms=3, color=color, label=f"val {label}")
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("loss (nats/token)", fontsize=8)
+        last = min(e["val_loss"][c] for e in evals for c in COND_STYLE)
+        ax.set_ylim(last - 0.2, max(log["train_loss"][min(len(log["train_loss"]) - 1, 10):] + [last + 0.5]))
+        ax = axes[1, col]
+        for cond, (label, color) in COND_STYLE.items():
+            c = [e["conditions"][cond] for e in evals]
+            ax.plot(steps, [x["max_head_score"] for x in c], "o-", ms=3, color=color, label=f"max head, {label}")
+            ax.plot(steps, [x["mean_head_score"] for x in c], "s--", ms=2, color=color, alpha=0.7, label=f"mean head, {label}")
+            ax.plot(steps, [x["uniform_score"] for x in c], ":", color="k" if cond == "prepend" else "0.5", lw=1,
+                    label=f"uniform, {label}")
+        top = max(x["max_head_score"] for e in evals for x in e["conditions"].values())
+        ax.set_ylim(0, min(1.0, max(0.25, 1.15 * top)))  # zoomed: sinks at CPU scale are weak
+        ax.set_ylabel("first-token score $\\alpha_0$", fontsize=8)
+        ax = axes[2, col]
+        for cond, (label, color) in COND_STYLE.items():
+            for eps, style in (("0.3", "o-"), ("0.8", "^--")):
+                ax.plot(steps, [e["conditions"][cond]["sink_rate"][eps] for e in evals], style, ms=3, color=color,
+                        label=f"$\\epsilon$={eps}, {label}")
+        ax.set_ylim(-2, 102)
+        ax.set_ylabel("sink rate (% of heads)", fontsize=8)
+        ax.set_xlabel("training step", fontsize=8)
+        for ax in axes[:, col]:
+            ax.tick_params(labelsize=7)
+    for ax in axes[:, 0]:  # one legend per row
+        ax.legend(fontsize=6)
+    fig.suptitle(title or "Sink signals during training", fontsize=10)
+    return save(fig, path)
+
+
+def context_length_plot(rows: Sequence[dict], path: str | os.PathLike, *, title: str = "") -> Path:
+    """Final sink rate and first-token scores against training context length.
+
+    Args:
+        rows: one per (context_length, inference condition) with keys
+            `context_length`, `inference_bos`, `sink_rate`, `max_head_score`,
+            `mean_head_score`, `uniform_score`.
+    """
+    if not rows:
+        raise ValueError("no rows to plot")
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), constrained_layout=True)
+    for bos, (label, color) in (("prepend", COND_STYLE["prepend"]), ("none", COND_STYLE["none"])):
+        sel = sorted((r for r in rows if r["inference_bos"] == (bos == "prepend")), key=lambda r: r["context_length"])
+        if not sel:
+            continue
+        x = [r["context_length"] for r in sel]
+        for eps, style in (("0.3", "o-"), ("0.8", "^--")):
+            axes[0].plot(x, [r["sink_rate"][eps] for r in sel], style, color=color, label=f"$\\epsilon$={eps}, {label}")
+        axes[1].plot(x, [r["max_head_score"] for r in sel], "o-", color=color, label=f"max head, {label}")
+        axes[1].plot(x, [r["mean_head_score"] for r in sel], "s--", color=color, alpha=0.7, label=f"mean head, {label}")
+        axes[1].plot(x, [r["uniform_score"] for r in sel], ":", color="k" if bos == "prepend" else "0.5",
+                     label=f"uniform, {label}")
+    axes[0].set_ylabel("final sink rate (% of heads)")
+    axes[0].set_ylim(-2, 102)
+    axes[1].set_ylabel("final first-token score $\\alpha_0$")
+    top = max(r["max_head_score"] for r in rows)
+    axes[1].set_ylim(0, min(1.0, max(0.25, 1.15 * top)))  # zoomed: sinks at CPU scale are weak
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("training context length (tokens)")
+        ax.legend(fontsize=7)
+    fig.suptitle(title or "Sinks against training context length", fontsize=10)
+    return save(fig, path)
