@@ -93,7 +93,7 @@ class Custom:
 Metric = Union[KL, LogitDiff, Custom]
 
 
-def resolve_metric(metric: MetricSpec, answers: tuple[int | Tensor, int | Tensor] | None = None) -> Metric:
+def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | None = None) -> Metric:
     """'kl', 'logit_diff' (needs `answers=(correct, incorrect)`), a LogitDiff, or a callable."""
     if isinstance(metric, (KL, LogitDiff, Custom)):
         return metric
