@@ -60,14 +60,14 @@ class PerturbationSpread:
     entropy (nats) over real content queries of the clean run.
     """
 
-    change: Float[Tensor, "bos prompt layer pos"]
+    change: Float[Tensor, "bos prompt resid_layer pos"]
     entropy: Float[Tensor, "bos layer head_index"]
     last_changed: Int[Tensor, "prompt"]
     conditions: tuple[str, ...]
     kind: str
     threshold: float
 
-    def mean_change(self) -> Float[Tensor, "bos layer pos"]:
+    def mean_change(self) -> Float[Tensor, "bos resid_layer pos"]:
         """Mean over prompts (padding excluded)."""
         return self.change.nanmean(1)
 
@@ -76,7 +76,7 @@ class PerturbationSpread:
         j = torch.arange(self.change.shape[-1])
         return (j[None, :] > self.last_changed[:, None]) & ~self.change[0, :, 0].isnan()
 
-    def per_layer(self) -> dict[str, Float[Tensor, "bos layer"]]:
+    def per_layer(self) -> dict[str, Tensor]:
         """Over the later positions of all prompts: mean change, and the fraction
         whose change exceeds `threshold`."""
         later = self.later()[None, :, None, :].expand_as(self.change)
@@ -141,7 +141,7 @@ def apply_swap(model, rows: list[list[int]], swap: TokenSwap) -> tuple[list[list
     return out, last
 
 
-def _residuals(model: HookedTransformer, tokens: Tensor, hooks) -> Float[Tensor, "batch layer pos d_model"]:
+def _residuals(model: HookedTransformer, tokens: Tensor, hooks) -> Float[Tensor, "batch resid_layer pos d_model"]:
     L = model.cfg.n_layers
     names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
     with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=hooks):

@@ -121,7 +121,7 @@ def sensitivity(
     return Sensitivity(jac.float().cpu(), paths.float().cpu(), batch.bos, L)
 
 
-def _layer_residuals(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, "batch layer pos d_model"]:
+def _layer_residuals(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, "batch resid_layer pos d_model"]:
     """Residual stream entering each layer, then the last layer's output."""
     L = model.cfg.n_layers
     names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
@@ -132,7 +132,7 @@ def _layer_residuals(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, 
 
 def rank_collapse(
     model: HookedTransformer, prompts: PromptSource, *, bos: Bos, max_tokens: int = 64, bos_token_id: int | None = None
-) -> Float[Tensor, "prompt layer"]:
+) -> Float[Tensor, "prompt resid_layer"]:
     """||X - 1 mean(X)||_F / ||X||_F over each prompt's real token vectors at
     every layer (0 = embeddings, n_layers = last output); 0 = fully collapsed."""
     batch = tokenize(model, prompts, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -149,7 +149,7 @@ def representational_collapse(
     lengths: Sequence[int],
     bos: Bos,
     bos_token_id: int | None = None,
-) -> Float[Tensor, "length layer"]:
+) -> Float[Tensor, "length resid_layer"]:
     """||h_last(n tokens) - h_last(n + 1 tokens)|| for `token` repeated n times,
     per n in `lengths` and per layer (0 = embeddings, n_layers = last output)."""
     check_bos(bos)

@@ -70,7 +70,7 @@ def test_last_layer_patch_reproduces_the_source_run(tiny_model, pair):
 
 
 CASES = {
-    None: [("resid_pre", "layer_pos"), ("resid_mid", "layer_pos"), ("resid_post", "layer"), ("attn_out", "layer_pos"),
+    None: [("resid_pre", "layer_pos", [1]), ("resid_mid", "layer_pos", [0]), ("resid_post", "layer"), ("attn_out", "layer_pos", [1]),
            ("mlp_out", "layer"), ("z", "head_pos", [1])],
     2: [("resid_pre", "layer"), ("z", "head"), ("q", "head"), ("k", "head"), ("v", "head")],
 }
@@ -79,8 +79,8 @@ CASES = {
 @pytest.mark.parametrize("kv", [None, 2])
 def test_sweep_equals_one_run_with_hooks_per_cell(kv, tiny_tokens):
     model = make_tiny(3, n_kv=kv)
-    rows = tiny_tokens[:3, :8].tolist()
-    rows[1] = rows[1][:6]
+    rows = tiny_tokens[:3, :6].tolist()
+    rows[1] = rows[1][:4]
     pair = bos_pair(model, rows, bos_token_id=TINY_BOS)
     for i, (act, by, *layers) in enumerate(CASES[kv]):
         source = ("prepend", "none")[i % 2]
