@@ -158,10 +158,9 @@ def test_bad_patch_inputs(tiny_model, pair):
 def test_sweep_equals_loop_on_smollm2(smollm2):
     from sinkmech.prompts import default_corpus
 
-    pair = bos_pair(smollm2, default_corpus(2), max_tokens=8)
-    for source in ("prepend", "none"):
-        kw = dict(act="z", by="head", source=source, layers=[0, 29], progress=False)
-        fast = patch(smollm2, pair, **kw)
-        slow = patch(smollm2, pair, method="loop", **kw)
-        assert (fast.values - slow.values).abs().max() <= 1e-4
+    pair = bos_pair(smollm2, default_corpus(2), max_tokens=6)
+    for kw in (dict(act="v", by="head", source="prepend", layers=[28]), dict(act="resid_pre", by="layer", source="none", layers=[29])):
+        fast = patch(smollm2, pair, progress=False, **kw)
+        slow = patch(smollm2, pair, method="loop", progress=False, **kw)
         assert fast.values.abs().max() > 0
+        assert (fast.values - slow.values).abs().max() <= 1e-4, kw
