@@ -12,7 +12,7 @@ batch (one forward, one backward).
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 from jaxtyping import Float

@@ -193,7 +193,7 @@ def patch(
 
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
     n_heads = cache[next(iter(names))].shape[2] if act in HEAD_ACTS else 1
-    cells, shape = [], []
+    cells = []
     for l in layers:
         name = act_name(act, l)
         if by == "layer":

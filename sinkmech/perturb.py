@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, right_padding
-from sinkmech.prompts import BOS_CHOICES, PromptSource, load_prompts, tokenize
+from sinkmech.prompts import BOS_CHOICES, PromptSource, tokenize
 
 
 @dataclass(frozen=True)
