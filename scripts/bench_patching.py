@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=32, help="content tokens per prompt (<bos> is prepended)")
     p.add_argument("--loop-heads", type=int, default=None, help="time the loop on N heads only and extrapolate (default: all)")
     p.add_argument("--samples", type=int, default=8, help="label draws for the KL attribution estimate")
-    p.add_argument("--forward-repeats", type=int, default=3)
+    p.add_argument("--forward-repeats", type=int, default=3, help="plain forwards timed before, between and after the phases")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -58,16 +57,19 @@ def main(argv: list[str] | None = None) -> dict:
 
     run = lambda: reference_logits(model, batch.tokens, batch.offset, args.tokens)  # noqa: E731
     run()  # warm-up
-    fwd = []
-    for _ in range(args.forward_repeats):
-        with Timer() as t:
-            run()
-        fwd.append(t)
-    fwd_wall = statistics.median(t.wall for t in fwd)
-    fwd_cpu = statistics.median(t.cpu for t in fwd)
+    fwd: list[Timer] = []
 
+    def time_forwards() -> None:
+        # Sampled between the phases: on a shared machine the load changes over the run.
+        for _ in range(args.forward_repeats):
+            with Timer() as t:
+                run()
+            fwd.append(t)
+
+    time_forwards()
     with Timer() as ts:
         exact = head_ablations(model, batch, mode="mask_first", progress=True)
+    time_forwards()
 
     n_loop = n_cells if args.loop_heads is None else max(1, min(args.loop_heads, n_cells))
     picks = sorted({round(i * (n_cells - 1) / max(n_loop - 1, 1)) for i in range(n_loop)})
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> dict:
     with Timer() as tl:
         looped = loop(model, batch.tokens, cells, score=bound, offset=batch.offset, n_content=n_content)
     diff = float((looped - exact.effects.flatten()[picks]).abs().max())
+    time_forwards()
+    fwd_wall = min(t.wall for t in fwd)
+    fwd_cpu = min(t.cpu for t in fwd)
     scale = n_cells / len(picks)
 
     with Timer() as ta:
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     floor = H * (L + 1) / 2
     rows = {
-        "plain forward (median)": (fwd_wall, fwd_cpu),
+        f"plain forward (min of {len(fwd)}, sampled between phases)": (fwd_wall, fwd_cpu),
         f"exact sweep, {n_cells} heads": (ts.wall, ts.cpu),
         f"loop, {len(picks)} heads measured": (tl.wall, tl.cpu),
         f"loop, {n_cells} heads{' (extrapolated)' if len(picks) < n_cells else ''}": (tl.wall * scale, tl.cpu * scale),
