@@ -185,11 +185,10 @@ def patch(
     names = {act_name(act, l): l for l in layers}
     with torch.no_grad(), right_padding(model):
         _, cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in names)
-    bound = resolve_metric(metric, answers).bind(
-        reference_logits(model, src.tokens, src.offset, n_content), pair.content_mask
-    )
+    reference = reference_logits(model, src.tokens, src.offset, n_content)
+    bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
     baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
-    source_value = float(bound(reference_logits(model, src.tokens, src.offset, n_content)[None])[0])
+    source_value = float(bound(reference[None])[0])
 
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
     n_heads = cache[next(iter(names))].shape[2] if act in HEAD_ACTS else 1

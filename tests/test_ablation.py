@@ -95,7 +95,7 @@ def test_bad_ablation_inputs(planted, tokens):
 def test_ablation_sweep_equals_loop_on_smollm2(smollm2):
     from sinkmech.prompts import default_corpus
 
-    kw = dict(mode="mask_first", max_tokens=8, layers=[1, 29], heads=[0, 8], progress=False)
+    kw = dict(mode="mask_first", max_tokens=8, layers=[1, 29], heads=[8], progress=False)
     fast = head_ablations(smollm2, default_corpus(2), **kw)
     slow = head_ablations(smollm2, default_corpus(2), method="loop", **kw)
     assert fast.effects.abs().max() > 0
