@@ -122,3 +122,25 @@ def zero_head_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = 
         return out
 
     return hook
+
+
+def mean_head_hook(
+    head: int, mean: Float[Tensor, "d_head"], queries: Bool[Tensor, "batch query_pos"] | None = None
+) -> Callable:
+    """On `z`: the head's output is replaced by a fixed vector (its corpus mean)."""
+
+    def hook(z: Float[Tensor, "batch pos head_index d_head"], hook):
+        sel = _select(queries, z.transpose(1, 2))
+        out = z.clone()
+        out[:, :, head] = torch.where(sel[..., None], mean.to(z), out[:, :, head])
+        return out
+
+    return hook
+
+
+def row_queries(rows: slice, n_rows: int, n_pos: int, device=None) -> Bool[Tensor, "batch query_pos"]:
+    """A `queries` mask selecting every query of the rows `rows` of a stacked batch
+    (one copy of the prompts among several run in one forward pass)."""
+    sel = torch.zeros(n_rows, n_pos, dtype=torch.bool, device=device)
+    sel[rows] = True
+    return sel

@@ -1,0 +1,135 @@
+"""Benchmark: exact batched mask_first sweep vs one forward per head, on SmolLM2.
+
+All measured in one run, side by side: the exact sweep over all heads (batched
+copies, restarting at each head's layer), the one-`run_with_hooks`-per-head
+loop, a plain forward pass, and attribution patching (one batched forward +
+backward). The compute floor of any exact per-head sweep is
+n_heads x (n_layers + 1) / 2 plain-forward equivalents (a head in layer l must
+recompute layers l..L-1). With --loop-heads N the loop runs on N heads spread
+evenly over the model, its time is extrapolated per head to all heads (said so
+in the output), and its values are checked against the sweep on those heads.
+Wall-clock and CPU (process) time are both printed: on a shared machine CPU
+time is the fairer comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+class Timer:
+    def __enter__(self):
+        self.w, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.w, time.process_time() - self.c
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--n-prompts", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=32, help="content tokens per prompt (<bos> is prepended)")
+    p.add_argument("--loop-heads", type=int, default=None, help="time the loop on N heads only and extrapolate (default: all)")
+    p.add_argument("--samples", type=int, default=8, help="label draws for the KL attribution estimate")
+    p.add_argument("--forward-repeats", type=int, default=3, help="plain forwards timed before, between and after the phases")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    from sinkmech.ablation import ablation_hooks, head_ablations
+    from sinkmech.attribution import attribute_ablations, pearson
+    from sinkmech.metrics import KL, content_mask
+    from sinkmech.models import load_model
+    from sinkmech.prompts import default_corpus, tokenize
+    from sinkmech.sweep import Intervention, loop, reference_logits
+
+    model = load_model(args.model)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    batch = tokenize(model, default_corpus(args.n_prompts), bos="prepend", max_tokens=args.tokens)
+    n_cells = L * H
+    print(f"{args.model}: {L} layers x {H} heads = {n_cells} heads; {len(batch)} prompts x {args.tokens} tokens (+<bos>)")
+
+    run = lambda: reference_logits(model, batch.tokens, batch.offset, args.tokens)  # noqa: E731
+    run()  # warm-up
+    fwd: list[Timer] = []
+
+    def time_forwards() -> None:
+        # Sampled between the phases: on a shared machine the load changes over the run.
+        for _ in range(args.forward_repeats):
+            with Timer() as t:
+                run()
+            fwd.append(t)
+
+    time_forwards()
+    with Timer() as ts:
+        exact = head_ablations(model, batch, mode="mask_first", progress=True)
+    time_forwards()
+
+    n_loop = n_cells if args.loop_heads is None else max(1, min(args.loop_heads, n_cells))
+    picks = sorted({round(i * (n_cells - 1) / max(n_loop - 1, 1)) for i in range(n_loop)})
+    cells = [Intervention(i // H, ablation_hooks("mask_first", i // H, i % H, None)) for i in picks]
+    n_content = args.tokens
+    mask = content_mask(batch.lengths, batch.offset, n_content)
+    bound = KL().bind(reference_logits(model, batch.tokens, batch.offset, n_content), mask)
+    with Timer() as tl:
+        looped = loop(model, batch.tokens, cells, score=bound, offset=batch.offset, n_content=n_content)
+    diff = float((looped - exact.effects.flatten()[picks]).abs().max())
+    time_forwards()
+    fwd_wall = min(t.wall for t in fwd)
+    fwd_cpu = min(t.cpu for t in fwd)
+    scale = n_cells / len(picks)
+
+    with Timer() as ta:
+        approx = attribute_ablations(model, batch, mode="mask_first", samples=args.samples)
+    r = pearson(exact.effects, approx.effects)
+    rank = pearson(exact.effects.flatten().argsort().argsort().float(), approx.effects.flatten().argsort().argsort().float())
+
+    floor = H * (L + 1) / 2
+    rows = {
+        f"plain forward (min of {len(fwd)}, sampled between phases)": (fwd_wall, fwd_cpu),
+        f"exact sweep, {n_cells} heads": (ts.wall, ts.cpu),
+        f"loop, {len(picks)} heads measured": (tl.wall, tl.cpu),
+        f"loop, {n_cells} heads{' (extrapolated)' if len(picks) < n_cells else ''}": (tl.wall * scale, tl.cpu * scale),
+        f"attribution ({args.samples} label draws)": (ta.wall, ta.cpu),
+        f"compute floor = {H} x ({L}+1)/2 = {floor:g} forwards": (floor * fwd_wall, floor * fwd_cpu),
+    }
+    print()
+    print(f"{'':52} {'wall s':>9} {'cpu s':>9}")
+    for k, (w, c) in rows.items():
+        print(f"{k:52} {w:9.2f} {c:9.2f}")
+    ratios = {
+        "loop / exact sweep": (tl.wall * scale / ts.wall, tl.cpu * scale / ts.cpu),
+        "exact sweep / compute floor": (ts.wall / (floor * fwd_wall), ts.cpu / (floor * fwd_cpu)),
+        "exact sweep / plain forward": (ts.wall / fwd_wall, ts.cpu / fwd_cpu),
+        "exact sweep / attribution": (ts.wall / ta.wall, ts.cpu / ta.cpu),
+    }
+    print()
+    print(f"{'ratio':52} {'wall':>9} {'cpu':>9}")
+    for k, (w, c) in ratios.items():
+        print(f"{k:52} {w:9.2f} {c:9.2f}")
+    note = " (loop time extrapolated from the measured heads)" if len(picks) < n_cells else ""
+    print(f"\nloop vs sweep on the {len(picks)} looped heads: max |difference| = {diff:.2e}{note}")
+    print(f"attribution vs exact: Pearson r = {r:.3f}, Spearman rho = {rank:.3f}")
+    print(f"largest exact effects: {exact.top_heads(5)}")
+    result = {
+        "model": args.model, "n_prompts": len(batch), "tokens": args.tokens, "n_heads_total": n_cells,
+        "loop_heads_measured": len(picks), "loop_extrapolated": len(picks) < n_cells,
+        "seconds": {k: {"wall": w, "cpu": c} for k, (w, c) in rows.items()},
+        "ratios": {k: {"wall": w, "cpu": c} for k, (w, c) in ratios.items()},
+        "max_abs_diff_loop_vs_sweep": diff, "pearson_attribution": r, "spearman_attribution": rank,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Per-head sink ablations over every (layer, head) in one call, exact and attributed.
+
+Switching one head's sink off tests the paper's claim that the sink is the
+head's no-op (Barbero et al. 2025, Sec. 3; Guo et al. 2024 for dormant heads).
+Modes: `mask_first` (the head cannot attend to the first key; its row
+renormalises over the others), `all_to_first` (all attention on the first key:
+fully dormant), `zero` (output zeroed), `mean` (output replaced by its mean over
+the prompts' real positions). The effect is a metric of the ablated run
+against the clean run (default mean KL over content positions). `attribute`
+estimates all heads from one batched forward and backward pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import (
+    act_name, all_to_first_hook, check_head, mask_first_hook, mean_head_hook, right_padding, row_queries, zero_head_hook,
+)
+from sinkmech.metrics import MetricSpec, content_mask, resolve_metric
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
+from sinkmech.sweep import Intervention, loop, reference_logits, sweep
+
+AblationMode = Literal["mask_first", "all_to_first", "zero", "mean"]
+MODES: tuple[str, ...] = ("mask_first", "all_to_first", "zero", "mean")
+# Which activation each mode rewrites (hooks.py holds the rewrites themselves).
+MODE_ACT = {"mask_first": "attn_scores", "all_to_first": "pattern", "zero": "z", "mean": "z"}
+
+
+def check_mode(mode: str) -> AblationMode:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class HeadAblation:
+    """Effect of ablating each head alone: `effects[layer, head]` is the metric of
+    the ablated run against the clean run (for KL, 0 = no effect); `baseline`
+    is the clean run's own metric. `method` is "sweep", "loop" or "attribution"."""
+
+    effects: Float[Tensor, "layer head_index"]
+    mode: AblationMode
+    metric: str
+    bos: Bos
+    baseline: float
+    method: str
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    n_prompts: int
+
+    @property
+    def n_layers(self) -> int:
+        return self.effects.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.effects.shape[1]
+
+    def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
+        """(layer, head, effect) of the k heads with the largest |effect - baseline|."""
+        score = (self.effects - self.baseline).abs().flatten()
+        idx = score.topk(min(k, score.numel())).indices
+        return [(self.layers[int(i) // self.n_heads], self.heads[int(i) % self.n_heads], float(self.effects.flatten()[i])) for i in idx]
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = [(l, h, float(self.effects[a, b])) for a, l in enumerate(self.layers) for b, h in enumerate(self.heads)]
+        df = pd.DataFrame(rows, columns=["layer", "head", "effect"])
+        return df.assign(mode=self.mode, metric=self.metric, bos=self.bos, method=self.method)
+
+    def to_dict(self) -> dict:
+        return {
+            "mode": self.mode, "metric": self.metric, "bos": self.bos, "method": self.method,
+            "n_layers": self.n_layers, "n_heads": self.n_heads, "layers": list(self.layers),
+            "heads": list(self.heads), "n_prompts": self.n_prompts, "baseline": self.baseline,
+            "effects": self.effects.tolist(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _batch(model, prompts, bos, max_tokens, bos_token_id) -> TokenBatch:
+    if isinstance(prompts, TokenBatch):
+        return prompts
+    return tokenize(model, prompts, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
+
+
+def mean_head_outputs(model: HookedTransformer, batch: TokenBatch) -> Float[Tensor, "layer head_index d_head"]:
+    """Each head's output z averaged over all real (prompt, position) pairs."""
+    names = {act_name("z", l) for l in range(model.cfg.n_layers)}
+    with torch.no_grad(), right_padding(model):
+        _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
+    w = batch.mask.float()[:, :, None, None]
+    return torch.stack([(cache[act_name("z", l)] * w).sum((0, 1)) / w.sum() for l in range(model.cfg.n_layers)])
+
+
+def ablation_hooks(mode: AblationMode, layer: int, head: int, means: Tensor | None) -> Callable:
+    """The intervention for one head, acting on its own rows of a stacked batch."""
+    name = act_name(MODE_ACT[mode], layer)
+
+    def make(rows: slice, n_rows: int, n_pos: int):
+        q = row_queries(rows, n_rows, n_pos, device=means.device if means is not None else None)
+        if mode == "mask_first":
+            return [(name, mask_first_hook(head, q))]
+        if mode == "all_to_first":
+            return [(name, all_to_first_hook(head, q))]
+        if mode == "zero":
+            return [(name, zero_head_hook(head, q))]
+        return [(name, mean_head_hook(head, means[layer, head], q))]
+
+    return make
+
+
+def _grid(model, layers, heads):
+    layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
+    heads = tuple(range(model.cfg.n_heads)) if heads is None else tuple(heads)
+    for l in layers:
+        for h in heads:
+            check_head(model, l, h)
+    return layers, heads
+
+
+def head_ablations(
+    model: HookedTransformer,
+    prompts: PromptSource | TokenBatch,
+    *,
+    mode: AblationMode,
+    bos: Bos = "prepend",
+    metric: MetricSpec = "kl",
+    answers: tuple[int | Tensor, int | Tensor] | None = None,
+    max_tokens: int = 64,
+    bos_token_id: int | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    method: Literal["sweep", "loop"] = "sweep",
+    max_rows: int = 128,
+    progress: bool = True,
+) -> HeadAblation:
+    """Ablate every (layer, head) alone and score each ablated run.
+
+    Args:
+        prompts: prompts (see `tokenize`) or a ready TokenBatch (then `bos`,
+            `max_tokens` are ignored).
+        mode: "mask_first", "all_to_first", "zero" or "mean".
+        metric: "kl" (mean KL(clean || ablated) over content positions),
+            "logit_diff" (with `answers`), or f(logits, reference, mask).
+        layers, heads: a sub-grid to sweep (default: all).
+        method: "sweep" (batched copies, restarting at the head's layer) or
+            "loop" (one `run_with_hooks` per head: the reference).
+
+    Returns:
+        HeadAblation with effects [layer, head_index].
+    """
+    check_mode(mode)
+    if method not in ("sweep", "loop"):
+        raise ValueError(f"method must be 'sweep' or 'loop', got {method!r}")
+    batch = _batch(model, prompts, bos, max_tokens, bos_token_id)
+    layers, heads = _grid(model, layers, heads)
+    n_content = batch.tokens.shape[1] - batch.offset
+    mask = content_mask(batch.lengths, batch.offset, n_content)
+    metric_obj = resolve_metric(metric, answers)
+    ref = reference_logits(model, batch.tokens, batch.offset, n_content)
+    bound = metric_obj.bind(ref, mask)
+    means = mean_head_outputs(model, batch) if mode == "mean" else None
+    cells = [Intervention(l, ablation_hooks(mode, l, h, means)) for l in layers for h in heads]
+    kw = dict(score=bound, offset=batch.offset, n_content=n_content, progress=progress, desc=f"ablate {mode}")
+    values = sweep(model, batch.tokens, cells, max_rows=max_rows, **kw) if method == "sweep" else loop(model, batch.tokens, cells, **kw)
+    return HeadAblation(
+        effects=values.reshape(len(layers), len(heads)), mode=mode, metric=metric_obj.name, bos=batch.bos,
+        baseline=float(bound(ref[None])[0]), method=method, layers=layers, heads=heads, n_prompts=len(batch),
+    )

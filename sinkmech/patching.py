@@ -1,0 +1,269 @@
+"""Activation patching between the run with `<bos>` and the run without it.
+
+Barbero et al. (2025) remove `<bos>` and watch the model over-mix; patching
+asks which activations carry the difference. The two runs do not share
+positions: content token j sits at position j + 1 with `<bos>` and at j
+without, so a `BosPair` holds both runs and the explicit map, and every patch
+moves the activation of content token j from one run into the other (either
+direction). The metric compares the patched run with the source run (by
+default the mean KL over content positions: 0 = fully restored).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, right_padding
+from sinkmech.metrics import MetricSpec, content_mask, resolve_metric
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
+from sinkmech.sweep import Intervention, loop, reference_logits, sweep
+
+PatchAct = Literal["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"]
+PatchBy = Literal["layer_pos", "layer", "head", "head_pos"]
+Method = Literal["sweep", "loop"]
+RESID_ACTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+HEAD_ACTS = ("z", "q", "k", "v")
+AXES = {"layer_pos": ("layer", "pos"), "layer": ("layer",), "head": ("layer", "head_index"), "head_pos": ("layer", "head_index", "pos")}
+
+
+@dataclass(frozen=True)
+class BosPair:
+    """The same content tokens run with `<bos>` (T+1 positions) and without (T).
+
+    Content token j is at position `content_positions("prepend")[j] == j + 1`
+    in the `<bos>` run and `content_positions("none")[j] == j` in the other.
+    """
+
+    with_bos: TokenBatch
+    without_bos: TokenBatch
+
+    def run(self, bos: Bos) -> TokenBatch:
+        return self.with_bos if check_bos(bos) == "prepend" else self.without_bos
+
+    @property
+    def n_content(self) -> int:
+        return self.without_bos.tokens.shape[1]
+
+    def content_positions(self, bos: Bos) -> Int[Tensor, "content_pos"]:
+        return torch.arange(self.n_content) + self.run(bos).offset
+
+    @property
+    def content_mask(self) -> Bool[Tensor, "batch content_pos"]:
+        return content_mask(self.without_bos.lengths, 0, self.n_content)
+
+
+def bos_pair(
+    model: HookedTransformer, prompts: PromptSource, *, max_tokens: int = 64, bos_token_id: int | None = None
+) -> BosPair:
+    """Tokenize `prompts` twice, with and without `<bos>`, on the same content tokens."""
+    with_bos = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    without = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    if not torch.equal(with_bos.tokens[:, 1:][without.mask], without.tokens[without.mask]):
+        raise ValueError("the two runs do not hold the same content tokens")
+    return BosPair(with_bos, without)
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """Metric of the target run with one activation patched in from the source run.
+
+    `values` has the axes named in `axes`: (layer, pos), (layer,), (layer,
+    head_index) or (layer, head_index, pos); `pos` is the content position,
+    `layer` indexes `layers`. `baseline` is the unpatched target run's metric,
+    `source_value` the source run's own (0 for KL).
+    """
+
+    values: Float[Tensor, "..."]
+    axes: tuple[str, ...]
+    act: str
+    source: Bos
+    target: Bos
+    metric: str
+    baseline: float
+    source_value: float
+    layers: tuple[int, ...]
+
+    def restored(self) -> Float[Tensor, "..."]:
+        """Fraction of the gap closed: 0 = as unpatched, 1 = as the source run."""
+        gap = self.baseline - self.source_value
+        return (self.baseline - self.values) / (gap if gap != 0 else float("nan"))
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        grids = torch.meshgrid(*[torch.arange(n) for n in self.values.shape], indexing="ij")
+        cols = {ax: g.flatten().numpy() for ax, g in zip(self.axes, grids)}
+        cols["layer"] = torch.tensor(self.layers)[cols["layer"]].numpy()
+        return pd.DataFrame({"act": self.act, "source": self.source, "target": self.target, **cols, "value": self.values.flatten().numpy()})
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "act": self.act, "source": self.source, "target": self.target, "metric": self.metric,
+                "axes": list(self.axes), "layers": list(self.layers), "baseline": self.baseline,
+                "source_value": self.source_value, "values": self.values.tolist(),
+            }
+        )
+
+
+def _patcher(name: str, source_act: Tensor, t_pos: Tensor, s_pos: Tensor, head: int | None):
+    """Hooks copying source positions `s_pos` (one head, or all) onto target positions `t_pos`."""
+
+    def make(rows: slice, n_rows: int, n_pos: int):
+        def hook(act: Tensor, hook) -> Tensor:
+            out = act.clone()
+            if head is None:
+                out[rows, t_pos] = source_act[:, s_pos].to(out)
+            else:
+                out[rows, t_pos, head] = source_act[:, s_pos, head].to(out)
+            return out
+
+        return [(name, hook)]
+
+    return make
+
+
+def patch(
+    model: HookedTransformer,
+    pair: BosPair,
+    *,
+    act: PatchAct,
+    by: PatchBy,
+    source: Bos = "prepend",
+    target: Bos | None = None,
+    metric: MetricSpec = "kl",
+    answers: tuple[int | Tensor, int | Tensor] | None = None,
+    layers: Sequence[int] | None = None,
+    method: Method = "sweep",
+    max_rows: int = 128,
+    progress: bool = True,
+) -> PatchResult:
+    """Patch `act` from the `source` run into the `target` run, one cell at a time.
+
+    Args:
+        pair: the two runs (see `bos_pair`).
+        act: a residual-stream activation (resid_pre, resid_mid, resid_post,
+            attn_out, mlp_out) or a per-head one (z, q, k, v; k and v index
+            key/value heads under grouped-query attention; q, k before rotary).
+        by: "layer_pos" (one cell per layer and content position), "layer"
+            (all content positions at once), "head" (one per layer and head,
+            all positions), "head_pos" (per layer, head and content position).
+        source: the run activations come from; `target` defaults to the other
+            run (`target == source` patches a run into itself: a no-op check).
+        metric: "kl" (mean KL(source || patched) over content positions),
+            "logit_diff" (with `answers`), or f(logits, reference, mask).
+        layers: the layers to sweep (default all).
+        method: "sweep" (batched, restarts at the layer) or "loop" (one
+            `run_with_hooks` per cell: the reference).
+
+    Returns:
+        PatchResult whose `values` are [layer, pos], [layer], [layer,
+        head_index] or [layer, head_index, pos].
+    """
+    check_bos(source)
+    target = check_bos(target) if target is not None else ("none" if source == "prepend" else "prepend")
+    if act not in RESID_ACTS + HEAD_ACTS:
+        raise ValueError(f"act must be one of {RESID_ACTS + HEAD_ACTS}, got {act!r}")
+    allowed = ("layer_pos", "layer") if act in RESID_ACTS else ("head", "head_pos")
+    if by not in allowed:
+        raise ValueError(f"act {act!r} is patched by one of {allowed}, got by={by!r}")
+    if method not in ("sweep", "loop"):
+        raise ValueError(f"method must be 'sweep' or 'loop', got {method!r}")
+    layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
+    for l in layers:
+        if not 0 <= l < model.cfg.n_layers:
+            raise ValueError(f"layer {l} out of range: the model has {model.cfg.n_layers} layers")
+    src, tgt = pair.run(source), pair.run(target)
+    n_content = pair.n_content
+    names = {act_name(act, l): l for l in layers}
+    with torch.no_grad(), right_padding(model):
+        _, cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in names)
+    reference = reference_logits(model, src.tokens, src.offset, n_content)
+    bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
+    baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
+    source_value = float(bound(reference[None])[0])
+
+    s_all, t_all = pair.content_positions(source), pair.content_positions(target)
+    n_heads = cache[next(iter(names))].shape[2] if act in HEAD_ACTS else 1
+    cells = []
+    for l in layers:
+        name = act_name(act, l)
+        if by == "layer":
+            cells.append(Intervention(l, _patcher(name, cache[name], t_all, s_all, None)))
+        elif by == "layer_pos":
+            cells += [Intervention(l, _patcher(name, cache[name], t_all[j : j + 1], s_all[j : j + 1], None)) for j in range(n_content)]
+        elif by == "head":
+            cells += [Intervention(l, _patcher(name, cache[name], t_all, s_all, h)) for h in range(n_heads)]
+        else:
+            cells += [
+                Intervention(l, _patcher(name, cache[name], t_all[j : j + 1], s_all[j : j + 1], h))
+                for h in range(n_heads)
+                for j in range(n_content)
+            ]
+    shape = {"layer_pos": (len(layers), n_content), "layer": (len(layers),), "head": (len(layers), n_heads), "head_pos": (len(layers), n_heads, n_content)}[by]
+    kw = dict(score=bound, offset=tgt.offset, n_content=n_content, progress=progress, desc=f"patch {act} {source}->{target}")
+    if method == "sweep":
+        values = sweep(model, tgt.tokens, cells, max_rows=max_rows, **kw)
+    else:
+        values = loop(model, tgt.tokens, cells, **kw)
+    return PatchResult(
+        values=values.reshape(shape), axes=AXES[by], act=act, source=source, target=target,
+        metric=resolve_metric(metric, answers).name, baseline=baseline, source_value=source_value, layers=layers,
+    )
+
+
+# Named front-ends ---------------------------------------------------------
+
+
+def patch_resid_pre(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+    """Patch the residual stream entering each layer, per (layer, content position)
+    or per layer over all content positions. Options as in `patch`."""
+    return patch(model, pair, act="resid_pre", by="layer_pos" if per_position else "layer", **options)
+
+
+def patch_resid_mid(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+    """Patch the residual stream between attention and MLP of each layer."""
+    return patch(model, pair, act="resid_mid", by="layer_pos" if per_position else "layer", **options)
+
+
+def patch_resid_post(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+    """Patch the residual stream leaving each layer."""
+    return patch(model, pair, act="resid_post", by="layer_pos" if per_position else "layer", **options)
+
+
+def patch_attn_out(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+    """Patch each layer's attention output (all heads together)."""
+    return patch(model, pair, act="attn_out", by="layer_pos" if per_position else "layer", **options)
+
+
+def patch_mlp_out(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+    """Patch each layer's MLP output."""
+    return patch(model, pair, act="mlp_out", by="layer_pos" if per_position else "layer", **options)
+
+
+def patch_head_out(model: HookedTransformer, pair: BosPair, *, per_position: bool = False, **options) -> PatchResult:
+    """Patch one head's output `z`, per (layer, head) over all content positions,
+    or per (layer, head, content position)."""
+    return patch(model, pair, act="z", by="head_pos" if per_position else "head", **options)
+
+
+def patch_head_q(model: HookedTransformer, pair: BosPair, **options) -> PatchResult:
+    """Patch one head's queries (before rotary), per (layer, head)."""
+    return patch(model, pair, act="q", by="head", **options)
+
+
+def patch_head_k(model: HookedTransformer, pair: BosPair, **options) -> PatchResult:
+    """Patch one key head's keys (before rotary), per (layer, key/value head)."""
+    return patch(model, pair, act="k", by="head", **options)
+
+
+def patch_head_v(model: HookedTransformer, pair: BosPair, **options) -> PatchResult:
+    """Patch one key/value head's values, per (layer, key/value head)."""
+    return patch(model, pair, act="v", by="head", **options)

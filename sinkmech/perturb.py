@@ -1,0 +1,240 @@
+"""Perturbation spread with and without `<bos>` (Barbero et al. 2025, Figure 2).
+
+A prompt and a minimally changed copy (one token swapped for another of the
+same tokenized length, or noise of a given relative norm added to one input
+embedding) run with and without `<bos>`. At every layer and content position
+the relative change of the residual stream ||h' - h|| / ||h|| shows how far
+the change spreads; without the sink it should reach more positions and grow
+with depth. Also the mean attention entropy per head in both conditions (the
+paper's "smoother maps" without `<bos>`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, right_padding
+from sinkmech.prompts import BOS_CHOICES, PromptSource, tokenize
+
+
+@dataclass(frozen=True)
+class TokenSwap:
+    """Replace `original` by `replacement` (strings as they appear in the prompt,
+    e.g. " greatest" -> " best", or token-id lists); both must tokenize to the
+    same length. `position` (content position) pins where; default: first match."""
+
+    original: Union[str, Sequence[int]]
+    replacement: Union[str, Sequence[int]]
+    position: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingNoise:
+    """Add Gaussian noise of norm `scale` x ||embedding|| to content position `position`."""
+
+    scale: float
+    position: int
+    seed: int = 0
+
+
+Perturbation = Union[TokenSwap, EmbeddingNoise]
+
+
+@dataclass(frozen=True)
+class PerturbationSpread:
+    """Relative residual change per condition, prompt, layer and content position.
+
+    `change[c, p, l, j]` = ||h' - h|| / ||h|| for condition `conditions[c]`,
+    layer l (0 = embeddings entering layer 0, ..., n_layers = output of the last
+    layer) and content position j; NaN on padding. `last_changed[p]` is the last
+    content position the perturbation touches directly; later positions are the
+    ones it can only reach by mixing. `entropy[c, l, h]` is the mean attention
+    entropy (nats) over real content queries of the clean run.
+    """
+
+    change: Float[Tensor, "bos prompt resid_layer pos"]
+    entropy: Float[Tensor, "bos layer head_index"]
+    last_changed: Int[Tensor, "prompt"]
+    conditions: tuple[str, ...]
+    kind: str
+    threshold: float
+
+    def mean_change(self) -> Float[Tensor, "bos resid_layer pos"]:
+        """Mean over prompts (padding excluded)."""
+        return self.change.nanmean(1)
+
+    def later(self) -> Tensor:
+        """Bool [prompt, pos]: real positions after the perturbed one."""
+        j = torch.arange(self.change.shape[-1])
+        return (j[None, :] > self.last_changed[:, None]) & ~self.change[0, :, 0].isnan()
+
+    def per_layer(self) -> dict[str, Tensor]:
+        """Over the later positions of all prompts: mean change, and the fraction
+        whose change exceeds `threshold`."""
+        later = self.later()[None, :, None, :].expand_as(self.change)
+        w = later.float()
+        vals = torch.where(later, self.change, torch.zeros(()))
+        n = w.sum((1, 3)).clamp(min=1)
+        return {
+            "mean_change": vals.sum((1, 3)) / n,
+            "spread_fraction": ((vals > self.threshold).float() * w).sum((1, 3)) / n,
+        }
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        C, P, L, J = self.change.shape
+        g = torch.meshgrid(torch.arange(C), torch.arange(P), torch.arange(L), torch.arange(J), indexing="ij")
+        df = pd.DataFrame({"bos": [self.conditions[i] for i in g[0].flatten().tolist()], "prompt": g[1].flatten().numpy(),
+                           "layer": g[2].flatten().numpy(), "pos": g[3].flatten().numpy(), "change": self.change.flatten().numpy()})
+        return df.dropna()
+
+    def to_dict(self) -> dict:
+        s = self.per_layer()
+        return {
+            "kind": self.kind, "threshold": self.threshold, "conditions": list(self.conditions),
+            "n_prompts": self.change.shape[1], "n_layers": self.change.shape[2] - 1,
+            "last_changed": self.last_changed.tolist(),
+            "mean_change": {c: torch.nan_to_num(self.mean_change()[i]).tolist() for i, c in enumerate(self.conditions)},
+            "per_layer": {c: {k: v[i].tolist() for k, v in s.items()} for i, c in enumerate(self.conditions)},
+            "entropy": {c: self.entropy[i].tolist() for i, c in enumerate(self.conditions)},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _ids(model, x) -> list[int]:
+    if isinstance(x, str):
+        if model.tokenizer is None:
+            raise ValueError("the model has no tokenizer: give the swap as token-id lists")
+        return model.tokenizer(x, add_special_tokens=False)["input_ids"]
+    return [int(t) for t in x]
+
+
+def apply_swap(model, rows: list[list[int]], swap: TokenSwap) -> tuple[list[list[int]], list[int]]:
+    """The swapped copies of `rows` and each one's last swapped content position."""
+    old, new = _ids(model, swap.original), _ids(model, swap.replacement)
+    if len(old) != len(new) or not old:
+        raise ValueError(
+            f"token swap {swap.original!r} -> {swap.replacement!r} must keep the length: "
+            f"they tokenize to {len(old)} and {len(new)} tokens"
+        )
+    out, last = [], []
+    for i, row in enumerate(rows):
+        n = len(old)
+        starts = [swap.position] if swap.position is not None else range(len(row) - n + 1)
+        at = next((s for s in starts if 0 <= s <= len(row) - n and row[s : s + n] == old), None)
+        if at is None:
+            where = f"at content position {swap.position}" if swap.position is not None else "anywhere"
+            raise ValueError(f"prompt {i} does not hold {swap.original!r} {where}")
+        out.append(row[:at] + new + row[at + n :])
+        last.append(at + n - 1)
+    return out, last
+
+
+def _residuals(model: HookedTransformer, tokens: Tensor, hooks) -> Float[Tensor, "batch resid_layer pos d_model"]:
+    L = model.cfg.n_layers
+    names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
+    with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=hooks):
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return torch.stack([cache[n] for n in names], dim=1)
+
+
+def _noise_hook(noise: Tensor, position: int):
+    """Add noise[b] (relative to the embedding's norm) at `position` of row b."""
+
+    def hook(embed: Tensor, hook) -> Tensor:
+        out = embed.clone()
+        scale = out[:, position].norm(dim=-1, keepdim=True)
+        out[:, position] = out[:, position] + noise.to(out) * scale
+        return out
+
+    return hook
+
+
+def _entropy_hook(store: list, mask: Tensor, offset: int):
+    def hook(pattern: Tensor, hook) -> None:
+        a = pattern[:, :, offset:]  # content queries
+        h = -(a * torch.log(a.clamp(min=1e-30))).sum(-1)  # [batch, head, query]
+        w = mask[:, None, :].float()
+        store.append(((h * w).sum((0, 2)), w.sum((0, 2))))
+
+    return hook
+
+
+def perturbation_spread(
+    model: HookedTransformer,
+    prompts: PromptSource,
+    *,
+    perturbation: Perturbation,
+    max_tokens: int = 64,
+    bos_token_id: int | None = None,
+    threshold: float = 0.1,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> PerturbationSpread:
+    """Relative residual change at every (layer, content position), with and without `<bos>`.
+
+    Args:
+        prompts: strings, a prompt file, or token-id lists.
+        perturbation: a TokenSwap or an EmbeddingNoise (the same noise vector
+            is used in both conditions).
+        threshold: relative change above which a later position counts as reached.
+
+    Returns:
+        PerturbationSpread with change [bos, prompt, layer, pos] and entropy
+        [bos, layer, head_index].
+    """
+    if not isinstance(perturbation, (TokenSwap, EmbeddingNoise)):
+        raise ValueError(f"perturbation must be a TokenSwap or EmbeddingNoise, got {type(perturbation).__name__}")
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    rows = [r[:n].tolist() for r, n in zip(plain.tokens.cpu(), plain.lengths.cpu())]
+    noise = None
+    if isinstance(perturbation, TokenSwap):
+        changed, last = apply_swap(model, rows, perturbation)
+        kind = f"swap {perturbation.original!r} -> {perturbation.replacement!r}"
+    else:
+        if perturbation.scale < 0:
+            raise ValueError(f"noise scale must be >= 0, got {perturbation.scale}")
+        short = min(len(r) for r in rows)
+        if not 0 <= perturbation.position < short:
+            raise ValueError(f"noise position {perturbation.position} out of range: the shortest prompt has {short} content tokens")
+        changed, last = rows, [perturbation.position] * len(rows)
+        g = torch.Generator().manual_seed(perturbation.seed)
+        noise = torch.randn(len(rows), model.cfg.d_model, generator=g)
+        noise = perturbation.scale * noise / noise.norm(dim=-1, keepdim=True)
+        kind = f"noise {perturbation.scale:g} at content position {perturbation.position}"
+    P, L, J = len(rows), model.cfg.n_layers, max(len(r) for r in rows)
+    change = torch.full((2, P, L + 1, J), float("nan"))
+    ent_sum, ent_n = torch.zeros(2, L, model.cfg.n_heads), torch.zeros(2, L, model.cfg.n_heads)
+    steps = [(c, s) for c in range(2) for s in range(0, P, batch_size)]
+    for c, s in tqdm(steps, desc="perturbation spread", disable=not progress, unit="batch"):
+        bos = BOS_CHOICES[c]
+        e = slice(s, min(s + batch_size, P))
+        clean = tokenize(model, rows[e], bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        pert = tokenize(model, changed[e], bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        off = clean.offset
+        mask = clean.mask[:, off:]
+        store: list = []
+        ent = [(act_name("pattern", l), _entropy_hook(store, mask, off)) for l in range(L)]
+        h = _residuals(model, clean.tokens, ent)[:, :, off:]
+        hooks = []
+        if noise is not None:
+            hooks = [(act_name("embed"), _noise_hook(noise[e], perturbation.position + off))]
+        h2 = _residuals(model, pert.tokens, hooks)[:, :, off:]
+        rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)
+        rel = torch.where(mask[:, None, :], rel, torch.full_like(rel, float("nan")))
+        change[c, e, :, : rel.shape[-1]] = rel.float().cpu()
+        for l, (tot, n) in enumerate(store):
+            ent_sum[c, l] += tot.float().cpu()
+            ent_n[c, l] += n.float().cpu()
+    return PerturbationSpread(change, ent_sum / ent_n.clamp(min=1), torch.tensor(last), ("prepend", "none"), kind, threshold)

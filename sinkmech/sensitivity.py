@@ -1,0 +1,167 @@
+"""Sensitivity, its path-weight bound, and collapse (Barbero et al. 2025, Sec. 3-4).
+
+Sensitivity of output position j to input position i: the Frobenius norm of
+the Jacobian d h_j^(L) / d h_i^(0) (h^(0): the residual stream entering layer
+0), by autograd. The paper bounds it by a constant^L times the sum over all
+paths i -> j of products of per-layer mixing weights, where layer l mixes with
+M^(l) = (sum_h A^(l,h) + I) / (n_heads + 1); the sum over paths is the matrix
+product M^(L-1) ... M^(0). Rank collapse at layer l: ||X - 1 mean(X)||_F / ||X||_F
+over the real token vectors; representational collapse: the distance between
+the last-token representations of n and n+1 repeated tokens as n grows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, right_padding
+from sinkmech.prompts import Bos, PromptSource, check_bos, tokenize
+
+
+def _check_layers(model: HookedTransformer, n_layers: int | None) -> int:
+    L = model.cfg.n_layers if n_layers is None else n_layers
+    if not 1 <= L <= model.cfg.n_layers:
+        raise ValueError(f"n_layers must lie in [1, {model.cfg.n_layers}], got {n_layers}")
+    return L
+
+
+def jacobian_norms(
+    model: HookedTransformer, tokens: Int[Tensor, "pos"], *, n_layers: int | None = None, chunk_size: int = 256
+) -> Float[Tensor, "query_pos key_pos"]:
+    """||d h_j^(L) / d h_i^(0)||_F for every output position j and input position i.
+
+    Args:
+        tokens: one sequence (with `<bos>` already prepended or not).
+        n_layers: L, the depth of the output (default: all layers).
+
+    Returns:
+        [j, i]; zero above the diagonal (causality).
+    """
+    L = _check_layers(model, n_layers)
+    with torch.no_grad(), right_padding(model):
+        _, cache = model.run_with_cache(tokens[None], names_filter=act_name("resid_pre", 0), stop_at_layer=1)
+    h0 = cache[act_name("resid_pre", 0)][0].detach()
+
+    def f(x: Tensor) -> Tensor:
+        return model(x[None], start_at_layer=0, stop_at_layer=L)[0]
+
+    with right_padding(model):
+        jac = torch.func.jacrev(f, chunk_size=chunk_size)(h0)  # [j, d, i, d]
+    return jac.detach().pow(2).sum((1, 3)).sqrt()
+
+
+def attention_patterns(model: HookedTransformer, tokens: Int[Tensor, "pos"], n_layers: int) -> Float[Tensor, "layer head_index query_pos key_pos"]:
+    names = {act_name("pattern", l) for l in range(n_layers)}
+    with torch.no_grad(), right_padding(model):
+        _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
+    return torch.stack([cache[act_name("pattern", l)][0] for l in range(n_layers)])
+
+
+def mixing_matrices(patterns: Float[Tensor, "layer head_index query_pos key_pos"]) -> Float[Tensor, "layer query_pos key_pos"]:
+    """M^(l) = (sum_h A^(l,h) + I) / (n_heads + 1): row j says how layer l mixes into j."""
+    H, T = patterns.shape[1], patterns.shape[-1]
+    return (patterns.sum(1) + torch.eye(T, dtype=patterns.dtype, device=patterns.device)) / (H + 1)
+
+
+def path_weights(patterns: Float[Tensor, "layer head_index query_pos key_pos"]) -> Float[Tensor, "query_pos key_pos"]:
+    """Sum over all paths i -> j through the layers of the products of mixing
+    weights: M^(L-1) @ ... @ M^(0), entry [j, i]."""
+    mix = mixing_matrices(patterns)
+    out = torch.eye(mix.shape[-1], dtype=mix.dtype, device=mix.device)
+    for m in mix:
+        out = m @ out
+    return out
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Jacobian norms and path weights side by side for one sequence, [j, i]."""
+
+    jacobian: Float[Tensor, "query_pos key_pos"]
+    path_weight: Float[Tensor, "query_pos key_pos"]
+    bos: Bos
+    n_layers: int
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        T = self.jacobian.shape[0]
+        j, i = torch.tril_indices(T, T)
+        return pd.DataFrame({"bos": self.bos, "out_pos": j.numpy(), "in_pos": i.numpy(),
+                             "jacobian": self.jacobian[j, i].numpy(), "path_weight": self.path_weight[j, i].numpy()})
+
+    def to_json(self) -> str:
+        return json.dumps({"bos": self.bos, "n_layers": self.n_layers, "jacobian": self.jacobian.tolist(), "path_weight": self.path_weight.tolist()})
+
+
+def sensitivity(
+    model: HookedTransformer,
+    prompt: PromptSource,
+    *,
+    bos: Bos,
+    max_tokens: int = 16,
+    bos_token_id: int | None = None,
+    n_layers: int | None = None,
+) -> Sensitivity:
+    """Jacobian norms (autograd) and path weights (attention patterns) for the
+    first prompt of `prompt`, cut to `max_tokens` content tokens (keep it short:
+    the Jacobian has (T d_model)^2 entries)."""
+    L = _check_layers(model, n_layers)
+    batch = tokenize(model, prompt, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
+    tokens = batch.tokens[0, : int(batch.lengths[0])]
+    jac = jacobian_norms(model, tokens, n_layers=L)
+    paths = path_weights(attention_patterns(model, tokens, L))
+    return Sensitivity(jac.float().cpu(), paths.float().cpu(), batch.bos, L)
+
+
+def _layer_residuals(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, "batch resid_layer pos d_model"]:
+    """Residual stream entering each layer, then the last layer's output."""
+    L = model.cfg.n_layers
+    names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
+    with torch.no_grad(), right_padding(model):
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return torch.stack([cache[n] for n in names], dim=1)
+
+
+def rank_collapse(
+    model: HookedTransformer, prompts: PromptSource, *, bos: Bos, max_tokens: int = 64, bos_token_id: int | None = None
+) -> Float[Tensor, "prompt resid_layer"]:
+    """||X - 1 mean(X)||_F / ||X||_F over each prompt's real token vectors at
+    every layer (0 = embeddings, n_layers = last output); 0 = fully collapsed."""
+    batch = tokenize(model, prompts, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
+    h = _layer_residuals(model, batch.tokens).float()
+    w = batch.mask.float()[:, None, :, None]
+    mean = (h * w).sum(2, keepdim=True) / w.sum(2, keepdim=True)
+    return (((h - mean) * w).pow(2).sum((2, 3)).sqrt() / (h * w).pow(2).sum((2, 3)).sqrt()).cpu()
+
+
+def representational_collapse(
+    model: HookedTransformer,
+    *,
+    token: int,
+    lengths: Sequence[int],
+    bos: Bos,
+    bos_token_id: int | None = None,
+) -> Float[Tensor, "length resid_layer"]:
+    """||h_last(n tokens) - h_last(n + 1 tokens)|| for `token` repeated n times,
+    per n in `lengths` and per layer (0 = embeddings, n_layers = last output)."""
+    check_bos(bos)
+    if not 0 <= token < model.cfg.d_vocab:
+        raise ValueError(f"token {token} out of range [0, {model.cfg.d_vocab})")
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"lengths must be positive, got {list(lengths)}")
+    out = []
+    for n in lengths:
+        seqs = [[token] * n, [token] * (n + 1)]
+        batch = tokenize(model, seqs, bos=bos, max_tokens=n + 1, bos_token_id=bos_token_id)
+        h = _layer_residuals(model, batch.tokens)
+        last = batch.lengths - 1
+        out.append((h[0, :, last[0]] - h[1, :, last[1]]).norm(dim=-1).float().cpu())
+    return torch.stack(out)

@@ -1,0 +1,102 @@
+"""Per-head sink ablations: a planted sink head, exact sweep == loop, attribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from jaxtyping import TypeCheckError
+
+from conftest import TINY_BOS, make_tiny
+from planted import planted_model
+from sinkmech.ablation import MODES, check_mode, head_ablations
+from sinkmech.attribution import attribute_ablations, pearson
+from sinkmech.sinks import sink_scores
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return planted_model()
+
+
+@pytest.fixture(scope="module")
+def tokens(tiny_tokens):
+    return tiny_tokens[:4, :10]
+
+
+def test_planted_head_is_a_sink_and_mask_first_finds_it(planted, tokens):
+    scores = sink_scores(planted, tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False).mean_scores()
+    assert scores[0, 0] > 0.99
+    r = head_ablations(planted, tokens, mode="mask_first", bos_token_id=TINY_BOS, progress=False)
+    assert r.effects.shape == (2, 4)
+    assert r.top_heads(1)[0][:2] == (0, 0)
+    assert r.effects[0, 0] > 2 * r.effects.flatten()[1:].max()
+
+
+def test_all_to_first_equals_zero_when_the_first_value_is_zero(planted, tokens):
+    kw = dict(bos_token_id=TINY_BOS, progress=False)
+    dormant = head_ablations(planted, tokens, mode="all_to_first", **kw).effects
+    zero = head_ablations(planted, tokens, mode="zero", **kw).effects
+    assert abs(float(dormant[0, 0] - zero[0, 0])) < 1e-5
+    # ...and only there: heads with a non-zero first value differ.
+    assert (dormant.flatten()[1:] - zero.flatten()[1:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kv", [None, 2])
+def test_sweep_equals_loop_for_every_mode(kv, tokens):
+    model = make_tiny(4, n_kv=kv)
+    rows = tokens[:3, :7].tolist()
+    rows[2] = rows[2][:5]
+    for mode in MODES:
+        kw = dict(mode=mode, bos=("prepend", "none")[len(mode) % 2], bos_token_id=TINY_BOS, progress=False)
+        fast = head_ablations(model, rows, max_rows=7, **kw)
+        slow = head_ablations(model, rows, method="loop", **kw)
+        assert fast.effects.abs().max() > 0
+        assert (fast.effects - slow.effects).abs().max() <= 1e-4, mode
+
+
+def test_attribution_tracks_the_exact_sweep(tokens):
+    model = make_tiny(2, n_layers=3)
+    kw = dict(bos_token_id=TINY_BOS)
+    for mode in ("mask_first", "mean"):
+        exact = head_ablations(model, tokens, mode=mode, progress=False, **kw)
+        approx = attribute_ablations(model, tokens, mode=mode, samples=32, **kw)
+        assert approx.method == "attribution" and approx.effects.shape == exact.effects.shape
+        assert pearson(exact.effects, approx.effects) > 0.7
+    # First-order for a metric with a gradient: exact for a linear change of z.
+    exact = head_ablations(model, tokens, mode="zero", metric="logit_diff", answers=(3, 4), progress=False, **kw)
+    approx = attribute_ablations(model, tokens, mode="zero", metric="logit_diff", answers=(3, 4), **kw)
+    assert approx.baseline == pytest.approx(exact.baseline, abs=1e-5)
+    assert pearson(exact.effects, approx.effects) > 0.7
+
+
+def test_results_and_subgrid(planted, tokens):
+    r = head_ablations(planted, tokens, mode="zero", layers=[1], heads=[0, 3], bos_token_id=TINY_BOS, progress=False)
+    full = head_ablations(planted, tokens, mode="zero", bos_token_id=TINY_BOS, progress=False)
+    assert torch.allclose(r.effects, full.effects[1:, [0, 3]], atol=1e-6)
+    d = r.to_dict()
+    assert {"mode", "metric", "n_layers", "n_heads", "effects"} <= set(d) and d["layers"] == [1]
+    assert list(r.to_dataframe()["head"]) == [0, 3]
+
+
+def test_bad_ablation_inputs(planted, tokens):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        check_mode("knockout")
+    with pytest.raises((ValueError, TypeCheckError)):
+        head_ablations(planted, tokens, mode="knockout", bos_token_id=TINY_BOS)
+    with pytest.raises(ValueError, match="layer 2 out of range"):
+        head_ablations(planted, tokens, mode="zero", layers=[2], bos_token_id=TINY_BOS)
+    with pytest.raises(ValueError, match="head 4 out of range"):
+        attribute_ablations(planted, tokens, mode="zero", heads=[4], bos_token_id=TINY_BOS)
+    with pytest.raises(ValueError, match="samples"):
+        attribute_ablations(planted, tokens, mode="zero", samples=0, bos_token_id=TINY_BOS)
+
+
+@pytest.mark.slow
+def test_ablation_sweep_equals_loop_on_smollm2(smollm2):
+    from sinkmech.prompts import default_corpus
+
+    kw = dict(mode="mask_first", max_tokens=8, layers=[1, 29], heads=[8], progress=False)
+    fast = head_ablations(smollm2, default_corpus(2), **kw)
+    slow = head_ablations(smollm2, default_corpus(2), method="loop", **kw)
+    assert fast.effects.abs().max() > 0
+    assert (fast.effects - slow.effects).abs().max() <= 1e-4

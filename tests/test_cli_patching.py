@@ -1,0 +1,69 @@
+"""`sinkmech patch / ablate / perturb` end to end on a tiny model with a word tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_tiny
+from sinkmech.cli import main
+
+
+class WordTokenizer:
+    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0."""
+
+    bos_token_id = 1
+    pad_token_id = 0
+    padding_side = "right"
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
+
+
+@pytest.fixture
+def cli_model(monkeypatch):
+    model = make_tiny(7)
+    model.tokenizer = WordTokenizer()
+    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    return model
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("the cat sat on the warm mat today\na cat ran far away from the big dog\n")
+    return str(path)
+
+
+def test_ablate_writes_the_json_contract_and_a_png(cli_model, prompts, tmp_path):
+    out, png = tmp_path / "abl.json", tmp_path / "abl.png"
+    assert main(["ablate", "--mode", "mask_first", "--prompts", prompts, "--attribution", "--json", str(out), "--png", str(png)]) == 0
+    d = json.loads(out.read_text())
+    assert d["mode"] == "mask_first" and d["metric"] == "kl"
+    assert (d["n_layers"], d["n_heads"]) == (2, 4)
+    assert len(d["effects"]) == 2 and all(len(row) == 4 for row in d["effects"])
+    assert -1 <= d["attribution"]["pearson"] <= 1
+    assert png.stat().st_size > 1000
+
+
+def test_patch_both_directions(cli_model, prompts, tmp_path):
+    out, png = tmp_path / "patch.json", tmp_path / "patch.png"
+    assert main(["patch", "--act", "resid_pre", "--prompts", prompts, "--json", str(out), "--png", str(png)]) == 0
+    d = json.loads(out.read_text())
+    assert set(d["results"]) == {"prepend", "none"} and d["by"] == "layer_pos"
+    assert len(d["results"]["prepend"]["values"]) == 2 and len(d["results"]["prepend"]["values"][0]) == 9
+    assert png.exists()
+
+
+def test_perturb_swap_and_errors(cli_model, prompts, tmp_path, capsys):
+    out, png = tmp_path / "pert.json", tmp_path / "pert.png"
+    assert main(["perturb", "--swap", "cat", "dog", "--prompts", prompts, "--json", str(out), "--png", str(png)]) == 0
+    d = json.loads(out.read_text())
+    assert d["last_changed"] == [1, 1] and set(d["mean_change"]) == {"prepend", "none"}
+    assert png.exists()
+    assert main(["perturb", "--swap", "cat", "big dog", "--prompts", prompts]) == 2
+    assert "must keep the length" in capsys.readouterr().err
+    assert main(["perturb", "--noise", "0.1", "--prompts", prompts]) == 2
+    with pytest.raises(SystemExit):
+        main(["ablate", "--mode", "knockout", "--prompts", prompts])

@@ -1,0 +1,166 @@
+"""bos/no-bos activation patching: alignment, exactness of the batched sweep, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformer_lens.patching import generic_activation_patch
+
+from jaxtyping import TypeCheckError
+
+from conftest import TINY_BOS, make_tiny
+from sinkmech.hooks import act_name
+from sinkmech.metrics import KL, LogitDiff, resolve_metric
+from sinkmech.prompts import check_bos
+from sinkmech.patching import bos_pair, patch, patch_head_out, patch_resid_post, patch_resid_pre
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model, tiny_tokens):
+    rows = tiny_tokens.tolist()
+    rows[2] = rows[2][:7]  # one shorter prompt: padding must never leak
+    return bos_pair(tiny_model, rows, bos_token_id=TINY_BOS)
+
+
+def test_bos_pair_maps_content_positions(pair):
+    assert pair.with_bos.tokens.shape[1] == pair.without_bos.tokens.shape[1] + 1
+    pos_b, pos_n = pair.content_positions("prepend"), pair.content_positions("none")
+    assert torch.equal(pos_b, pos_n + 1)
+    m = pair.content_mask
+    assert torch.equal(pair.with_bos.tokens[:, pos_b][m], pair.without_bos.tokens[:, pos_n][m])
+    assert (pair.with_bos.tokens[:, 0] == TINY_BOS).all()
+    assert int(m[2].sum()) == 7
+
+
+def test_patching_a_run_into_itself_changes_nothing(tiny_model, pair):
+    for bos in ("prepend", "none"):
+        r = patch_resid_pre(tiny_model, pair, per_position=False, source=bos, target=bos, progress=False)
+        assert r.baseline == 0.0
+        assert r.values.abs().max() < 1e-6
+
+
+def test_layer0_patch_at_mapped_positions_reproduces_the_target_run(tiny_model, pair):
+    # With rotary embeddings resid_pre 0 is the token embedding alone, the same in
+    # both runs at mapped positions: patching it must leave the target's output.
+    for source in ("prepend", "none"):
+        r = patch_resid_pre(tiny_model, pair, per_position=False, source=source, layers=[0], progress=False)
+        assert r.baseline > 1e-3
+        assert abs(float(r.values[0]) - r.baseline) < 1e-6
+    # An off-by-one map would patch the wrong tokens and change the output.
+    src = pair.with_bos
+    _, cache = tiny_model.run_with_cache(src.tokens, names_filter=act_name("resid_pre", 0))
+    wrong = cache[act_name("resid_pre", 0)][:, : pair.n_content]  # positions j, not j + 1
+
+    def hook(x, hook):
+        return wrong.clone()
+
+    ref = tiny_model(src.tokens)[:, 1:]
+    bad = tiny_model.run_with_hooks(pair.without_bos.tokens, fwd_hooks=[(act_name("resid_pre", 0), hook)])
+    off = float(KL().bind(ref.detach(), pair.content_mask)(bad.detach()[None])[0])
+    assert abs(off - r.baseline) > 1e-3
+
+
+def test_last_layer_patch_reproduces_the_source_run(tiny_model, pair):
+    last = tiny_model.cfg.n_layers - 1
+    for source in ("prepend", "none"):
+        r = patch_resid_post(tiny_model, pair, per_position=False, source=source, layers=[last], progress=False)
+        assert r.baseline > 1e-3
+        assert float(r.values[0]) < 1e-6
+        assert float(r.restored()[0]) == pytest.approx(1.0, abs=1e-5)
+
+
+CASES = {
+    None: [("resid_pre", "layer_pos", [1]), ("resid_mid", "layer_pos", [0]), ("resid_post", "layer"), ("attn_out", "layer_pos", [1]),
+           ("mlp_out", "layer"), ("z", "head_pos", [1])],
+    2: [("resid_pre", "layer"), ("z", "head"), ("q", "head"), ("k", "head"), ("v", "head")],
+}
+
+
+@pytest.mark.parametrize("kv", [None, 2])
+def test_sweep_equals_one_run_with_hooks_per_cell(kv, tiny_tokens):
+    model = make_tiny(3, n_kv=kv)
+    rows = tiny_tokens[:3, :6].tolist()
+    rows[1] = rows[1][:4]
+    pair = bos_pair(model, rows, bos_token_id=TINY_BOS)
+    for i, (act, by, *layers) in enumerate(CASES[kv]):
+        source = ("prepend", "none")[i % 2]
+        kw = dict(act=act, by=by, source=source, layers=layers[0] if layers else None, progress=False)
+        fast = patch(model, pair, max_rows=7, **kw)  # several passes per layer
+        slow = patch(model, pair, method="loop", **kw)
+        assert fast.values.shape == slow.values.shape
+        assert fast.values.abs().max() > 0
+        assert (fast.values - slow.values).abs().max() <= 1e-4, (act, by, source)
+    if kv:
+        k = patch(model, pair, act="k", by="head", progress=False)
+        assert k.values.shape == (2, kv)
+
+
+def test_sweep_equals_transformer_lens_generic_activation_patch(tiny_model, pair):
+    """TransformerLens' own per-cell loop, given our position map as its setter."""
+    src, tgt = pair.with_bos, pair.without_bos
+    _, clean_cache = tiny_model.run_with_cache(src.tokens)
+    bound = KL().bind(tiny_model(src.tokens)[:, 1:], pair.content_mask)
+
+    def setter(corrupted, index, clean):
+        corrupted[:, index[1]] = clean[:, index[1] + 1]
+        return corrupted
+
+    theirs = generic_activation_patch(
+        tiny_model, tgt.tokens, clean_cache, lambda logits: bound(logits[None])[0], setter, "resid_pre",
+        index_axis_names=("layer", "pos"),
+    )
+    ours = patch_resid_pre(tiny_model, pair, source="prepend", progress=False)
+    assert (ours.values - theirs).abs().max() <= 1e-4
+
+
+def test_logit_diff_and_callable_metrics(tiny_model, pair):
+    ld = patch_head_out(tiny_model, pair, metric="logit_diff", answers=(3, 4), layers=[1], progress=False)
+    loop = patch_head_out(tiny_model, pair, metric=LogitDiff(3, 4), layers=[1], method="loop", progress=False)
+    assert (ld.values - loop.values).abs().max() <= 1e-4
+    assert ld.source_value != ld.baseline
+
+    def last_logit(logits, reference, mask):
+        return logits[..., 5].mean()
+
+    c = patch_head_out(tiny_model, pair, metric=last_logit, layers=[0], progress=False)
+    c2 = patch_head_out(tiny_model, pair, metric=last_logit, layers=[0], method="loop", progress=False)
+    assert c.metric == "last_logit" and (c.values - c2.values).abs().max() <= 1e-4
+
+
+def test_result_tables(tiny_model, pair):
+    r = patch_head_out(tiny_model, pair, per_position=True, layers=[1], progress=False)
+    assert r.values.shape == (1, 4, pair.n_content) and r.axes == ("layer", "head_index", "pos")
+    df = r.to_dataframe()
+    assert len(df) == r.values.numel() and set(df["layer"]) == {1}
+    import json
+
+    assert json.loads(r.to_json())["layers"] == [1]
+
+
+def test_bad_patch_inputs(tiny_model, pair):
+    with pytest.raises(ValueError, match="patched by"):
+        patch(tiny_model, pair, act="z", by="layer_pos")
+    with pytest.raises((ValueError, TypeCheckError)):  # beartype checks the Literal first under pytest
+        patch(tiny_model, pair, act="embed", by="layer")
+    with pytest.raises(ValueError, match="out of range"):
+        patch(tiny_model, pair, act="resid_pre", by="layer", layers=[2])
+    with pytest.raises(ValueError, match="bos must be"):
+        check_bos("both")
+    with pytest.raises(ValueError, match="answers"):
+        patch(tiny_model, pair, act="resid_pre", by="layer", metric="logit_diff")
+    with pytest.raises((ValueError, TypeCheckError)):
+        patch(tiny_model, pair, act="resid_pre", by="layer", metric="mse")
+    with pytest.raises(ValueError, match="metric must be"):
+        resolve_metric("mse")
+
+
+@pytest.mark.slow
+def test_sweep_equals_loop_on_smollm2(smollm2):
+    from sinkmech.prompts import default_corpus
+
+    pair = bos_pair(smollm2, default_corpus(2), max_tokens=6)
+    for kw in (dict(act="v", by="head", source="none", layers=[28]),):
+        fast = patch(smollm2, pair, progress=False, **kw)
+        slow = patch(smollm2, pair, method="loop", progress=False, **kw)
+        assert fast.values.abs().max() > 0
+        assert (fast.values - slow.values).abs().max() <= 1e-4, kw
