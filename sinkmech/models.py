@@ -61,7 +61,9 @@ def load_model(
     if spec.endswith(".gguf") or Path(spec).is_file():
         return _from_gguf(Path(spec), device, n_ctx, name=Path(spec).stem)
     try:
-        model = HookedTransformer.from_pretrained(spec, device=device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
+            model = HookedTransformer.from_pretrained(spec, device=device)
     except Exception as e:
         raise ModelNotFoundError(
             f"cannot load model {spec!r}: it is not 'smollm2', not an existing .gguf "

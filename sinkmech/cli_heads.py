@@ -1,0 +1,125 @@
+"""`sinkmech heads`: the dormant (if-else) head detector's table, profiles and no-op check."""
+
+from __future__ import annotations
+
+import json
+
+from sinkmech.cli import _add_common, _write_json
+
+
+def add_heads_parser(sub) -> None:
+    p = sub.add_parser("heads", help="dormant (if-else) head detector: profiles, triggers, labels, no-op check")
+    _add_common(p)
+    p.add_argument("--bos", choices=["prepend", "none"], default="prepend")
+    p.add_argument("--top", type=int, default=20, help="rows of the if-else table")
+    p.add_argument("--head", default=None, help="print one head's full profile, e.g. 20.4")
+    p.add_argument("--high", type=float, default=0.8, help="a query is dormant at first-token attention >= HIGH")
+    p.add_argument("--low", type=float, default=0.2, help="a query is active at first-token attention <= LOW")
+    p.add_argument("--min-lift", type=float, default=3.0, help="if_else needs a trigger with at least this lift")
+    p.add_argument("--min-count", type=int, default=5, help="... on at least this many active queries")
+    p.add_argument("--noop", type=int, default=3, help="run the no-op check on this many top if-else heads, or top candidates when none passes (0: off)")
+    p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check")
+    p.set_defaults(func=cmd_heads)
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "   n/a" if x is None else format(x, spec)
+
+
+def _trigger_text(triggers: list, n: int = 3) -> str:
+    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} (n={t['count']})" for t in triggers[:n]) or "-"
+
+
+def print_heads_table(scan, top: int) -> None:
+    counts = {m: sum(row.count(m) for row in scan.modes) for m in ("sink", "active", "if_else", "mixed")}
+    print(f"\n{scan.n_layers * scan.n_heads} heads over {scan.n_prompts} prompts ({scan.n_queries} queries): "
+          + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    ranked = scan.if_else_heads()
+    if ranked:
+        print(f"top if-else heads ({len(ranked)} found)")
+    else:
+        print("no head passes the if_else rule; the closest candidates (score = fulfilment of the rule):")
+        ranked = scan.ranked()
+    print(f"{'head':>7} {'mode':>8} {'score':>6} {'a0':>6} {'dorm':>6} {'act':>6} {'v_first':>8} {'v_act':>8} {'out d/a':>8}  triggers")
+    for l, h in ranked[:top]:
+        e = scan.head_summary(l, h)
+        ratio = (e["output_norm_dormant"] / e["output_norm_active"]
+                 if e["output_norm_dormant"] is not None and e["output_norm_active"] else None)
+        print(f"{f'{l}.{h}':>7} {e['mode']:>8} {_fmt(e['if_else_score'], '.2f'):>6} {_fmt(e['first_token_attention'], '.2f'):>6} "
+              f"{_fmt(e['dormant_fraction'], '.2f'):>6} {_fmt(e['active_fraction'], '.2f'):>6} {_fmt(e['value_norm_first'], '.2f'):>8} "
+              f"{_fmt(e['value_norm_active'], '.2f'):>8} {_fmt(ratio, '.2f'):>8}  {_trigger_text(e['triggers'])}")
+
+
+def print_head_profile(scan, layer: int, head: int) -> None:
+    e = scan.profile(layer, head)
+    print(f"\nhead {layer}.{head}: {e['mode']} (if_else score {_fmt(e['if_else_score'], '.2f')})")
+    for why in e["evidence"]:
+        print(f"  - {why}")
+    for k in ("first_token_attention", "dormant_fraction", "active_fraction", "bimodality", "value_norm_first",
+              "value_norm_rest", "value_norm_active", "value_norm_dormant", "output_norm_active", "output_norm_dormant"):
+        print(f"  {k:<22} {_fmt(e[k])}")
+    print("  first-token attention histogram (fraction of queries per bin)")
+    n = len(e["histogram"])
+    for i, frac in enumerate(e["histogram"]):
+        print(f"    [{i / n:.2f}, {(i + 1) / n:.2f}) {frac:6.3f} {'#' * round(60 * frac)}")
+    print("  active rate by query position: " + " ".join(_fmt(x, ".2f") for x in e["active_by_position"][1:]))
+    b = e["bands"]
+    print(f"  q/k norm bands ({'rotary chunks, fastest first' if b['rotary'] else 'no rotary embedding: plain norms'})")
+    cols = ("q_dormant", "q_active", "k_first", "k_rest", "logit_first_dormant", "logit_first_active", "logit_key_active")
+    print(f"    {'band':>10} {'freq':>8} " + " ".join(f"{c:>12}" for c in cols))
+    for i, label in enumerate(b["labels"]):
+        print(f"    {label:>10} {b['frequencies'][i]:8.4f} " + " ".join(f"{_fmt(b[c][i], '.3f'):>12}" for c in cols))
+    print("  triggers" + ("" if e["triggers"] else f": none on >= {scan.thresholds.min_count} active queries"))
+    for t in e["triggers"]:
+        rate = "" if t["active_rate"] is None else f", active {t['active_rate']:.2f} of the time"
+        print(f"    {t['token']!r:>14} @{t['where']:<8} n={t['count']:<5} lift {t['lift']:.2f} (expected {t['expected']:.1f}{rate})")
+
+
+def print_noop(check) -> None:
+    print(f"\nno-op check (force onto the first token; clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens)")
+    print(f"{'head':>7} {'n_dorm':>7} {'n_act':>6} {'dloss dorm':>11} {'dloss act':>10} {'per-q dorm':>11} {'per-q act':>10}")
+    for r in check.results:
+        print(f"{f'{r.layer}.{r.head}':>7} {r.n_dormant:>7} {r.n_active:>6} {r.delta_loss_dormant:>11.5f} "
+              f"{r.delta_loss_active:>10.5f} {_fmt(r.per_query_dormant, '.5f'):>11} {_fmt(r.per_query_active, '.5f'):>10}")
+
+
+def cmd_heads(args) -> None:
+    from sinkmech.dormant import scan_heads
+    from sinkmech.hooks import parse_head
+    from sinkmech.models import load_model
+    from sinkmech.noop import noop_check
+    from sinkmech.prompts import load_prompts
+
+    if args.top < 1 or args.noop < 0 or args.noop_prompts < 1:
+        raise ValueError("--top and --noop-prompts must be >= 1, --noop >= 0")
+    model = load_model(args.model)
+    target = parse_head(args.head, model) if args.head else None
+    prompts = load_prompts(args.prompts)
+    scan = scan_heads(model, prompts, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
+                      high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count)
+    print_heads_table(scan, args.top)
+    # with no if_else head, check the closest candidates: the evidence a reader needs
+    check_heads = [target] if target else (scan.if_else_heads() or scan.ranked())[: args.noop]
+    check = None
+    if check_heads and (args.noop > 0 or target):
+        check = noop_check(model, prompts[: args.noop_prompts], check_heads, bos=args.bos, max_tokens=args.max_tokens,
+                           batch_size=args.batch_size, high=args.high, low=args.low)
+    if target:
+        print_head_profile(scan, *target)
+    if check is not None:
+        print_noop(check)
+    if args.json:
+        payload = json.loads(scan.to_json())
+        if target:
+            payload["profile"] = scan.profile(*target)
+        payload["noop"] = json.loads(check.to_json()) if check is not None else None
+        _write_json(args.json, payload)
+    if args.png:
+        from sinkmech.figures import heatmap_panels, save
+
+        fig = heatmap_panels(
+            [("dormant fraction", scan.dormant_fraction.numpy()), ("active fraction", scan.active_fraction.numpy()),
+             ("if-else score", scan.if_else_score.numpy())],
+            title=f"Dormant-head profile per head — {args.model} (bos={args.bos})",
+            xlabel="head", ylabel="layer", cbar_label="fraction of queries / score", vmin=0.0, vmax=1.0)
+        print(f"wrote {save(fig, args.png)}")
