@@ -10,7 +10,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
