@@ -157,8 +157,8 @@ class HeadScan:
 
 def _no_nan(obj):
     """NaN (a mode that never occurred) -> None, so the JSON is standard."""
-    if isinstance(obj, float):
-        return None if math.isnan(obj) else obj
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
     if isinstance(obj, dict):
         return {k: _no_nan(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -220,8 +220,7 @@ def scan_heads(
     for start in tqdm(range(0, len(batch), batch_size), desc="scan heads", disable=not progress, unit="batch"):
         part = batch.slice(start, min(start + batch_size, len(batch)))
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
-    decode = _decoder(model)
-    return acc.finish(th, decode=decode, top_triggers=top_triggers, max_tokens=max_tokens)
+    return acc.finish(th, decode=_decoder(model), top_triggers=top_triggers, max_tokens=max_tokens)
 
 
 def _decoder(model: HookedTransformer):
