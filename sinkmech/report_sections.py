@@ -127,15 +127,9 @@ def head_views_section(ctx: ReportContext) -> Section:
     return Section("head_views", "Heads up close", body, (), summary, tuple(views))
 
 
-
-
 SPREAD_POSITION = 4  # content position of the swapped token (earlier if the prompts are shorter)
 SPREAD_THRESHOLD = 0.1  # relative change counted as "reached"
 ABLATION_ROWS = 512  # rows per batched forward of the ablation sweep: 2.7x faster than 128 on SmolLM2, 4 x 16 tokens
-
-
-def _label(c: str) -> str:
-    return figures.CONDITION_LABELS[c]
 
 
 def _swaps(rows: list[list[int]], pos: int) -> list[int]:
@@ -161,8 +155,9 @@ def spread_section(ctx: ReportContext) -> Section:
         raise ValueError("perturbation spread needs prompts of at least 2 tokens")
     pos = min(SPREAD_POSITION, min(map(len, rows)) - 2)  # leave later positions to reach
     news = _swaps(rows, pos)
-    runs = [perturbation_spread(model, [row], perturbation=TokenSwap([row[pos]], [new], position=pos), threshold=SPREAD_THRESHOLD,
-                                progress=False, **kw) for row, new in zip(rows, news)]
+    # one call per prompt: each prompt swaps its own token (TokenSwap holds one pair)
+    runs = [perturbation_spread(model, [row], perturbation=TokenSwap([row[pos]], [new], position=pos),
+                                threshold=SPREAD_THRESHOLD, progress=False, **kw) for row, new in zip(rows, news)]
     J = max(r.change.shape[-1] for r in runs)
     change = torch.cat([torch.nn.functional.pad(r.change, (0, J - r.change.shape[-1]), value=float("nan")) for r in runs], 1)
     w = plain.lengths.float().cpu()  # each run's entropy is a mean over its content queries
@@ -262,7 +257,8 @@ def dormant_section(ctx: ReportContext) -> Section:
     b = {k: v[best] for k, v in scan.bands.items()}
     band_figs = ctx.figure("dormant_bands", lambda p: figures_heads.band_heatmaps(
         torch.stack([b["q_dormant"], b["q_active"]]).numpy(), torch.stack([b["k_first"], b["k_rest"]]).numpy(), p,
-        heads=["q: dormant, k: position 0", "q: active, k: other positions"], title=f"{head_label(*best)}: query/key norm per rotary chunk"))
+        heads=["q: dormant, k: position 0", "q: active, k: other positions"],
+        title=f"{head_label(*best)}: query/key norm per rotary chunk"))
     verdict = (f"{len(found)} heads pass the if-else rule; the table shows the best." if found else
                "No head passes the if-else rule on these prompts: the table shows the closest candidates "
                "(ranked by how much of the rule they fulfil), not confirmed if-else heads.")
@@ -279,7 +275,8 @@ def dormant_section(ctx: ReportContext) -> Section:
         + table + f"<p>No-op check on {summary['noop']['n_prompts']} prompts: the head is forced onto the first token "
         "on its dormant queries (should cost ~nothing) and on its active ones; next-token loss change in nats "
         f"(clean loss {noop.loss_clean:.3f}).</p>" + noop_table
-        + figure_html(bar_figs, "Value norms and head-output norms of the candidates (no bar: the head never was in that mode)", ctx.out)
+        + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
+                      "(no bar: the head never was in that mode)", ctx.out)
         + figure_html(band_figs, f"Norm bands of {head_label(*best)}", ctx.out)
     )
     return Section("dormant", "Dormant (if-else) heads", body, tuple(bar_figs + band_figs), summary)
@@ -319,7 +316,8 @@ def ablation_section(ctx: ReportContext) -> Section:
         + f"<p>Removing &lt;bos&gt; moves the output by KL {pr.baseline:.3g} nats. Patching the &lt;bos&gt; run's "
         "residual stream (all content positions) into the no-&lt;bos&gt; run before layer l closes the fraction "
         f"1 &minus; KL/{pr.baseline:.3g} of that gap; best at layer {pr.layers[best]}: "
-        f"{float(restored[best]):.2f}. Negative values: the patch makes the no-&lt;bos&gt; run further from the &lt;bos&gt; run.</p>"
+        f"{float(restored[best]):.2f}. Negative values: the patch makes the no-&lt;bos&gt; run further from "
+        "the &lt;bos&gt; run.</p>"
         + figure_html(curve, "Restoration curve: resid_pre patched per layer", ctx.out)
     )
     return Section("ablation", "Sink ablation and patching", body, tuple(heat + curve), summary)
