@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 
@@ -149,6 +150,7 @@ def layer_lines(
         plain_log_axis(ax)
     if ylim is not None:
         ax.set_ylim(*ylim)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
     ax.set_xlabel("layer", fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.set_title(title, fontsize=9)

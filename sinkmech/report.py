@@ -7,8 +7,10 @@ figures by relative path and inlines the circuitsvis bundle once, so the
 folder works offline wherever it is copied. Definitions: sink score and sink
 rate of Gu et al. 2025 as used by Barbero et al. 2025 (see sinkmech.sinks).
 
+The sections themselves live in `sinkmech.report_sections` (which imports
+this module); `SECTIONS`, the default list, is loaded from there on first use.
 To add a section, write `def my_section(ctx: ReportContext) -> Section` and
-append it to `SECTIONS` (or pass `sections=` to `build_report`).
+pass `sections=[*SECTIONS, my_section]` to `build_report`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformer_lens import HookedTransformer
 
-from sinkmech import figures, figures_heads, render
+from sinkmech import figures, render
 from sinkmech.prompts import PromptSource, default_corpus, load_prompts
 from sinkmech.sinks import SinkScores, sink_scores
 
@@ -48,6 +50,13 @@ class ReportContext:
     n_heads: int = 3
     view_tokens: int = 32
     view_prompts: int = 3
+    # the intervention and dormant-head sections run on the first prompts, each
+    # count capped by n_prompts and each length by max_tokens
+    spread_prompts: int = 8  # token swaps, with and without <bos>
+    scan_prompts: int = 64  # dormant-head scan
+    noop_prompts: int = 8  # no-op check of the top candidates
+    ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
+    ablation_tokens: int = 16
     progress: bool = True
     cache: dict = field(default_factory=dict)
 
@@ -56,6 +65,16 @@ class ReportContext:
             items = default_corpus(self.n_prompts) if self.prompts is None else load_prompts(self.prompts)[: self.n_prompts]
             self.cache["prompts"] = items
         return self.cache["prompts"]
+
+    def first(self, n: int) -> list:
+        """The first n prompts (at most n_prompts)."""
+        return self.prompt_list()[: max(1, min(n, self.n_prompts))]
+
+    def token_text(self, token_id: int) -> str:
+        """Display string of a token id (raw: escape it before it goes into HTML)."""
+        if "token_str" not in self.cache:
+            self.cache["token_str"] = self.token_str or render.default_token_str(self.model)
+        return self.cache["token_str"](int(token_id))
 
     def sinks(self) -> dict[str, SinkScores]:
         """Sink scores with and without `<bos>` (computed once)."""
@@ -95,6 +114,20 @@ class ReportContext:
         return paths
 
 
+SETTINGS = ("n_prompts", "max_tokens", "batch_size", "n_heads", "view_tokens", "view_prompts", "spread_prompts",
+            "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens")
+
+
+def __getattr__(name: str):
+    """`report.SECTIONS` and the section functions, loaded lazily from
+    `sinkmech.report_sections` (which imports this module)."""
+    if name == "SECTIONS" or name.endswith("_section"):
+        from sinkmech import report_sections
+
+        return getattr(report_sections, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @dataclass(frozen=True)
 class Section:
     """One block of the report page."""
@@ -107,7 +140,7 @@ class Section:
     views: tuple[render.View, ...] = ()
 
 
-def _head(l: int, h: int) -> str:
+def head_label(l: int, h: int) -> str:
     return f"L{l}.H{h}"
 
 
@@ -132,111 +165,6 @@ def table_html(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
-
-
-# --- sections ----------------------------------------------------------------
-
-
-def sink_section(ctx: ReportContext) -> Section:
-    """Sink scores and sink rates per head, with and without `<bos>`."""
-    res = ctx.sinks()
-    name = ctx.model.cfg.model_name
-    figs = ctx.figure("sink_heatmap", lambda p: figures.sink_heatmap(res, p, model_name=name))
-    per_layer_rate = {c: ((r.scores > EPS[0]).float().mean(dim=(0, 2)) * 100).tolist() for c, r in res.items()}
-    rate_figs = ctx.figure("sink_rate_per_layer",
-                           lambda p: figures.sink_rate_lines(per_layer_rate, p, eps=EPS[0], model_name=name))
-    rows = [[f"sink rate (alpha_0 > {e:g}), %"] + [f"{res[c].sink_rate(e):.1f}" for c in CONDITIONS] for e in EPS]
-    rows.append(["mean alpha_0 over heads"] + [float(res[c].scores.mean()) for c in CONDITIONS])
-    rows.append(["alpha_0 of uniform attention"] + [res[c].uniform_score() for c in CONDITIONS])
-    top = {c: [[_head(l, h), s] for l, h, s in res[c].top_heads(5)] for c in CONDITIONS}
-    body = (
-        f"<p>{res['prepend'].n_prompts} prompts, {ctx.max_tokens} content tokens each. alpha_0 of a head is "
-        "its mean attention on position 0 over all queries; the sink rate is the % of (prompt, head) pairs "
-        "with alpha_0 above epsilon.</p>"
-        + table_html(["", "with <bos>", "without <bos>"], rows)
-        + "<p>Strongest sink heads (mean alpha_0): " + html.escape("; ".join(
-            f"{figures.CONDITION_LABELS[c]}: " + ", ".join(f"{n} ({s:.2f})" for n, s in top[c]) for c in CONDITIONS))
-        + "</p>"
-        + figure_html(figs, "Mean first-token score per head", ctx.out)
-        + figure_html(rate_figs, f"Per-layer sink rate at epsilon {EPS[0]:g}", ctx.out)
-    )
-    summary = {
-        "n_prompts": res["prepend"].n_prompts,
-        "max_tokens": ctx.max_tokens,
-        "sink_rate": {c: {f"{e:g}": res[c].sink_rate(e) for e in EPS} for c in CONDITIONS},
-        "sink_rate_per_layer": {f"{EPS[0]:g}": per_layer_rate},
-        "per_layer_score": {c: res[c].per_layer().tolist() for c in CONDITIONS},
-        "uniform_score": {c: res[c].uniform_score() for c in CONDITIONS},
-        "top_heads": top,
-    }
-    return Section("sinks", "Sink scores with and without <bos>", body, tuple(figs + rate_figs), summary)
-
-
-def norms_section(ctx: ReportContext) -> Section:
-    """First-token value norms and residual norms against the other positions."""
-    res = ctx.sinks()
-    resid = {}
-    ratio = {}
-    for c, r in res.items():
-        label = figures.CONDITION_LABELS[c]
-        resid[f"position 0, {label}"] = r.resid_norm_first.mean(0).tolist()
-        resid[f"other positions, {label}"] = r.resid_norm_rest.mean(0).tolist()
-        ratio[c] = (r.value_norm_first / r.value_norm_rest.clamp(min=1e-12)).mean(dim=(0, 2)).tolist()
-    resid_figs = ctx.figure("resid_norm", lambda p: figures.layer_lines(
-        resid, p, title="Residual-stream norm after each layer", ylabel="mean ||resid||", logy=True))
-    ratio_figs = ctx.figure("value_norm_ratio", lambda p: figures.layer_lines(
-        ratio, p, title="Value norm at position 0 / elsewhere", ylabel="ratio (mean over heads)", logy=True))
-    chosen = ctx.chosen_heads()
-    heads = [hd for group in chosen.values() for hd in group]
-    r = res["prepend"]
-    first = [float(r.value_norm_first[:, l, h].mean()) for l, h in heads]
-    rest = [float(r.value_norm_rest[:, l, h].mean()) for l, h in heads]
-    bar_figs = ctx.figure("head_value_norms", lambda p: figures_heads.head_norm_bars(
-        [_head(*hd) for hd in heads], {"first token (<bos>)": first, "other tokens": rest}, p,
-        title="Value-vector norm of the chosen heads (with <bos>)"))
-    p0 = r.resid_norm_first.mean(0)
-    rest_resid = r.resid_norm_rest.mean(0)
-    summary = {
-        "value_norm_ratio_per_layer": ratio,
-        "resid_norm_first": {c: res[c].resid_norm_first.mean(0).tolist() for c in CONDITIONS},
-        "resid_norm_rest": {c: res[c].resid_norm_rest.mean(0).tolist() for c in CONDITIONS},
-        "max_resid_ratio_with_bos": float((p0 / rest_resid.clamp(min=1e-12)).max()),
-        "head_value_norms": {_head(*hd): {"first": f, "rest": s} for hd, f, s in zip(heads, first, rest)},
-    }
-    body = (
-        f"<p>With &lt;bos&gt;, the residual norm at position 0 reaches {summary['max_resid_ratio_with_bos']:.1f}x "
-        "that of the other positions (massive activation), while its value vectors are small: attending to it "
-        "writes little (the sink as a no-op).</p>"
-        + figure_html(resid_figs, "Residual norm per layer, position 0 vs the rest", ctx.out)
-        + figure_html(ratio_figs, "First-token value norm relative to the other positions", ctx.out)
-        + figure_html(bar_figs, "Value norms of the heads shown below", ctx.out)
-    )
-    return Section("norms", "First-token norms", body, tuple(resid_figs + ratio_figs + bar_figs), summary)
-
-
-def head_views_section(ctx: ReportContext) -> Section:
-    """circuitsvis views of the top sink heads and the least sink-like heads."""
-    prompts = ctx.prompt_list()[: max(1, ctx.view_prompts)]
-    kw = dict(max_tokens=ctx.view_tokens, bos_token_id=ctx.bos_token_id, token_str=ctx.token_str)
-    views, summary = [], {}
-    for group, heads in ctx.chosen_heads().items():
-        atts = [render.head_attention(ctx.model, p, heads, **kw) for p in prompts]
-        views += [render.attention_view(atts[0]), render.first_token_view(atts[0])]
-        summary[group] = {
-            _head(*hd): {c: float(ctx.sinks()[c].mean_scores()[hd]) for c in CONDITIONS} for hd in heads
-        }
-        if group == "most prompt-dependent heads":  # where a head wakes up: its trigger candidates
-            views += [render.activity_view(atts, hd) for hd in heads]
-    body = (
-        f"<p>Three groups of {ctx.n_heads} heads, ranked by alpha_0 with &lt;bos&gt;: the strongest sinks, the "
-        "least sink-like, and the most prompt-dependent (largest spread of alpha_0 across prompts: candidates "
-        f"for dormant/active switching). Views use the first prompt cut to {ctx.view_tokens} tokens; the "
-        f"activity views use {len(prompts)} prompts.</p>"
-    )
-    return Section("head_views", "Heads up close", body, (), summary, tuple(views))
-
-
-SECTIONS: list[Callable[[ReportContext], Section]] = [sink_section, norms_section, head_views_section]
 
 
 # --- the page ----------------------------------------------------------------
@@ -284,7 +212,8 @@ def build_report(
         model_label: name shown on the page (default the model's cfg name).
         **settings: ReportContext fields: prompts, n_prompts, max_tokens,
             batch_size, bos_token_id, token_str, n_heads, view_tokens,
-            view_prompts, progress.
+            view_prompts, spread_prompts, scan_prompts, noop_prompts,
+            ablation_prompts, ablation_tokens, progress.
 
     Returns:
         Report with the written paths and the summary dict.
@@ -299,10 +228,12 @@ def build_report(
     if unknown:
         raise ValueError(f"unknown report settings: {sorted(unknown)}")
     ctx = ReportContext(model=model, out=out, **settings)
-    if ctx.n_prompts < 1 or ctx.n_heads < 1:
-        raise ValueError("n_prompts and n_heads must be >= 1")
-    sections = list(SECTIONS if sections is None else sections)
+    if min(getattr(ctx, k) for k in SETTINGS) < 1:
+        raise ValueError(f"report settings must be >= 1: {', '.join(SETTINGS)}")
+    if sections is None:
+        from sinkmech.report_sections import SECTIONS as sections
     done, timing = [], {}
+    sections = list(sections)
     for i, make in enumerate(sections, 1):
         if ctx.progress:
             print(f"[{i}/{len(sections)}] {make.__name__} ...", flush=True)
@@ -314,8 +245,7 @@ def build_report(
         "model": label,
         "n_layers": model.cfg.n_layers,
         "n_heads": model.cfg.n_heads,
-        "settings": {k: getattr(ctx, k) for k in ("n_prompts", "max_tokens", "batch_size", "n_heads",
-                                                  "view_tokens", "view_prompts")},
+        "settings": {k: getattr(ctx, k) for k in SETTINGS},
         "timing_s": timing,
         "sections": {s.key: s.summary for s in done},
     }

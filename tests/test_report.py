@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 
@@ -13,6 +14,11 @@ from circuitsvis.tokens import colored_tokens
 from browser import Dom, dump_dom, screenshot
 from conftest import TINY_BOS
 from sinkmech import cli, render, report
+from sinkmech.ablation import head_ablations
+from sinkmech.dormant import scan_heads
+from sinkmech.noop import noop_check
+from sinkmech.patching import bos_pair, patch_resid_pre
+from sinkmech.perturb import TokenSwap, perturbation_spread
 from sinkmech.sinks import sink_scores
 from test_render import PLANTED, planted_str
 
@@ -57,9 +63,50 @@ def test_summary_matches_the_analysis(built, tiny_model, prompts):
     assert max(v["prepend"] for v in top.values()) == pytest.approx(float(mean.max()), abs=1e-6)
     assert min(v["prepend"] for v in least.values()) == pytest.approx(float(mean.min()), abs=1e-6)
     assert min(v["prepend"] for v in top.values()) >= max(v["prepend"] for v in least.values())
-    assert set(s["timing_s"]) == {"sinks", "norms", "head_views"}
+    assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation"}
     for f in built.figures:
         assert f.exists() and f.stat().st_size > 1000, f
+
+
+def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
+    s = built.summary["sections"]
+    kw = dict(max_tokens=16, bos_token_id=TINY_BOS, progress=False)
+    # perturbation: prompt 0 with the report's own swap, run alone
+    p = s["perturbation"]
+    assert p["n_prompts"] == 8 and p["position"] == 4
+    (old, new), pos = p["swap_ids"][0], p["position"]
+    assert old == int(prompts[0, pos]) != new
+    direct = perturbation_spread(tiny_model, prompts[:1], perturbation=TokenSwap([old], [new], position=pos), **kw)
+    later = direct.later()[0]
+    for i, c in enumerate(("prepend", "none")):
+        assert p["last_layer_change_per_prompt"][c][0] == pytest.approx(float(direct.change[i, 0, -1][later].mean()), rel=1e-5)
+    assert p["swaps"][0][0] == PLANTED[int(prompts[0, pos])]
+    # dormant heads: the same scan, and the no-op check of the first candidate
+    d = s["dormant"]
+    scan = scan_heads(tiny_model, prompts, **kw)
+    assert d["n_queries"] == scan.n_queries and d["mode_counts"]["active"] == sum(r.count("active") for r in scan.modes)
+    first = next(iter(d["candidates"].values()))
+    assert (first["layer"], first["head"]) == (scan.if_else_heads() or scan.ranked())[0]
+    assert first["dormant_fraction"] == pytest.approx(float(scan.dormant_fraction[first["layer"], first["head"]]))
+    check = noop_check(tiny_model, prompts[:8], [(first["layer"], first["head"])], **kw)
+    got = d["noop"]["heads"][f"L{first['layer']}.H{first['head']}"]
+    assert got["delta_loss_dormant"] == pytest.approx(check.results[0].delta_loss_dormant, abs=1e-7)
+    assert got["n_active"] == check.results[0].n_active
+    # ablation and the resid_pre restoration curve
+    a = s["ablation"]
+    abl = head_ablations(tiny_model, prompts[:4], mode="mask_first", **kw)
+    np.testing.assert_allclose(a["effects"], abl.effects.numpy(), rtol=1e-5, atol=1e-7)
+    assert a["top_heads"][0][0] == "L{}.H{}".format(*abl.top_heads(1)[0][:2])
+    pr = patch_resid_pre(tiny_model, bos_pair(tiny_model, prompts[:4], max_tokens=16, bos_token_id=TINY_BOS),
+                         per_position=False, progress=False)
+    np.testing.assert_allclose(a["patch_resid_pre"]["values"], pr.values.numpy(), rtol=1e-5, atol=1e-7)
+    # rotary model: the content tokens' embeddings are the same in both runs, so
+    # patching resid_pre of layer 0 changes nothing
+    assert a["patch_resid_pre"]["values"][0] == pytest.approx(a["patch_resid_pre"]["baseline"], rel=1e-5)
+    # every section says what it measured, and token strings reach the page escaped
+    page = built.index.read_text()
+    assert "8 prompts of up to 16 content tokens" in page and "4 prompts x 16 tokens" in page
+    assert html.escape(repr(PLANTED[7])) in page and repr(PLANTED[7]) not in page
 
 
 def test_page_renders_offline_from_a_copied_folder(built, copied):
@@ -82,7 +129,7 @@ def test_page_renders_offline_from_a_copied_folder(built, copied):
         assert token in text
     # Every figure loaded (the page marks each <img> once it has loaded or failed).
     pngs = [f for f in built.figures if f.suffix == ".png"]
-    assert len(dom.images) == len(pngs) >= 5
+    assert len(dom.images) == len(pngs) >= 12
     assert all(img.get("data-loaded") == "yes" for img in dom.images), dom.images
 
 
@@ -152,13 +199,20 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
 
     monkeypatch.setattr(sinkmech.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per session
     out = tmp_path / "rep"
-    args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "16",
+    args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "8",
             "--heads", "2", "--view-tokens", "10", "--view-prompts", "1"]
     assert cli.main(args) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["model"] == "smollm2" and s["n_layers"] == 30 and s["settings"]["n_prompts"] == 8
     rates = s["sections"]["sinks"]["sink_rate"]
     assert 0 < rates["prepend"]["0.3"] <= 100 and 0 <= rates["prepend"]["0.8"] <= rates["prepend"]["0.3"]
+    # The intervention sections respect the reduced settings.
+    sec = s["sections"]
+    assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation"}
+    assert (sec["perturbation"]["n_prompts"], sec["perturbation"]["max_tokens"]) == (8, 8)
+    assert sec["dormant"]["n_prompts"] == 8 and sum(sec["dormant"]["mode_counts"].values()) == 270
+    assert (sec["ablation"]["n_prompts"], sec["ablation"]["max_tokens"]) == (4, 8)
+    assert np.asarray(sec["ablation"]["effects"]).shape == (30, 9) and min(map(min, sec["ablation"]["effects"])) >= -1e-6
     # The real <bos> string "<|im_start|>" reaches the page as text.
     dom = Dom(dump_dom(out / "index.html"))
     assert dom.title == "sinkmech report: smollm2"
