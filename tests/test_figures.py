@@ -25,7 +25,7 @@ def check_files(draw, tmp_path, name: str, max_width_in: float, max_height_in: f
     img = matplotlib.image.imread(png)
     h, w = img.shape[:2]
     assert 2.0 * DPI <= w <= max_width_in * DPI, f"{name}: {w} px wide"
-    assert 1.5 * DPI <= h <= max_height_in * DPI, f"{name}: {h} px high"
+    assert h >= 1.5 * DPI and h <= max_height_in * DPI, f"{name}: {h} px high"
     assert img[..., :3].std() > 0.05, f"{name} looks blank"
     return img
 
