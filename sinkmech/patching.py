@@ -21,7 +21,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, right_padding
-from sinkmech.metrics import MetricSpec, content_mask, resolve_metric
+from sinkmech.metrics import MetricSpec, content_logits, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
 from sinkmech.sweep import Intervention, loop, reference_logits, sweep
 
@@ -184,8 +184,8 @@ def patch(
     n_content = pair.n_content
     names = {act_name(act, l): l for l in layers}
     with torch.no_grad(), right_padding(model):
-        _, cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in names)
-    reference = reference_logits(model, src.tokens, src.offset, n_content)
+        src_logits, cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in names)
+    reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
     bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
     baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
     source_value = float(bound(reference[None])[0])
