@@ -18,7 +18,7 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sinkmech.dormant import scan_heads
+    from sinkmech.dormant.scan import scan_heads
     from sinkmech.models import load_model
     from sinkmech.prompts import default_corpus, tokenize
 

@@ -42,12 +42,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from sinkmech.ablation import ablation_hooks, head_ablations
-    from sinkmech.attribution import attribute_ablations, pearson
-    from sinkmech.metrics import KL, content_mask
+    from sinkmech.interventions.ablation import ablation_hooks, head_ablations
+    from sinkmech.interventions.attribution import attribute_ablations, pearson
+    from sinkmech.interventions.metrics import KL, content_mask
     from sinkmech.models import load_model
     from sinkmech.prompts import default_corpus, tokenize
-    from sinkmech.sweep import Intervention, loop, reference_logits
+    from sinkmech.interventions.sweep import Intervention, loop, reference_logits
 
     model = load_model(args.model)
     L, H = model.cfg.n_layers, model.cfg.n_heads

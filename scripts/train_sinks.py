@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sinkmech.train import TrainConfig, train  # noqa: E402
+from sinkmech.train.run import TrainConfig, train  # noqa: E402
 from sinkmech.train_figures import context_length_plot, training_curves  # noqa: E402
 
 # Sizes. cpu: ~3 minutes per run on one core of a shared 2-core machine.

@@ -1,11 +1,11 @@
 """sinkmech: instruments for attention sinks (Barbero et al. 2025, "Why do LLMs
 attend to the first token?") on any TransformerLens HookedTransformer."""
 
-from sinkmech.ablation import HeadAblation, head_ablations
-from sinkmech.dormant import HeadScan, scan_heads
+from sinkmech.interventions.ablation import HeadAblation, head_ablations
+from sinkmech.dormant.scan import HeadScan, scan_heads
 from sinkmech.models import bos_token_id, load_model
-from sinkmech.noop import noop_check
-from sinkmech.patching import BosPair, bos_pair, patch
+from sinkmech.dormant.noop import noop_check
+from sinkmech.interventions.patching import BosPair, bos_pair, patch
 from sinkmech.perturb import perturbation_spread
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import SinkScores, sink_scores

@@ -22,7 +22,7 @@ def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title:
     head, against the uniform baseline) and sink rates, each against step.
 
     Args:
-        logs: run name -> the log written by `sinkmech.train.train`.
+        logs: run name -> the log written by `sinkmech.train.run.train`.
     """
     if not logs:
         raise ValueError("no training logs to plot")

@@ -8,8 +8,8 @@ from jaxtyping import TypeCheckError
 
 from conftest import TINY_BOS, make_tiny
 from planted import planted_model
-from sinkmech.ablation import MODES, check_mode, head_ablations
-from sinkmech.attribution import attribute_ablations, pearson
+from sinkmech.interventions.ablation import MODES, check_mode, head_ablations
+from sinkmech.interventions.attribution import attribute_ablations, pearson
 from sinkmech.sinks import sink_scores
 
 

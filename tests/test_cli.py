@@ -6,7 +6,7 @@ import json
 
 import matplotlib.image as mpimg
 
-from sinkmech.cli import main
+from sinkmech.cli.main import main
 
 
 def test_sinks_cli_end_to_end(tmp_path, capsys):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import make_tiny
-from sinkmech.cli import main
+from sinkmech.cli.main import main
 
 
 class WordTokenizer:

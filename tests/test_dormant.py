@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from sinkmech.bands import band_layout, band_norms
-from sinkmech.dormant import scan_heads
-from sinkmech.labels import Thresholds
-from sinkmech.noop import noop_check
+from sinkmech.dormant.bands import band_layout, band_norms
+from sinkmech.dormant.scan import scan_heads
+from sinkmech.dormant.labels import Thresholds
+from sinkmech.dormant.noop import noop_check
 from tests.conftest import TINY_BOS, make_tiny
 
 TRIGGER = 7

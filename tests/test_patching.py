@@ -10,9 +10,9 @@ from jaxtyping import TypeCheckError
 
 from conftest import TINY_BOS, make_tiny
 from sinkmech.hooks import act_name
-from sinkmech.metrics import KL, LogitDiff, resolve_metric
+from sinkmech.interventions.metrics import KL, LogitDiff, resolve_metric
 from sinkmech.prompts import check_bos
-from sinkmech.patching import bos_pair, patch, patch_head_out, patch_resid_post, patch_resid_pre
+from sinkmech.interventions.patching import bos_pair, patch, patch_head_out, patch_resid_post, patch_resid_pre
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sinkmech.hooks import act_name
-from sinkmech.train import (
+from sinkmech.train.run import (
     TrainConfig,
     TrainData,
     build_model,
@@ -19,7 +19,7 @@ from sinkmech.train import (
     packing_hooks,
     train,
 )
-from sinkmech.train_data import (
+from sinkmech.train.data import (
     BigramBackcopy,
     BigramBackcopyStream,
     backcopy_documents,
@@ -215,7 +215,7 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
 
 
 def test_cli_train_writes_checkpoint_log_and_plot(tmp_path):
-    from sinkmech.cli import main
+    from sinkmech.cli.main import main
 
     out = tmp_path / "run"
     assert main(["train", "--data", "bigram_backcopy", "--context-length", "16", "--tokens-per-step", "64",

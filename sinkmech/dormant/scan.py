@@ -6,7 +6,7 @@ wakes up on a trigger (Barbero et al. 2025, Sec. 3.2; Guo et al. 2024,
 corpus measures: the distribution over queries of the attention on the first
 token (a query is *dormant* at >= `high`, *active* at <= `low`), value norms,
 the head's output norm ||z W_O|| in each mode (Sandoval-Segura et al. 2025),
-q/k norm bands (`sinkmech.bands`) and triggers (`sinkmech.triggers`). Query 0
+q/k norm bands (`sinkmech.dormant.bands`) and triggers (`sinkmech.dormant.triggers`). Query 0
 is left out everywhere: it can only attend to itself.
 """
 
@@ -23,11 +23,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from sinkmech.bands import band_layout, band_norms, band_products
+from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.hooks import act_name, kv_head_index, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, tokenize
-from sinkmech.labels import MODES, Mode, Thresholds, classify
-from sinkmech.triggers import Trigger, TriggerCounter
+from sinkmech.dormant.labels import MODES, Mode, Thresholds, classify
+from sinkmech.dormant.triggers import Trigger, TriggerCounter
 
 @dataclass(frozen=True)
 class HeadScan:

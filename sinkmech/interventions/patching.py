@@ -21,9 +21,9 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, right_padding
-from sinkmech.metrics import MetricSpec, content_logits, content_mask, resolve_metric
+from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
-from sinkmech.sweep import Intervention, loop, reference_logits, sweep
+from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
 
 PatchAct = Literal["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"]
 PatchBy = Literal["layer_pos", "layer", "head", "head_pos"]

@@ -129,7 +129,7 @@ def cmd_report(args) -> None:
     import time
 
     from sinkmech.models import load_model
-    from sinkmech.report import build_report
+    from sinkmech.report.page import build_report
 
     for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts"):
         if getattr(args, flag) < 1:
@@ -183,7 +183,7 @@ def add_train_parser(sub) -> None:
 
 
 def cmd_train(args) -> None:
-    from sinkmech.train import TrainConfig, train
+    from sinkmech.train.run import TrainConfig, train
     from sinkmech.train_figures import training_curves
 
     cfg = TrainConfig(
@@ -211,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # The bigger front-ends live in their own modules; imported here, not at
     # the top, because they import the shared helpers above from this module.
-    from sinkmech.cli_heads import add_heads_parser
-    from sinkmech.cli_interventions import add_ablate_parser, add_patch_parser, add_perturb_parser
+    from sinkmech.cli.heads import add_heads_parser
+    from sinkmech.cli.interventions import add_ablate_parser, add_patch_parser, add_perturb_parser
 
     add_sinks_parser(sub)
     add_heads_parser(sub)

@@ -7,7 +7,7 @@ figures by relative path and inlines the circuitsvis bundle once, so the
 folder works offline wherever it is copied. Definitions: sink score and sink
 rate of Gu et al. 2025 as used by Barbero et al. 2025 (see sinkmech.sinks).
 
-The sections themselves live in `sinkmech.report_sections` (which imports
+The sections themselves live in `sinkmech.report.sections` (which imports
 this module); `SECTIONS`, the default list, is loaded from there on first use.
 To add a section, write `def my_section(ctx: ReportContext) -> Section` and
 pass `sections=[*SECTIONS, my_section]` to `build_report`.
@@ -120,7 +120,7 @@ SETTINGS = ("n_prompts", "max_tokens", "batch_size", "n_heads", "view_tokens", "
 
 def __getattr__(name: str):
     """`report.SECTIONS` and the section functions, loaded lazily from
-    `sinkmech.report_sections` (which imports this module)."""
+    `sinkmech.report.sections` (which imports this module)."""
     if name == "SECTIONS" or name.endswith("_section"):
         from sinkmech import report_sections
 
@@ -231,7 +231,7 @@ def build_report(
     if min(getattr(ctx, k) for k in SETTINGS) < 1:
         raise ValueError(f"report settings must be >= 1: {', '.join(SETTINGS)}")
     if sections is None:
-        from sinkmech.report_sections import SECTIONS as sections
+        from sinkmech.report.sections import SECTIONS as sections
     done, timing = [], {}
     sections = list(sections)
     for i, make in enumerate(sections, 1):

@@ -27,7 +27,7 @@ class Thresholds:
     - `if_else` when dormant_fraction >= `if_else_min_dormant`, active_fraction
       >= `if_else_min_active`, between fraction <= `if_else_max_between`,
       one of its triggers (the top few per place, ranked by evidence; see
-      `sinkmech.triggers`) has lift >= `min_lift` on >= `min_count` active queries, and
+      `sinkmech.dormant.triggers`) has lift >= `min_lift` on >= `min_count` active queries, and
       output_norm_dormant / output_norm_active <= `max_output_ratio`;
     - else `sink` when dormant_fraction >= `sink_min_dormant`;
     - else `active` when dormant_fraction <= `active_max_dormant`;

@@ -24,9 +24,9 @@ from transformer_lens import HookedTransformer
 from sinkmech.hooks import (
     act_name, all_to_first_hook, check_head, mask_first_hook, mean_head_hook, right_padding, row_queries, zero_head_hook,
 )
-from sinkmech.metrics import MetricSpec, content_mask, resolve_metric
+from sinkmech.interventions.metrics import MetricSpec, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
-from sinkmech.sweep import Intervention, loop, reference_logits, sweep
+from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
 
 AblationMode = Literal["mask_first", "all_to_first", "zero", "mean"]
 MODES: tuple[str, ...] = ("mask_first", "all_to_first", "zero", "mean")

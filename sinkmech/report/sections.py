@@ -5,8 +5,8 @@ Sinks and norms: sink score / sink rate (Gu et al. 2025, as used by Barbero
 et al. 2025) and first-token norms. Heads up close: circuitsvis views. The
 perturbation spread (Barbero et al. 2025, Fig. 2), dormant heads (Sec. 3.2;
 Guo et al. 2024) and sink ablation / patching (Barbero et al. 2025, Sec. 3)
-run the analyses of `sinkmech.perturb`, `sinkmech.dormant`, `sinkmech.noop`,
-`sinkmech.ablation` and `sinkmech.patching` at sizes quick enough for the
+run the analyses of `sinkmech.perturb`, `sinkmech.dormant.scan`, `sinkmech.dormant.noop`,
+`sinkmech.interventions.ablation` and `sinkmech.interventions.patching` at sizes quick enough for the
 default report. `SECTIONS` at the end is the default page.
 """
 
@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from sinkmech import figures, figures_heads, render
-from sinkmech.ablation import head_ablations
-from sinkmech.dormant import scan_heads
-from sinkmech.noop import noop_check
-from sinkmech.patching import bos_pair, patch_resid_pre
+from sinkmech.interventions.ablation import head_ablations
+from sinkmech.dormant.scan import scan_heads
+from sinkmech.dormant.noop import noop_check
+from sinkmech.interventions.patching import bos_pair, patch_resid_pre
 from sinkmech.perturb import PerturbationSpread, TokenSwap, perturbation_spread
 from sinkmech.prompts import tokenize
-from sinkmech.report import CONDITIONS, EPS, ReportContext, Section, figure_html, head_label, table_html
+from sinkmech.report.page import CONDITIONS, EPS, ReportContext, Section, figure_html, head_label, table_html
 
 
 def sink_section(ctx: ReportContext) -> Section:

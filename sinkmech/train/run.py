@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from sinkmech.sinks import format_eps, sink_scores
-from sinkmech.train_data import (
+from sinkmech.train.data import (
     TEXT_VOCAB,
     BigramBackcopy,
     BigramBackcopyStream,

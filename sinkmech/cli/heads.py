@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sinkmech.cli import _add_common, _write_json
+from sinkmech.cli.main import _add_common, _write_json
 
 
 def add_heads_parser(sub) -> None:
@@ -84,10 +84,10 @@ def print_noop(check) -> None:
 
 
 def cmd_heads(args) -> None:
-    from sinkmech.dormant import scan_heads
+    from sinkmech.dormant.scan import scan_heads
     from sinkmech.hooks import parse_head
     from sinkmech.models import load_model
-    from sinkmech.noop import noop_check
+    from sinkmech.dormant.noop import noop_check
     from sinkmech.prompts import load_prompts
 
     if args.top < 1 or args.noop < 0 or args.noop_prompts < 1:

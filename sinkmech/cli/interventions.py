@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sinkmech.cli import _add_common, _conditions, _write_json
+from sinkmech.cli.main import _add_common, _conditions, _write_json
 
 
 def _prompts_arg(args):
@@ -80,7 +80,7 @@ def add_patch_parser(sub) -> None:
 def cmd_patch(args) -> None:
     from sinkmech.figures import heatmap_panels, save
     from sinkmech.models import load_model
-    from sinkmech.patching import HEAD_ACTS, bos_pair, patch
+    from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
 
     model = load_model(args.model)
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
@@ -122,8 +122,8 @@ def add_ablate_parser(sub) -> None:
 
 
 def cmd_ablate(args) -> None:
-    from sinkmech.ablation import head_ablations
-    from sinkmech.attribution import attribute_ablations, pearson
+    from sinkmech.interventions.ablation import head_ablations
+    from sinkmech.interventions.attribution import attribute_ablations, pearson
     from sinkmech.figures import heatmap_panels, save
     from sinkmech.models import load_model
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import Hook, act_name, right_padding, run
-from sinkmech.metrics import Bound, content_logits
+from sinkmech.interventions.metrics import Bound, content_logits
 
 # (rows of the stacked batch this intervention owns, total rows, positions) -> hooks
 HookMaker = Callable[[slice, int, int], list[Hook]]

@@ -19,11 +19,11 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sinkmech.ablation import AblationMode, HeadAblation, _batch, _grid, check_mode, mean_head_outputs
+from sinkmech.interventions.ablation import AblationMode, HeadAblation, _batch, _grid, check_mode, mean_head_outputs
 from sinkmech.hooks import act_name, kv_head_index, right_padding
-from sinkmech.metrics import KL, MetricSpec, content_logits, content_mask, resolve_metric
+from sinkmech.interventions.metrics import KL, MetricSpec, content_logits, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
-from sinkmech.sweep import reference_logits
+from sinkmech.interventions.sweep import reference_logits
 
 
 def ablated_z(

@@ -1,0 +1,5 @@
+import sys
+
+from sinkmech.cli import main
+
+sys.exit(main())

@@ -1,0 +1,2 @@
+"""Dormant ("if-else") heads (Barbero et al. 2025, Sec. 3.2; Guo et al. 2024):
+the streamed scan, its labels, q/k norm bands, triggers and the no-op check."""
