@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, right_padding
-from sinkmech.prompts import BOS_CHOICES, PromptSource, tokenize
+from sinkmech.prompts import BOS_CHOICES, CONDITIONS, PromptSource, tokenize
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class EmbeddingNoise:
     seed: int = 0
 
 
-Perturbation = Union[TokenSwap, EmbeddingNoise]
+Perturbation = Union[TokenSwap, EmbeddingNoise, Sequence[TokenSwap]]
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,23 @@ def apply_swap(model, rows: list[list[int]], swap: TokenSwap) -> tuple[list[list
     return out, last
 
 
+def corpus_swaps(rows: Sequence[Sequence[int]], position: int) -> list[TokenSwap]:
+    """One one-token swap per row at content `position`: the token there becomes
+    the token at `position` of the next row that differs (a real token of the
+    corpus), else another token of the row itself."""
+    out = []
+    for i, row in enumerate(rows):
+        if not 0 <= position < len(row):
+            raise ValueError(f"prompt {i} has {len(row)} content tokens: no position {position} to swap")
+        others = list(rows[i + 1:]) + list(rows[:i])
+        pool = [r[position] for r in others if len(r) > position] + list(row[position + 1:]) + list(row[:position])
+        new = next((t for t in pool if t != row[position]), None)
+        if new is None:
+            raise ValueError("cannot find a replacement token: every prompt holds the same single token")
+        out.append(TokenSwap([int(row[position])], [int(new)], position=position))
+    return out
+
+
 def _residuals(model: HookedTransformer, tokens: Tensor, hooks) -> Float[Tensor, "batch resid_layer pos d_model"]:
     L = model.cfg.n_layers
     names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
@@ -186,20 +203,30 @@ def perturbation_spread(
 
     Args:
         prompts: strings, a prompt file, or token-id lists.
-        perturbation: a TokenSwap or an EmbeddingNoise (the same noise vector
-            is used in both conditions).
+        perturbation: a TokenSwap (the same for every prompt), a list of
+            TokenSwaps (one per prompt, e.g. from `corpus_swaps`) or an
+            EmbeddingNoise (the same noise vector in both conditions).
         threshold: relative change above which a later position counts as reached.
 
     Returns:
         PerturbationSpread with change [bos, prompt, layer, pos] and entropy
         [bos, layer, head_index].
     """
-    if not isinstance(perturbation, (TokenSwap, EmbeddingNoise)):
+    per_prompt = isinstance(perturbation, (list, tuple))
+    if per_prompt and not all(isinstance(p, TokenSwap) for p in perturbation):
+        raise ValueError("a list of perturbations must hold one TokenSwap per prompt")
+    if not per_prompt and not isinstance(perturbation, (TokenSwap, EmbeddingNoise)):
         raise ValueError(f"perturbation must be a TokenSwap or EmbeddingNoise, got {type(perturbation).__name__}")
     plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
     rows = [r[:n].tolist() for r, n in zip(plain.tokens.cpu(), plain.lengths.cpu())]
     noise = None
-    if isinstance(perturbation, TokenSwap):
+    if per_prompt:
+        if len(perturbation) != len(rows):
+            raise ValueError(f"{len(perturbation)} token swaps for {len(rows)} prompts: give one per prompt")
+        done = [apply_swap(model, [row], swap) for row, swap in zip(rows, perturbation)]
+        changed, last = [c[0][0] for c in done], [c[1][0] for c in done]
+        kind = f"one token swap per prompt at content positions {sorted(set(last))}"
+    elif isinstance(perturbation, TokenSwap):
         changed, last = apply_swap(model, rows, perturbation)
         kind = f"swap {perturbation.original!r} -> {perturbation.replacement!r}"
     else:
@@ -237,4 +264,4 @@ def perturbation_spread(
         for l, (tot, n) in enumerate(store):
             ent_sum[c, l] += tot.float().cpu()
             ent_n[c, l] += n.float().cpu()
-    return PerturbationSpread(change, ent_sum / ent_n.clamp(min=1), torch.tensor(last), ("prepend", "none"), kind, threshold)
+    return PerturbationSpread(change, ent_sum / ent_n.clamp(min=1), torch.tensor(last), CONDITIONS, kind, threshold)

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Union
 
 import torch
@@ -21,11 +21,24 @@ from jaxtyping import Int
 from torch import Tensor
 
 Bos = Literal["prepend", "none"]
-BOS_CHOICES: tuple[str, ...] = ("prepend", "none")
+# The paper's two conditions, in the order every result lists them.
+CONDITIONS: tuple[Bos, ...] = ("prepend", "none")
+BOS_CHOICES: tuple[str, ...] = CONDITIONS
+CONDITION_LABELS = {"prepend": "with <bos>", "none": "without <bos>"}
+DEFAULT_EPS = (0.3, 0.8)  # Gu et al. 2025's threshold, and the paper's Table 1
+TokenStr = Callable[[int], str]
 PromptSource = Union[str, os.PathLike, Sequence[str], Sequence[Sequence[int]], Tensor, None]
 
 DEFAULT_N_PROMPTS = 170
 DEFAULT_WORDS_PER_PROMPT = 72  # always >= 64 SmolLM2 tokens (checked in the tests)
+
+
+def token_text(model) -> TokenStr:
+    """Token id -> display string: the tokenizer's, or `[id]` without one (raw: escape it before HTML)."""
+    tok = model.tokenizer
+    if tok is None:
+        return lambda i: f"[{int(i)}]"
+    return lambda i: tok.decode([int(i)])
 
 
 def check_bos(bos: str) -> Bos:

@@ -21,9 +21,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, kv_head_index, run
-from sinkmech.prompts import Bos, PromptSource, TokenBatch, tokenize
-
-DEFAULT_EPS = (0.3, 0.8)
+from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, tokenize
 
 
 @dataclass(frozen=True)
@@ -65,6 +63,23 @@ class SinkScores:
     def per_layer(self) -> Float[Tensor, "layer"]:
         """Mean alpha_0 over prompts and heads, per layer."""
         return einops.reduce(self.scores, "prompt layer head_index -> layer", "mean")
+
+    def per_layer_sink_rate(self, eps: float | str) -> Float[Tensor, "layer"]:
+        """Percent of (prompt, head) pairs of each layer whose alpha_0 > eps."""
+        eps = float(eps)
+        if not 0.0 <= eps < 1.0:
+            raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
+        return 100.0 * einops.reduce((self.scores > eps).float(), "prompt layer head_index -> layer", "mean")
+
+    def value_norm_ratio(self) -> Float[Tensor, "layer"]:
+        """First-token value norm / mean value norm of the other tokens, averaged
+        over prompts and heads, per layer (below 1: the sink writes little)."""
+        ratio = self.value_norm_first / self.value_norm_rest.clamp(min=1e-12)
+        return einops.reduce(ratio, "prompt layer head_index -> layer", "mean")
+
+    def resid_norm_ratio(self) -> Float[Tensor, "layer"]:
+        """Mean residual norm at position 0 / at the other positions, per layer."""
+        return self.resid_norm_first.mean(0) / self.resid_norm_rest.mean(0).clamp(min=1e-12)
 
     def uniform_score(self) -> float:
         """alpha_0 of a head attending uniformly, averaged over prompts:
