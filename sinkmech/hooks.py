@@ -144,3 +144,42 @@ def row_queries(rows: slice, n_rows: int, n_pos: int, device=None) -> Bool[Tenso
     sel = torch.zeros(n_rows, n_pos, dtype=torch.bool, device=device)
     sel[rows] = True
     return sel
+
+
+# One copy each of what several analyses need from a forward pass.
+
+
+def expand_kv(model: HookedTransformer, x: Float[Tensor, "... kv_head d"]) -> Float[Tensor, "... head_index d"]:
+    """Per-key/value-head tensor (axis -2) -> per-query-head (grouped-query
+    attention: query head h reads key/value head `kv_head_index(model)[h]`).
+    Already per-query-head tensors pass through."""
+    if x.shape[-2] == model.cfg.n_heads:
+        return x
+    return x[..., kv_head_index(model).to(x.device), :]
+
+
+def cached_run(
+    model: HookedTransformer,
+    tokens: Tensor,
+    names: Sequence[str],
+    fwd_hooks: Sequence[Hook] = (),
+    **kwargs,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """One no-grad forward pass caching only `names` (with extra hooks, removed
+    afterwards). Returns (logits, {name: activation}); logits is None when the
+    pass stops early (`stop_at_layer`)."""
+    wanted = set(names)
+    with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=list(fwd_hooks)):
+        out, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted, **kwargs)
+    return (out if kwargs.get("stop_at_layer") is None else None), {n: cache[n] for n in wanted}
+
+
+def residual_stack(
+    model: HookedTransformer, tokens: Tensor, fwd_hooks: Sequence[Hook] = ()
+) -> Float[Tensor, "batch resid_layer pos d_model"]:
+    """The residual stream entering every layer, then the last layer's output
+    (resid_layer 0 = embeddings, n_layers = output of the last layer)."""
+    L = model.cfg.n_layers
+    names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
+    _, cache = cached_run(model, tokens, names, fwd_hooks, stop_at_layer=L)
+    return torch.stack([cache[n] for n in names], dim=1)

@@ -7,6 +7,15 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 TINY_BOS = 1  # the tiny model has no tokenizer; tests pass this id as <bos>
+# Fixtures that load a real model: every test using one is marked `slow`
+# automatically, so `pytest -m "not slow"` never loads a real model.
+REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None) -> HookedTransformer:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import matplotlib.image as mpimg
+import pytest
 
 from sinkmech.cli.main import main
 
 
+@pytest.mark.slow
 def test_sinks_cli_end_to_end(tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The quick brown fox jumps over the lazy dog.\nimport os\nprint(os.getcwd())\n")
