@@ -1,0 +1,81 @@
+"""Next-token loss on content targets, comparable with and without `<bos>`
+(the loss column of Barbero et al. 2025, Table 2).
+
+Both conditions score the same targets: content tokens 1 .. n-1 of each prompt,
+each predicted from the content token before it (at position offset + j - 1).
+The `<bos>` position predicts content token 0, which the no-`<bos>` run cannot
+predict at all, so it never counts. Logits are never held whole: the final
+residual stream is unembedded a few positions at a time, which keeps memory
+flat for a 262k-token vocabulary (Gemma 3).
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, cached_run
+from sinkmech.prompts import TokenBatch
+
+# Positions unembedded at once: rows x chunk x d_vocab floats stay well under
+# 1 GB for a 262k vocabulary and a batch of 16.
+UNEMBED_CHUNK = 16
+
+
+def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
+    """True at the positions whose next token is a scored target: positions
+    offset .. length - 2 (they predict content tokens 1 .. n - 1)."""
+    pos = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
+    return (pos[None, :] >= batch.offset) & (pos[None, :] < batch.lengths[:, None] - 1)
+
+
+def resid_token_losses(
+    model: HookedTransformer,
+    resid: Float[Tensor, "batch pos d_model"],
+    tokens: Int[Tensor, "batch pos"],
+    mask: Bool[Tensor, "batch pos"],
+    *,
+    chunk: int = UNEMBED_CHUNK,
+) -> tuple[float, int]:
+    """Sum of next-token losses (nats) at the masked positions, from the last
+    block's residual output, and how many positions were scored."""
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for a in range(0, resid.shape[1] - 1, chunk):
+            b = min(a + chunk, resid.shape[1] - 1)
+            m = mask[:, a:b]
+            if not m.any():
+                continue
+            logits = model.unembed(model.ln_final(resid[:, a:b]))
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            nll = -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0]
+            total += float(nll[m].sum())
+            n += int(m.sum())
+    return total, n
+
+
+def content_loss(model: HookedTransformer, batch: TokenBatch, *, batch_size: int = 16) -> float:
+    """Mean next-token loss (nats) over content targets 1 .. n-1 of every prompt.
+
+    Args:
+        batch: right-padded tokens, with or without `<bos>`.
+        batch_size: prompts per forward pass.
+
+    Returns:
+        The mean over all scored targets (the same targets in both conditions).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    L = model.cfg.n_layers
+    name = act_name("resid_post", L - 1)
+    total, n = 0.0, 0
+    for start in range(0, len(batch), batch_size):
+        part = batch.slice(start, min(start + batch_size, len(batch)))
+        _, cache = cached_run(model, part.tokens, [name], stop_at_layer=L)
+        t, k = resid_token_losses(model, cache[name], part.tokens, target_mask(part))
+        total, n = total + t, n + k
+    if n == 0:
+        raise ValueError("no content targets to score: every prompt needs at least 2 content tokens")
+    return total / n

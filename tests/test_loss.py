@@ -1,0 +1,40 @@
+"""The content-target loss (Table 2's loss column) against brute force."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_BOS
+from sinkmech.loss import content_loss, target_mask
+from sinkmech.prompts import tokenize
+
+
+def brute_force_loss(model, rows: list[list[int]], bos: bool) -> float:
+    """Full logits, one prompt at a time: mean -log p(content token j | tokens before it), j >= 1."""
+    nll = []
+    for r in rows:
+        seq = ([TINY_BOS] if bos else []) + r
+        logits = model(torch.tensor([seq]))[0]
+        lp = torch.log_softmax(logits.double(), -1)
+        off = 1 if bos else 0
+        nll += [-float(lp[off + j - 1, r[j]]) for j in range(1, len(r))]
+    return sum(nll) / len(nll)
+
+
+def test_content_loss_equals_brute_force_and_scores_the_same_targets(tiny_model):
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (9, 5, 12, 3)]  # ragged: padding must not count
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, rows, bos=bos, max_tokens=12, bos_token_id=TINY_BOS)
+        assert int(target_mask(batch).sum()) == sum(len(r) - 1 for r in rows)
+        got = content_loss(tiny_model, batch, batch_size=3)
+        assert got == pytest.approx(brute_force_loss(tiny_model, rows, bos == "prepend"), abs=1e-4)
+
+
+def test_content_loss_rejects_prompts_without_targets(tiny_model):
+    batch = tokenize(tiny_model, [[5], [7]], bos="none", max_tokens=4, bos_token_id=TINY_BOS)
+    with pytest.raises(ValueError, match="at least 2 content tokens"):
+        content_loss(tiny_model, batch)
+    with pytest.raises(ValueError, match="batch_size"):
+        content_loss(tiny_model, batch, batch_size=0)
