@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     blocks = forward(stop_at_layer=model.cfg.n_layers)
     sync()
     t0 = time.perf_counter()
-    scan = scan_heads(model, prompts, bos="prepend", max_tokens=args.max_tokens, batch_size=args.batch_size, progress=False)
+    scan = scan_heads(model, batch, batch_size=args.batch_size, progress=False)
     sync()
     t_scan = time.perf_counter() - t0
     n_tok = int(batch.lengths.sum())
@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scan_heads                       {t_scan:8.2f} s")
     print(f"ratio scan / plain forward       {t_scan / plain:8.2f}x  (target <= 1.5x)")
     print(f"ratio scan / forward w/o logits  {t_scan / blocks:8.2f}x")
-    counts = {m: sum(row.count(m) for row in scan.modes) for m in ("sink", "active", "if_else", "mixed")}
-    print("labels: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    print("labels: " + ", ".join(f"{v} {k}" for k, v in scan.mode_counts().items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(scan.to_json(profiles=True))

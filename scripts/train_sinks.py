@@ -27,7 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sinkmech.train.run import TrainConfig, train  # noqa: E402
+from sinkmech.prompts import CONDITIONS  # noqa: E402
+from sinkmech.train.config import DATA_SOURCES, PACKINGS, POSITIONALS, run_name  # noqa: E402
+from sinkmech.train.run import TrainConfig, TrainResult, train  # noqa: E402
 from sinkmech.train_figures import context_length_plot, training_curves  # noqa: E402
 
 # Sizes. cpu: ~3 minutes per run on one core of a shared 2-core machine.
@@ -73,11 +75,14 @@ def preset_config(args, **overrides) -> TrainConfig:
 def parse_sets(items: list[str] | None) -> dict:
     """`KEY=VALUE` overrides of TrainConfig fields, typed like the field's default."""
     types = {f.name: f for f in fields(TrainConfig)}
+    choices = {"data": DATA_SOURCES, "packing": PACKINGS, "positional": POSITIONALS}
     out = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or key not in types:
             raise ValueError(f"--set takes KEY=VALUE with KEY a TrainConfig field, got {item!r}")
+        if key in choices and value not in choices[key]:
+            raise ValueError(f"--set {key} takes one of {choices[key]}, got {value!r}")
         default = types[key].default
         if isinstance(default, bool):
             if value.lower() not in ("true", "false"):
@@ -92,27 +97,23 @@ def parse_sets(items: list[str] | None) -> dict:
     return out
 
 
-def run_name(cfg: TrainConfig) -> str:
-    return f"{cfg.packing}-{'fixedbos' if cfg.fixed_bos else 'nofixedbos'}-T{cfg.context_length}"
-
-
-def summary_rows(result, **extra) -> list[dict]:
+def summary_rows(result: TrainResult, **extra) -> list[dict]:
     """One row per inference condition from a run's final evaluation."""
-    final = result.final()
-    base = final["val_loss"]["prepend"]
+    final = result.final_eval()
+    base = final.val_loss["prepend"]
     rows = []
-    for cond in ("prepend", "none"):
-        c = final["conditions"][cond]
+    for cond in CONDITIONS:
+        c = final.conditions[cond]
         rows.append({
             "packing": result.config.packing,
             "fixed_bos": result.config.fixed_bos,
             "inference_bos": cond == "prepend",
-            "val_loss": final["val_loss"][cond],
-            "loss_gap": final["val_loss"][cond] - base,
-            "sink_rate": c["sink_rate"],
-            "max_head_score": c["max_head_score"],
-            "mean_head_score": c["mean_head_score"],
-            "uniform_score": c["uniform_score"],
+            "val_loss": final.val_loss[cond],
+            "loss_gap": final.val_loss[cond] - base,
+            "sink_rate": c.sink_rate,
+            "max_head_score": c.max_head_score,
+            "mean_head_score": c.mean_head_score,
+            "uniform_score": c.uniform_score,
             "context_length": result.config.context_length,
             "data": result.config.data,
             "steps": result.config.steps,
@@ -142,8 +143,8 @@ def packing_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(cfg: TrainConfig, args, logs: dict, experiment: str) -> object:
-    name = run_name(cfg)
+def _run(cfg: TrainConfig, args, logs: dict, experiment: str) -> TrainResult:
+    name = cfg.run_name
     t = time.perf_counter()
     result = train(cfg, Path(args.runs_dir) / experiment / name, progress=not args.quiet)
     print(f"{name}: {time.perf_counter() - t:.1f} s ({result.log['n_params']} parameters, {hardware()})", flush=True)
@@ -202,10 +203,10 @@ def cmd_replot(args) -> None:
             continue
         rows = json.loads(path.read_text())
         if exp == "packing":
-            keys = [f"{r['packing']}-{'fixedbos' if r['fixed_bos'] else 'nofixedbos'}-T{r['context_length']}" for r in rows]
+            keys = [run_name(r["packing"], r["fixed_bos"], r["context_length"]) for r in rows]
             title = f"Packing recipes ({rows[0]['preset']} preset, {rows[0]['data']}): sink signals during training"
         else:
-            keys = [f"causal-{'fixedbos' if r['fixed_bos'] else 'nofixedbos'}-T{r['context_length']}" for r in rows]
+            keys = [run_name("causal", r["fixed_bos"], r["context_length"]) for r in rows]
             title = (f"Context length ({rows[0]['preset']} preset, {rows[0]['data']}, {rows[0]['steps']} steps, "
                      "equal tokens per step)")
             context_length_plot(rows, out / f"{args.prefix}context_length.png", title=title)

@@ -278,3 +278,54 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "no-op check" in captured.out and ("top if-else heads" in captured.out or "no head passes" in captured.out)
     assert "out of range" in captured.err
+
+
+def test_token_batch_is_the_primary_input(planted):
+    """A TokenBatch gives the same scan and no-op check as the prompts it came from."""
+    from sinkmech.prompts import tokenize
+
+    model, corpus, scan = planted
+    batch = tokenize(model, corpus, bos="prepend", max_tokens=20, bos_token_id=TINY_BOS)
+    again = scan_heads(model, batch, progress=False)
+    assert again.bos == "prepend" and again.max_tokens == 20 and again.n_queries == scan.n_queries
+    torch.testing.assert_close(again.if_else_score, scan.if_else_score)
+    assert again.modes == scan.modes and again.to_json() == scan.to_json()
+    a = noop_check(model, batch.slice(0, 8), [(0, 0)], progress=False)
+    b = noop_check(model, corpus[:8], [(0, 0)], bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    assert a.results == b.results
+    with pytest.raises(ValueError, match="does not match"):
+        scan_heads(model, batch, bos="none", progress=False)
+    with pytest.raises(ValueError, match="max_tokens"):
+        scan_heads(model, batch, max_tokens=5, progress=False)
+
+
+def test_mode_counts_and_trigger_text(planted):
+    from sinkmech.dormant.result import trigger_text
+
+    _, _, scan = planted
+    counts = scan.mode_counts()
+    assert list(counts) == ["sink", "active", "if_else", "mixed"]
+    assert sum(counts.values()) == scan.n_layers * scan.n_heads and counts["if_else"] == 1
+    assert json.loads(scan.to_json())["mode_counts"] == counts
+    top = scan.triggers[0][0][0]
+    # the planted trigger token has no tokenizer text: token_text shows its id
+    assert top.token == f"[{TRIGGER}]"
+    text = scan.trigger_text(0, 0, n=1)
+    assert text == f"'[{TRIGGER}]'@{top.where} x{top.lift:.1f} (n={top.count})"
+    assert trigger_text([top.to_dict()], 1) == text and trigger_text([], 3) == ""
+
+
+def test_classify_takes_and_returns_typed_values():
+    from sinkmech.dormant.labels import HeadStats, Labels, classify
+    from sinkmech.dormant.triggers import Trigger
+
+    t = Trigger("x", 5, "query", 40, 4.0, 10.0, 50.0, 0.9)
+    stats = HeadStats(dormant_fraction=torch.tensor([[0.8, 0.95, 0.02]]),
+                      active_fraction=torch.tensor([[0.15, 0.0, 0.9]]),
+                      output_norm_dormant=torch.tensor([[0.1, 0.1, float("nan")]]),
+                      output_norm_active=torch.tensor([[1.0, float("nan"), 1.0]]))
+    labels = classify(stats, [[[t], [], []]], torch.tensor([[10.0, 0.0, 0.0]]), Thresholds())
+    assert isinstance(labels, Labels)
+    assert labels.modes == (("if_else", "sink", "active"),)
+    assert labels.if_else_score[0, 0] == pytest.approx(0.95) and labels.if_else_score[0, 1] == 0.0
+    assert any("trigger 'x'@query" in e for e in labels.evidence[0][0])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jaxtyping import TypeCheckError
 
 from sinkmech.hooks import act_name
 from sinkmech.train.run import (
@@ -23,13 +24,31 @@ from sinkmech.train.data import (
     BigramBackcopy,
     BigramBackcopyStream,
     backcopy_documents,
-    check_backcopy_rule,
     document_ids,
     stream_documents,
 )
 
 TINY = dict(context_length=32, tokens_per_step=512, n_layers=1, d_model=32, n_heads=4,
             eval_every=30, eval_prompts=4, val_windows=4, threads=1, warmup=5)
+
+
+def check_backcopy_rule(tokens: torch.Tensor, spec: BigramBackcopy) -> int:
+    """Test oracle: raise AssertionError at the first broken rule in stream
+    windows (a trigger right after `<bos>` or after another trigger, or a token
+    after a trigger, inside its document, that is not the token before the
+    trigger). Returns how many copies were checked."""
+    n_checked = 0
+    for row in tokens.tolist():
+        for t in range(1, len(row)):
+            if row[t] >= spec.n_triggers:
+                continue
+            if row[t - 1] == spec.bos or row[t - 1] < spec.n_triggers:
+                raise AssertionError(f"trigger {row[t]} at {t} follows {row[t - 1]}")
+            if t + 1 < len(row) and row[t + 1] != spec.bos:
+                if row[t + 1] != row[t - 1]:
+                    raise AssertionError(f"after the trigger at {t}: {row[t + 1]} != {row[t - 1]}")
+                n_checked += 1
+    return n_checked
 
 
 def _script():
@@ -166,10 +185,16 @@ def test_checkpoint_reload_gives_identical_logits(tmp_path):
 
 
 def test_bad_options_raise_clear_errors():
-    with pytest.raises(ValueError, match="unknown packing"):
-        TrainConfig(packing="sideways")
-    with pytest.raises(ValueError, match="unknown data source"):
-        TrainConfig(data="wikipedia")
+    # Under pytest beartype checks the Literal annotations first; without it the
+    # constructor's own check gives the ValueError, called directly here.
+    for field, bad, message in (("packing", "sideways", "unknown packing"), ("data", "wikipedia", "unknown data source"),
+                                ("positional", "alibi", "unknown positional embedding 'alibi'")):
+        with pytest.raises((ValueError, TypeCheckError)):
+            TrainConfig(**{field: bad})
+        cfg = TrainConfig()
+        object.__setattr__(cfg, field, bad)
+        with pytest.raises(ValueError, match=message):
+            cfg.__post_init__()
     with pytest.raises(ValueError, match="context_length"):
         TrainData(TrainConfig(data="text", context_length=4096, tokens_per_step=4096, text_limit_bytes=20_000))
     with pytest.raises(ValueError, match="tokens_per_step"):
@@ -225,3 +250,36 @@ def test_cli_train_writes_checkpoint_log_and_plot(tmp_path):
     assert (tmp_path / "curves.png").stat().st_size > 0
     # A bad option is a clear error (exit 2), not a traceback.
     assert main(["train", "--context-length", "256", "--tokens-per-step", "128", "--out", str(out)]) == 2
+
+
+def test_config_literals_are_the_checked_choices():
+    from typing import get_args
+
+    from sinkmech.train.config import PACKINGS, POSITIONALS, TrainConfig as ConfigDirect
+
+    assert ConfigDirect is TrainConfig  # re-exported by sinkmech.train.run
+    hints = {f.name: f.type for f in __import__("dataclasses").fields(TrainConfig)}
+    assert hints["packing"] == "Packing" and hints["positional"] == "Positional" and hints["data"] == "DataSource"
+    assert PACKINGS == ("causal", "intra_doc") and POSITIONALS == ("rotary", "standard")
+    assert get_args(__import__("sinkmech.train.config", fromlist=["x"]).DataSource) == ("text", "bigram_backcopy")
+
+
+def test_run_names_match_the_committed_logs():
+    logs = Path(__file__).resolve().parents[1] / "figures" / "train" / "logs"
+    names = {TrainConfig(packing=p, fixed_bos=f, context_length=128).run_name for p, f in _script().RECIPES}
+    assert names == {p.stem for p in (logs / "packing").glob("*.json")}
+    assert build_model(TrainConfig(fixed_bos=False), "cpu").cfg.model_name == "text-causal-nofixedbos-T128"
+
+
+def test_typed_evals_match_the_log(tmp_path):
+    cfg = TrainConfig(data="bigram_backcopy", steps=2, eval_every=1, **{k: v for k, v in TINY.items() if k != "eval_every"})
+    result = train(cfg, tmp_path, progress=False)
+    assert len(result.evals) == 2
+    log = json.loads((tmp_path / "log.json").read_text())
+    for ev, entry in zip(result.evals, log["evals"]):
+        assert {k: entry[k] for k in ("val_loss", "conditions")} == ev.to_dict()
+        assert list(entry) == ["step", "train_loss", "elapsed_s", "val_loss", "conditions"]
+        assert list(entry["conditions"]["none"]) == ["sink_rate", "head_scores", "max_head_score",
+                                                      "mean_head_score", "uniform_score"]
+    assert result.final() == log["evals"][-1]
+    assert result.final_eval().conditions["prepend"].max_head_score == result.final()["conditions"]["prepend"]["max_head_score"]

@@ -7,12 +7,15 @@ The rules and their thresholds are documented in `Thresholds` below
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from sinkmech.dormant.triggers import Trigger
 
 Mode = Literal["sink", "active", "if_else", "mixed"]
 MODES: tuple[Mode, ...] = ("sink", "active", "if_else", "mixed")
@@ -61,25 +64,49 @@ class Thresholds:
             raise ValueError("need min_lift >= 1, min_count >= 1 and max_output_ratio > 0")
 
 
-def classify(stats: dict, triggers: list, best_lift: Float[Tensor, "layer head_index"], th) -> tuple:
+@dataclass(frozen=True)
+class HeadStats:
+    """What the labels read from a scan: per-head fractions of query modes and
+    output norms (NaN where a mode never occurred)."""
+
+    dormant_fraction: Float[Tensor, "layer head_index"]
+    active_fraction: Float[Tensor, "layer head_index"]
+    output_norm_dormant: Float[Tensor, "layer head_index"]
+    output_norm_active: Float[Tensor, "layer head_index"]
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Every head's mode, the evidence for it, and its if_else score."""
+
+    modes: tuple[tuple[Mode, ...], ...]  # [layer][head]
+    evidence: tuple[tuple[tuple[str, ...], ...], ...]  # [layer][head] -> reasons
+    if_else_score: Float[Tensor, "layer head_index"]
+
+
+def classify(
+    stats: HeadStats,
+    triggers: Sequence[Sequence[Sequence[Trigger]]],
+    best_lift: Float[Tensor, "layer head_index"],
+    th: Thresholds,
+) -> Labels:
     """Label every head.
 
     Args:
-        stats: [layer, head_index] tensors `dormant_fraction`, `active_fraction`,
-            `output_norm_dormant`, `output_norm_active`.
-        triggers: [layer][head] lists of `Trigger`, best first.
+        stats: the per-head mode fractions and output norms.
+        triggers: [layer][head] sequences of `Trigger`, best first.
         best_lift: each head's best trigger lift (0 if it has no trigger).
-        th: a `Thresholds`.
+        th: the thresholds.
 
     Returns:
-        (modes [layer][head], evidence [layer][head] tuple of strings,
-        if_else_score [layer, head_index]). The score ranks heads by how close
+        Labels: modes, evidence (tuple of strings per head) and
+        if_else_score [layer, head_index]. The score ranks heads by how close
         they come to the if_else rule: the product of each criterion's
         fulfilment (capped at 1) times the fraction of queries at the
         extremes (1 - between).
     """
-    dorm, act = stats["dormant_fraction"], stats["active_fraction"]
-    ratio = stats["output_norm_dormant"] / stats["output_norm_active"]
+    dorm, act = stats.dormant_fraction, stats.active_fraction
+    ratio = stats.output_norm_dormant / stats.output_norm_active
     L, H = dorm.shape
     score = torch.zeros(L, H)
     modes, evidence = [], []
@@ -89,7 +116,7 @@ def classify(stats: dict, triggers: list, best_lift: Float[Tensor, "layer head_i
             d, a, r, lift = float(dorm[l, h]), float(act[l, h]), float(ratio[l, h]), float(best_lift[l, h])
             between = max(0.0, 1.0 - d - a)
             strong = [t for t in triggers[l][h] if t.lift >= th.min_lift]
-            top = (strong or triggers[l][h] or [None])[0]
+            top = (strong or list(triggers[l][h]) or [None])[0]
             trig = (f"trigger {top.token!r}@{top.where} lift {top.lift:.1f} (n={top.count})" if top
                     else f"no trigger on >= {th.min_count} active queries")
             ratio_txt = "n/a" if math.isnan(r) else f"{r:.2f}"
@@ -123,8 +150,8 @@ def classify(stats: dict, triggers: list, best_lift: Float[Tensor, "layer head_i
             row_e.append(tuple(why))
         modes.append(tuple(row_m))
         evidence.append(tuple(row_e))
-    return tuple(modes), tuple(evidence), score
+    return Labels(tuple(modes), tuple(evidence), score)
 
 
-def _failed(checks: list) -> str:
+def _failed(checks: list[tuple[bool, str]]) -> str:
     return "; ".join(t for ok, t in checks if not ok)

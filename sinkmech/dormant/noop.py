@@ -20,8 +20,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from sinkmech.dormant.scan import as_token_batch
 from sinkmech.hooks import act_name, all_to_first_hook, check_head, run
-from sinkmech.prompts import Bos, PromptSource, tokenize
+from sinkmech.prompts import Bos, PromptSource, TokenBatch
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,11 @@ class NoopCheck:
 
 def noop_check(
     model: HookedTransformer,
-    prompts: PromptSource,
+    tokens: TokenBatch | PromptSource,
     heads: Sequence[tuple[int, int]],
     *,
-    bos: Bos = "prepend",
-    max_tokens: int = 64,
+    bos: Bos | None = None,
+    max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
     high: float = 0.8,
@@ -78,7 +79,9 @@ def noop_check(
 
     Args:
         model: any HookedTransformer.
-        prompts: see `sinkmech.prompts.load_prompts`.
+        tokens: a `TokenBatch`, or prompts (`sinkmech.prompts.load_prompts`)
+            tokenized once with `bos` (default "prepend"), `max_tokens`
+            (default 64) and `bos_token_id`; see `scan.as_token_batch`.
         heads: (layer, head) pairs, e.g. `scan.if_else_heads()`.
         high, low: the query-mode thresholds (use the scan's).
 
@@ -89,7 +92,7 @@ def noop_check(
         raise ValueError(f"thresholds out of order: need 0 <= low < high <= 1, got low={low}, high={high}")
     for layer, head in heads:
         check_head(model, layer, head)
-    batch = tokenize(model, prompts, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch, _ = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     heads = [(int(l), int(h)) for l, h in heads]
     sums = {lh: {"n_dormant": 0, "n_active": 0, "dormant": 0.0, "active": 0.0} for lh in heads}
     loss_sum, n_tokens = 0.0, 0

@@ -12,166 +12,57 @@ is left out everywhere: it can only attend to itself.
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass
-
 import einops
 import torch
-from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
-from sinkmech.hooks import act_name, kv_head_index, run
-from sinkmech.prompts import Bos, PromptSource, TokenBatch, tokenize
-from sinkmech.dormant.labels import MODES, Mode, Thresholds, classify
-from sinkmech.dormant.triggers import Trigger, TriggerCounter
+from sinkmech.dormant.labels import HeadStats, Thresholds, classify
+from sinkmech.dormant.result import HeadScan
+from sinkmech.dormant.triggers import TriggerCounter
+from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, token_text, tokenize
 
-@dataclass(frozen=True)
-class HeadScan:
-    """Per-(layer, head) profiles over a corpus. NaN where a mode never occurred."""
-
-    first_token_attention: Float[Tensor, "layer head_index"]  # mean over queries
-    dormant_fraction: Float[Tensor, "layer head_index"]
-    active_fraction: Float[Tensor, "layer head_index"]
-    bimodality: Float[Tensor, "layer head_index"]  # Sarle's coefficient; > 5/9 hints bimodal
-    histogram: Float[Tensor, "layer head_index bin"]  # fraction of queries per first-token bin
-    attention_by_position: Float[Tensor, "layer head_index pos"]
-    active_by_position: Float[Tensor, "layer head_index pos"]
-    value_norm_first: Float[Tensor, "layer head_index"]
-    value_norm_rest: Float[Tensor, "layer head_index"]
-    value_norm_active: Float[Tensor, "layer head_index"]  # attention-weighted, active queries
-    value_norm_dormant: Float[Tensor, "layer head_index"]
-    output_norm_active: Float[Tensor, "layer head_index"]  # ||z W_O||
-    output_norm_dormant: Float[Tensor, "layer head_index"]
-    bands: dict[str, Float[Tensor, "layer head_index band"]]  # see `scan_heads`
-    band_labels: tuple[str, ...]
-    band_frequencies: Float[Tensor, "band"]
-    rotary: bool
-    best_lift: Float[Tensor, "layer head_index"]
-    if_else_score: Float[Tensor, "layer head_index"]
-    modes: tuple[tuple[Mode, ...], ...]  # [layer][head]
-    evidence: tuple[tuple[tuple[str, ...], ...], ...]
-    triggers: tuple[tuple[tuple[Trigger, ...], ...], ...]
-    thresholds: Thresholds
-    n_prompts: int
-    n_queries: int
-    bos: Bos
-    max_tokens: int
-    model_name: str = ""
-
-    @property
-    def n_layers(self) -> int:
-        return self.first_token_attention.shape[0]
-
-    @property
-    def n_heads(self) -> int:
-        return self.first_token_attention.shape[1]
-
-    def mode(self, layer: int, head: int) -> str:
-        return self.modes[layer][head]
-
-    def if_else_heads(self) -> list[tuple[int, int]]:
-        """Heads labelled if_else, best score first."""
-        return [lh for lh in self.ranked() if self.mode(*lh) == "if_else"]
-
-    def ranked(self) -> list[tuple[int, int]]:
-        """All heads by if_else_score, then best trigger lift."""
-        key = self.if_else_score.flatten() * 1e6 + self.best_lift.flatten().clamp(max=1e5)
-        order = torch.argsort(key, descending=True, stable=True)
-        return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
-
-    def head_summary(self, layer: int, head: int) -> dict:
-        """The JSON entry of one head (the `heads` contract plus evidence)."""
-        def num(x: Tensor) -> float | None:
-            v = float(x)
-            return None if math.isnan(v) else v
-
-        l, h = layer, head
-        return {
-            "layer": l,
-            "head": h,
-            "mode": self.modes[l][h],
-            "if_else_score": num(self.if_else_score[l, h]),
-            "first_token_attention": num(self.first_token_attention[l, h]),
-            "dormant_fraction": num(self.dormant_fraction[l, h]),
-            "active_fraction": num(self.active_fraction[l, h]),
-            "bimodality": num(self.bimodality[l, h]),
-            "value_norm_first": num(self.value_norm_first[l, h]),
-            "value_norm_rest": num(self.value_norm_rest[l, h]),
-            "value_norm_active": num(self.value_norm_active[l, h]),
-            "value_norm_dormant": num(self.value_norm_dormant[l, h]),
-            "output_norm_active": num(self.output_norm_active[l, h]),
-            "output_norm_dormant": num(self.output_norm_dormant[l, h]),
-            "triggers": [t.to_dict() for t in self.triggers[l][h]],
-            "evidence": list(self.evidence[l][h]),
-        }
-
-    def profile(self, layer: int, head: int) -> dict:
-        """Everything about one head: summary, histogram, per-position rates, bands."""
-        l, h = layer, head
-        out = self.head_summary(l, h)
-        out["histogram"] = self.histogram[l, h].tolist()
-        out["attention_by_position"] = self.attention_by_position[l, h].tolist()
-        out["active_by_position"] = self.active_by_position[l, h].tolist()
-        out["bands"] = {
-            "rotary": self.rotary,
-            "labels": list(self.band_labels),
-            "frequencies": self.band_frequencies.tolist(),
-            **{k: v[l, h].tolist() for k, v in self.bands.items()},
-        }
-        return _no_nan(out)
-
-    def to_dataframe(self):
-        """Long format: one row per (layer, head)."""
-        import pandas as pd
-
-        rows = [self.head_summary(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
-        for r in rows:
-            r["triggers"] = "; ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} (n={t['count']})" for t in r["triggers"][:3])
-            r["evidence"] = "; ".join(r["evidence"])
-        return pd.DataFrame(rows)
-
-    def to_json(self, *, profiles: bool = False) -> str:
-        heads = [
-            self.profile(l, h) if profiles else self.head_summary(l, h)
-            for l in range(self.n_layers)
-            for h in range(self.n_heads)
-        ]
-        return json.dumps(_no_nan(
-            {
-                "model": self.model_name,
-                "bos": self.bos,
-                "max_tokens": self.max_tokens,
-                "n_prompts": self.n_prompts,
-                "n_queries": self.n_queries,
-                "rotary": self.rotary,
-                "thresholds": vars(self.thresholds),
-                "mode_counts": {m: sum(row.count(m) for row in self.modes) for m in MODES},
-                "heads": heads,
-            }
-        ))
+__all__ = ["HeadScan", "as_token_batch", "scan_heads"]
 
 
-def _no_nan(obj):
-    """NaN (a mode that never occurred) -> None, so the JSON is standard."""
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_no_nan(v) for v in obj]
-    return obj
+def as_token_batch(
+    model: HookedTransformer,
+    tokens: TokenBatch | PromptSource,
+    *,
+    bos: Bos | None,
+    max_tokens: int | None,
+    bos_token_id: int | None,
+) -> tuple[TokenBatch, int]:
+    """The batch an analysis runs on, and its content tokens per prompt.
 
+    A `TokenBatch` is used as it is (`bos`, if given, must match it; `max_tokens`
+    may not cut it); anything else is tokenized once with `bos` (default
+    "prepend") and `max_tokens` (default 64).
+    """
+    if isinstance(tokens, TokenBatch):
+        if len(tokens) == 0:
+            raise ValueError("the TokenBatch is empty")
+        if bos is not None and bos != tokens.bos:
+            raise ValueError(f"bos={bos!r} does not match the TokenBatch, which was built with bos={tokens.bos!r}")
+        width = int(tokens.lengths.max()) - tokens.offset
+        if max_tokens is not None and max_tokens < width:
+            raise ValueError(f"the TokenBatch holds {width} content tokens per prompt, more than max_tokens={max_tokens}: "
+                             "tokenize with the max_tokens you want")
+        return tokens, max_tokens if max_tokens is not None else width
+    max_tokens = 64 if max_tokens is None else max_tokens
+    batch = tokenize(model, tokens, bos="prepend" if bos is None else bos, max_tokens=max_tokens,
+                     bos_token_id=bos_token_id)
+    return batch, max_tokens
 
 def scan_heads(
     model: HookedTransformer,
-    prompts: PromptSource,
+    tokens: TokenBatch | PromptSource,
     *,
-    bos: Bos = "prepend",
-    max_tokens: int = 64,
+    bos: Bos | None = None,
+    max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
     high: float = 0.8,
@@ -192,11 +83,14 @@ def scan_heads(
 
     Args:
         model: any HookedTransformer.
-        prompts: strings, a .txt/.jsonl path, token-id lists or None (default corpus).
-        bos: "prepend" or "none"; the first token is position 0 either way.
-        max_tokens: content tokens per prompt.
+        tokens: a `TokenBatch` (`sinkmech.prompts.tokenize`), or prompts to
+            tokenize once: strings, a .txt/.jsonl path, token-id lists or None
+            (default corpus).
+        bos: "prepend" (default for prompts) or "none"; the first token is
+            position 0 either way. With a TokenBatch: its own, or the same.
+        max_tokens: content tokens per prompt (default 64 for prompts).
         batch_size: prompts per forward pass.
-        bos_token_id: for models without a tokenizer.
+        bos_token_id: for models without a tokenizer (prompts only).
         high, low, ...: the thresholds documented in `Thresholds`.
         top_triggers: triggers kept per head and place (query / previous / key).
         n_bins: histogram bins of first-token attention.
@@ -213,21 +107,14 @@ def scan_heads(
                     if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio)
     if batch_size < 1 or n_bins < 2 or top_triggers < 1:
         raise ValueError("need batch_size >= 1, n_bins >= 2 and top_triggers >= 1")
-    batch = tokenize(model, prompts, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch, max_tokens = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
     acc = _Accumulator(model, batch, th, n_bins)
     for start in tqdm(range(0, len(batch), batch_size), desc="scan heads", disable=not progress, unit="batch"):
         part = batch.slice(start, min(start + batch_size, len(batch)))
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
-    return acc.finish(th, decode=_decoder(model), top_triggers=top_triggers, max_tokens=max_tokens)
-
-
-def _decoder(model: HookedTransformer):
-    tok = model.tokenizer
-    if tok is None:
-        return lambda t: f"<{t}>"
-    return lambda t: tok.decode([t])
+    return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens)
 
 
 class _Accumulator:
@@ -240,7 +127,6 @@ class _Accumulator:
         self.model, self.th, self.n_bins, self.batch = model, th, n_bins, batch
         self.layout = band_layout(model)
         C = self.layout.n_bands
-        self.kv_index = kv_head_index(model).to(dev)
         self.scale = [float(model.blocks[l].attn.attn_scale) for l in range(L)]
         # ||z W_O||^2 = z G z with G = W_O W_O^T: d_head^2 work instead of d_head * d_model
         self.gram = [einops.einsum(b.attn.W_O, b.attn.W_O, "h d m, h e m -> h d e").detach() for b in model.blocks]
@@ -283,10 +169,6 @@ class _Accumulator:
                       (act_name("z", l), reduce)]
         return hooks
 
-    def _per_head(self, x: Tensor) -> Tensor:
-        """[batch, pos, kv_head, ...] -> [batch, pos, head_index, ...] under GQA."""
-        return x if x.shape[2] == self.model.cfg.n_heads else x[:, :, self.kv_index]
-
     def _reduce_layer(self, l, part, valid_q, mask, z, cur) -> None:
         th, s, bd = self.th, self.sums, self.band
         pattern = cur["pattern"].float()  # [b, h, q, k]
@@ -308,7 +190,7 @@ class _Accumulator:
         self.pos["f"][l, :, :P] += fd.sum(0)
         self.pos["active"][l, :, :P] += am.sum(0)
         # values: norm at the first token, elsewhere, and what each query reads
-        vn = self._per_head(cur["v"]).float().norm(dim=-1)  # [b, k, h]
+        vn = expand_kv(self.model, cur["v"]).float().norm(dim=-1)  # [b, k, h]
         rest = mask.clone()
         rest[:, 0] = False
         s["v_first"][l] += vn[:, 0].double().sum(0)
@@ -322,7 +204,7 @@ class _Accumulator:
         s["out_dormant"][l] += (out * dm).sum((0, 2))
         # q/k bands, and each band's share of the logit to the first / attended key
         q = cur["q"].float()  # [b, q, h, d]
-        k = self._per_head(cur["k"]).float()
+        k = expand_kv(self.model, cur["k"]).float()
         qb, kb = band_norms(self.layout, q).double(), band_norms(self.layout, k).double()  # [b, p, h, c]
         rest_q = valid_q.double()
         bd["q_first"][l] += qb[:, 0].sum(0)
@@ -341,7 +223,7 @@ class _Accumulator:
         bd["logit_key_active"][l] += einops.einsum(logit_k, am, "b h p c, b h p -> h c")
         self.triggers.add_layer(l, part.tokens, active, key_index)
 
-    def finish(self, th: Thresholds, *, decode, top_triggers: int, max_tokens: int) -> HeadScan:
+    def finish(self, th: Thresholds, *, decode: TokenStr, top_triggers: int, max_tokens: int) -> HeadScan:
         s = {k: v.cpu() for k, v in self.sums.items()}
         n = float(self.pos_total.sum())
         if n == 0:
@@ -379,7 +261,8 @@ class _Accumulator:
             output_norm_active=div(s["out_active"], na),
             output_norm_dormant=div(s["out_dormant"], nd),
         )
-        modes, evidence, score = classify(kw, triggers, best, th)
+        labels = classify(HeadStats(kw["dormant_fraction"], kw["active_fraction"], kw["output_norm_dormant"],
+                                    kw["output_norm_active"]), triggers, best, th)
         return HeadScan(
             **kw,
             bands=bands,
@@ -387,9 +270,9 @@ class _Accumulator:
             band_frequencies=self.layout.frequencies,
             rotary=self.layout.rotary,
             best_lift=best.float(),
-            if_else_score=score,
-            modes=modes,
-            evidence=evidence,
+            if_else_score=labels.if_else_score,
+            modes=labels.modes,
+            evidence=labels.evidence,
             triggers=tuple(tuple(tuple(t) for t in row) for row in triggers),
             thresholds=th,
             n_prompts=self.n_prompts,

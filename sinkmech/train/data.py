@@ -29,22 +29,14 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-DataSource = Literal["text", "bigram_backcopy"]
-DATA_SOURCES: tuple[str, ...] = ("text", "bigram_backcopy")
-TEXT_VOCAB = 256  # bytes
+from sinkmech.train.config import DATA_SOURCES, TEXT_VOCAB, DataSource, TrainConfig, check_data_source  # noqa: F401
+
 VAL_EVERY = 20  # every 20th text document (by a stable hash) is held out
-
-
-def check_data_source(data: str) -> DataSource:
-    if data not in DATA_SOURCES:
-        raise ValueError(f"unknown data source {data!r}: choose one of {DATA_SOURCES}")
-    return data  # type: ignore[return-value]
 
 
 # --- text ----------------------------------------------------------------------
@@ -214,28 +206,6 @@ def backcopy_documents(spec: BigramBackcopy, n: int, length: int, *, seed: int) 
     return stream.next(length + 1)[:, 1:].tolist()
 
 
-def check_backcopy_rule(tokens: Int[Tensor, "batch pos"], spec: BigramBackcopy) -> int:
-    """Raise AssertionError at the first broken rule in stream windows: a
-    trigger right after `<bos>` or after another trigger, or a token after a
-    trigger (inside its document) that is not the token before the trigger.
-
-    Returns:
-        how many copies were checked.
-    """
-    n_checked = 0
-    for row in tokens.tolist():
-        for t in range(1, len(row)):
-            if row[t] >= spec.n_triggers:
-                continue
-            if row[t - 1] == spec.bos or row[t - 1] < spec.n_triggers:
-                raise AssertionError(f"trigger {row[t]} at {t} follows {row[t - 1]}")
-            if t + 1 < len(row) and row[t + 1] != spec.bos:
-                if row[t + 1] != row[t - 1]:
-                    raise AssertionError(f"after the trigger at {t}: {row[t + 1]} != {row[t - 1]}")
-                n_checked += 1
-    return n_checked
-
-
 # --- packing -------------------------------------------------------------------------
 
 
@@ -281,3 +251,61 @@ def same_document(
     if fixed_bos:
         allowed[:, :, 0] = True
     return allowed
+
+
+# --- a run's data ----------------------------------------------------------------------
+
+
+def sink_tokens(cfg: TrainConfig) -> int:
+    """Content tokens per sink-scoring prompt: the paper's 64, or fewer if the
+    context (which must also hold `<bos>`) is shorter."""
+    return min(64, cfg.context_length - 1)
+
+
+class TrainData:
+    """A run's data under `cfg`: training batches (`batch()`), fixed validation
+    windows (`val_chunks`, content tokens [val_windows, context_length]) and
+    held-out documents for sink scoring (`prompts`, `sink_tokens(cfg)` content
+    tokens each, without `<bos>`)."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.bos_id = cfg.bos_id
+        self.g = torch.Generator().manual_seed(cfg.seed)
+        need = cfg.context_length + 1
+        sink_len = sink_tokens(cfg)
+        self.val_chunks: Int[Tensor, "val_windows context_length"]
+        self.prompts: list[list[int]]
+        if cfg.data == "text":
+            self.train_stream, val = text_streams(limit_bytes=cfg.text_limit_bytes)
+            for name, s in (("training", self.train_stream), ("validation", val)):
+                if len(s) <= need:
+                    raise ValueError(
+                        f"context_length {cfg.context_length} needs more than {need} tokens, but the "
+                        f"{name} split of the text corpus has {len(s)}: lower the context length "
+                        "or raise text_limit_bytes"
+                    )
+            self.bb = None
+            val_g = torch.Generator().manual_seed(10_000 + cfg.seed)
+            self.val_chunks = sample_windows(val, batch=cfg.val_windows, length=cfg.context_length, generator=val_g)
+            self.prompts = stream_documents(val, bos_id=self.bos_id, min_len=sink_len, n=cfg.eval_prompts)
+        else:
+            self.bb = BigramBackcopy.make(
+                vocab=cfg.bb_vocab, n_triggers=cfg.bb_triggers, trigger_prob=cfg.bb_trigger_prob,
+                doc_min=cfg.bb_doc_min, doc_max=cfg.bb_doc_max, seed=cfg.seed,
+            )
+            self.stream = BigramBackcopyStream(self.bb, cfg.batch_size, seed=cfg.seed + 1)
+            self.val_chunks = BigramBackcopyStream(self.bb, cfg.val_windows, seed=cfg.seed + 2).next(cfg.context_length)
+            self.prompts = backcopy_documents(self.bb, cfg.eval_prompts, sink_len, seed=cfg.seed + 3)
+        if not self.prompts:
+            raise ValueError(f"no held-out document has {sink_len} tokens to score sinks on")
+
+    def batch(self) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """One training batch (inputs, targets) under the config's `fixed_bos`."""
+        cfg = self.cfg
+        n = cfg.context_length + (0 if cfg.fixed_bos else 1)
+        if self.bb is None:
+            chunk = sample_windows(self.train_stream, batch=cfg.batch_size, length=n, generator=self.g)
+        else:
+            chunk = self.stream.next(n)
+        return make_inputs(chunk, fixed_bos=cfg.fixed_bos, bos_id=self.bos_id)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,102 +32,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
 from sinkmech.sinks import format_eps, sink_scores
-from sinkmech.train.data import (
-    TEXT_VOCAB,
-    BigramBackcopy,
-    BigramBackcopyStream,
-    backcopy_documents,
-    check_data_source,
-    make_inputs,
-    same_document,
-    sample_windows,
-    stream_documents,
-    text_streams,
-)
+from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
+from sinkmech.train.data import TrainData, make_inputs, same_document, sink_tokens
 
-Packing = Literal["causal", "intra_doc"]
-PACKINGS: tuple[str, ...] = ("causal", "intra_doc")
-Positional = Literal["rotary", "standard"]
-POSITIONALS: tuple[str, ...] = ("rotary", "standard")
-EPS = ("0.3", "0.8")
-CONDITIONS = ("prepend", "none")  # inference with <bos> at position 0, and without
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything a run depends on; saved as JSON beside each checkpoint."""
-
-    data: str = "text"
-    packing: str = "causal"
-    fixed_bos: bool = True
-    context_length: int = 128
-    tokens_per_step: int = 4096  # batch = tokens_per_step // context_length
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    d_mlp: int | None = None  # default 4 * d_model
-    positional: str = "rotary"
-    steps: int = 500
-    lr: float = 3e-3
-    warmup: int = 50
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    seed: int = 0
-    threads: int | None = None
-    eval_every: int = 100
-    eval_prompts: int = 32
-    val_windows: int = 32
-    text_limit_bytes: int | None = None  # text: use only the first N bytes of the corpus
-    bb_vocab: int = 64  # bigram_backcopy: content tokens, triggers, document lengths
-    bb_triggers: int = 3
-    bb_trigger_prob: float = 0.15
-    bb_doc_min: int = 16
-    bb_doc_max: int = 512
-
-    def __post_init__(self):
-        check_data_source(self.data)
-        if self.packing not in PACKINGS:
-            raise ValueError(f"unknown packing {self.packing!r}: choose one of {PACKINGS}")
-        if self.positional not in POSITIONALS:
-            raise ValueError(f"unknown positional embedding {self.positional!r}: choose one of {POSITIONALS}")
-        for name in ("context_length", "tokens_per_step", "n_layers", "d_model", "n_heads", "steps", "eval_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.context_length < 4:
-            raise ValueError(f"context_length must be >= 4, got {self.context_length}")
-        if self.tokens_per_step < self.context_length:
-            raise ValueError(
-                f"tokens_per_step ({self.tokens_per_step}) must be >= context_length ({self.context_length})"
-            )
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.warmup < 0 or self.lr <= 0:
-            raise ValueError(f"need lr > 0 and warmup >= 0, got lr {self.lr}, warmup {self.warmup}")
-
-    @property
-    def batch_size(self) -> int:
-        return self.tokens_per_step // self.context_length
-
-    @property
-    def vocab(self) -> int:
-        """Content tokens; `<bos>` is this id and pad the next."""
-        return TEXT_VOCAB if self.data == "text" else self.bb_vocab
-
-    @property
-    def bos_id(self) -> int:
-        return self.vocab
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @staticmethod
-    def from_dict(d: dict) -> "TrainConfig":
-        known = {f.name for f in fields(TrainConfig)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown TrainConfig keys: {sorted(unknown)}")
-        return TrainConfig(**d)
+# re-exported: `from sinkmech.train.run import TrainConfig, train` keeps working
+__all__ = ["EvalResult", "ConditionEval", "PACKINGS", "POSITIONALS", "Packing", "Positional", "TrainConfig",
+           "TrainData", "TrainResult", "build_model", "evaluate", "load_checkpoint", "save_checkpoint", "train"]
 
 
 def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransformer:
@@ -146,64 +58,11 @@ def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransforme
         normalization_type="LN",
         positional_embedding_type=cfg.positional,
         default_prepend_bos=False,
-        model_name=f"{cfg.data}-{cfg.packing}-{'fixedbos' if cfg.fixed_bos else 'nobos'}-T{cfg.context_length}",
+        model_name=f"{cfg.data}-{cfg.run_name}",
         seed=cfg.seed,
         device=device,
     )
     return HookedTransformer(hcfg)
-
-
-# --- data -------------------------------------------------------------------------
-
-
-class TrainData:
-    """Training batches, fixed validation windows and sink-scoring documents."""
-
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-        self.bos_id = cfg.bos_id
-        self.g = torch.Generator().manual_seed(cfg.seed)
-        need = cfg.context_length + 1
-        sink_len = sink_tokens(cfg)
-        if cfg.data == "text":
-            self.train_stream, val = text_streams(limit_bytes=cfg.text_limit_bytes)
-            for name, s in (("training", self.train_stream), ("validation", val)):
-                if len(s) <= need:
-                    raise ValueError(
-                        f"context_length {cfg.context_length} needs more than {need} tokens, but the "
-                        f"{name} split of the text corpus has {len(s)}: lower the context length "
-                        "or raise text_limit_bytes"
-                    )
-            self.bb = None
-            val_g = torch.Generator().manual_seed(10_000 + cfg.seed)
-            self.val_chunks = sample_windows(val, batch=cfg.val_windows, length=cfg.context_length, generator=val_g)
-            self.prompts = stream_documents(val, bos_id=self.bos_id, min_len=sink_len, n=cfg.eval_prompts)
-        else:
-            self.bb = BigramBackcopy.make(
-                vocab=cfg.bb_vocab, n_triggers=cfg.bb_triggers, trigger_prob=cfg.bb_trigger_prob,
-                doc_min=cfg.bb_doc_min, doc_max=cfg.bb_doc_max, seed=cfg.seed,
-            )
-            self.stream = BigramBackcopyStream(self.bb, cfg.batch_size, seed=cfg.seed + 1)
-            self.val_chunks = BigramBackcopyStream(self.bb, cfg.val_windows, seed=cfg.seed + 2).next(cfg.context_length)
-            self.prompts = backcopy_documents(self.bb, cfg.eval_prompts, sink_len, seed=cfg.seed + 3)
-        if not self.prompts:
-            raise ValueError(f"no held-out document has {sink_len} tokens to score sinks on")
-
-    def batch(self) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-        """One training batch (inputs, targets) under the config's `fixed_bos`."""
-        cfg = self.cfg
-        n = cfg.context_length + (0 if cfg.fixed_bos else 1)
-        if self.bb is None:
-            chunk = sample_windows(self.train_stream, batch=cfg.batch_size, length=n, generator=self.g)
-        else:
-            chunk = self.stream.next(n)
-        return make_inputs(chunk, fixed_bos=cfg.fixed_bos, bos_id=self.bos_id)
-
-
-def sink_tokens(cfg: TrainConfig) -> int:
-    """Content tokens per sink-scoring prompt: the paper's 64, or fewer if the
-    context (which must also hold `<bos>`) is shorter."""
-    return min(64, cfg.context_length - 1)
 
 
 # --- forward passes ---------------------------------------------------------------
@@ -219,7 +78,7 @@ def intra_doc_hook(allowed: Bool[Tensor, "batch query_pos key_pos"]) -> Callable
     return hook
 
 
-def packing_hooks(tokens: Tensor, *, packing: str, bos_id: int, fixed_bos: bool) -> list:
+def packing_hooks(tokens: Tensor, *, packing: Packing, bos_id: int, fixed_bos: bool) -> list:
     """The forward hooks a packing recipe needs on `tokens` (none for causal)."""
     if packing == "causal":
         return []
@@ -232,7 +91,7 @@ def lm_loss(
     inputs: Int[Tensor, "batch pos"],
     targets: Int[Tensor, "batch pos"],
     *,
-    packing: str,
+    packing: Packing,
     bos_id: int,
     fixed_bos: bool,
     first: int = 0,
@@ -254,20 +113,44 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+@dataclass(frozen=True)
+class ConditionEval:
+    """Sink statistics of one inference condition on the held-out documents."""
+
+    sink_rate: dict[str, float]  # eps (as written, "0.3") -> percent of (prompt, head) pairs
+    head_scores: list[list[float]]  # [layer][head] mean alpha_0 over prompts
+    max_head_score: float
+    mean_head_score: float
+    uniform_score: float
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation: validation loss (nats/token) and sink statistics, with
+    `<bos>` at position 0 ("prepend") and without ("none")."""
+
+    val_loss: dict[Bos, float]
+    conditions: dict[Bos, ConditionEval]
+
+    def to_dict(self) -> dict:
+        """{"val_loss": {cond: nats}, "conditions": {cond: {"sink_rate",
+        "head_scores", "max_head_score", "mean_head_score", "uniform_score"}}}:
+        the shape of every `log["evals"]` entry."""
+        return {"val_loss": dict(self.val_loss), "conditions": {c: asdict(e) for c, e in self.conditions.items()}}
+
+
 @torch.no_grad()
-def evaluate(model: HookedTransformer, data: TrainData) -> dict:
+def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
     """Validation loss and sink statistics, with `<bos>` at position 0 and without.
 
-    Returns:
-        {"val_loss": {cond: nats/token}, "conditions": {cond: {"sink_rate":
-        {eps: percent}, "head_scores": [layer][head], "max_head_score",
-        "mean_head_score", "uniform_score"}}} for cond in ("prepend", "none").
+    Both conditions predict the same T-1 targets of the validation windows, so
+    their losses compare; sinks are scored by `sinkmech.sinks.sink_scores`.
     """
     cfg = data.cfg
     was_training = model.training
     model.eval()
     chunk = data.val_chunks  # content c_0..c_{T-1}; both conditions predict c_1..c_{T-1}
-    val_loss = {}
+    val_loss: dict[Bos, float] = {}
     for cond in CONDITIONS:
         with_bos = cond == "prepend"
         inputs, targets = make_inputs(chunk, fixed_bos=True, bos_id=data.bos_id)
@@ -278,22 +161,22 @@ def evaluate(model: HookedTransformer, data: TrainData) -> dict:
             fixed_bos=with_bos, first=1 if with_bos else 0,
         )
         val_loss[cond] = float(loss)
-    conditions = {}
+    conditions: dict[Bos, ConditionEval] = {}
     for cond in CONDITIONS:
         s = sink_scores(
             model, data.prompts, bos=cond, max_tokens=sink_tokens(cfg),
             batch_size=64, bos_token_id=data.bos_id, progress=False,
         )
         mean = s.mean_scores()
-        conditions[cond] = {
-            "sink_rate": {format_eps(e): s.sink_rate(e) for e in EPS},
-            "head_scores": mean.tolist(),
-            "max_head_score": float(mean.max()),
-            "mean_head_score": float(mean.mean()),
-            "uniform_score": s.uniform_score(),
-        }
+        conditions[cond] = ConditionEval(
+            sink_rate={format_eps(e): s.sink_rate(e) for e in DEFAULT_EPS},
+            head_scores=mean.tolist(),
+            max_head_score=float(mean.max()),
+            mean_head_score=float(mean.mean()),
+            uniform_score=s.uniform_score(),
+        )
     model.train(was_training)
-    return {"val_loss": val_loss, "conditions": conditions}
+    return EvalResult(val_loss, conditions)
 
 
 # --- training -----------------------------------------------------------------------
@@ -305,12 +188,18 @@ class TrainResult:
 
     model: HookedTransformer
     config: TrainConfig
-    log: dict
+    log: dict  # the JSON written to log.json; see `train`
     out_dir: Path | None = None
     seconds: float = 0.0
+    evals: tuple[EvalResult, ...] = ()  # typed, in the order of log["evals"]
 
     def final(self) -> dict:
+        """The last `log["evals"]` entry: {"step", "train_loss", "elapsed_s",
+        **EvalResult.to_dict()}."""
         return self.log["evals"][-1]
+
+    def final_eval(self) -> EvalResult:
+        return self.evals[-1]
 
     def to_json(self) -> str:
         return json.dumps(self.log)
@@ -345,6 +234,7 @@ def train(
     )
     log = {"config": cfg.to_dict(), "device": str(model.cfg.device), "n_params": sum(p.numel() for p in model.parameters()),
            "train_loss": [], "evals": []}
+    evals: list[EvalResult] = []
     start = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc=f"train {model.cfg.model_name}", disable=not progress)
     for step in bar:
@@ -362,17 +252,18 @@ def train(
         done = step + 1
         if done % cfg.eval_every == 0 or done == cfg.steps:
             ev = evaluate(model, data)
+            evals.append(ev)
             recent = log["train_loss"][-min(20, done):]
             log["evals"].append({"step": done, "train_loss": sum(recent) / len(recent),
-                                 "elapsed_s": time.perf_counter() - start, **ev})
-            bar.set_postfix(val=f"{ev['val_loss']['prepend']:.3f}/{ev['val_loss']['none']:.3f}")
+                                 "elapsed_s": time.perf_counter() - start, **ev.to_dict()})
+            bar.set_postfix(val=f"{ev.val_loss['prepend']:.3f}/{ev.val_loss['none']:.3f}")
     log["seconds"] = time.perf_counter() - start
     model.eval()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         save_checkpoint(model, cfg, out)
         (out / "log.json").write_text(json.dumps(log))
-    return TrainResult(model=model, config=cfg, log=log, out_dir=out, seconds=log["seconds"])
+    return TrainResult(model=model, config=cfg, log=log, out_dir=out, seconds=log["seconds"], evals=tuple(evals))
 
 
 def save_checkpoint(model: HookedTransformer, cfg: TrainConfig, out_dir: str | Path) -> Path:

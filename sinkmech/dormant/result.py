@@ -1,0 +1,176 @@
+"""The result of a dormant-head scan (`sinkmech.dormant.scan.scan_heads`):
+per-(layer, head) profiles, labels and triggers, with their JSON and table forms.
+
+Definitions: Barbero et al. 2025, Sec. 3.2; Guo et al. 2024 ("Active-dormant
+attention heads"); the labels are documented in `sinkmech.dormant.labels.Thresholds`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sinkmech.dormant.labels import MODES, Mode, Thresholds
+from sinkmech.dormant.triggers import Trigger
+from sinkmech.prompts import Bos
+
+
+def trigger_text(triggers: Sequence[Trigger | Mapping], n: int = 3, *, sep: str = ", ") -> str:
+    """`'tok'@where x<lift> (n=<count>)` for the first `n` triggers (objects or
+    their `to_dict()`), joined by `sep`; "" when there is none."""
+    def one(t) -> str:
+        d = t if isinstance(t, Mapping) else t.to_dict()
+        return f"{d['token']!r}@{d['where']} x{d['lift']:.1f} (n={d['count']})"
+
+    return sep.join(one(t) for t in list(triggers)[:n])
+
+
+@dataclass(frozen=True)
+class HeadScan:
+    """Per-(layer, head) profiles over a corpus. NaN where a mode never occurred."""
+
+    first_token_attention: Float[Tensor, "layer head_index"]  # mean over queries
+    dormant_fraction: Float[Tensor, "layer head_index"]
+    active_fraction: Float[Tensor, "layer head_index"]
+    bimodality: Float[Tensor, "layer head_index"]  # Sarle's coefficient; > 5/9 hints bimodal
+    histogram: Float[Tensor, "layer head_index bin"]  # fraction of queries per first-token bin
+    attention_by_position: Float[Tensor, "layer head_index pos"]
+    active_by_position: Float[Tensor, "layer head_index pos"]
+    value_norm_first: Float[Tensor, "layer head_index"]
+    value_norm_rest: Float[Tensor, "layer head_index"]
+    value_norm_active: Float[Tensor, "layer head_index"]  # attention-weighted, active queries
+    value_norm_dormant: Float[Tensor, "layer head_index"]
+    output_norm_active: Float[Tensor, "layer head_index"]  # ||z W_O||
+    output_norm_dormant: Float[Tensor, "layer head_index"]
+    bands: dict[str, Float[Tensor, "layer head_index band"]]  # see `scan_heads`
+    band_labels: tuple[str, ...]
+    band_frequencies: Float[Tensor, "band"]
+    rotary: bool
+    best_lift: Float[Tensor, "layer head_index"]
+    if_else_score: Float[Tensor, "layer head_index"]
+    modes: tuple[tuple[Mode, ...], ...]  # [layer][head]
+    evidence: tuple[tuple[tuple[str, ...], ...], ...]
+    triggers: tuple[tuple[tuple[Trigger, ...], ...], ...]
+    thresholds: Thresholds
+    n_prompts: int
+    n_queries: int
+    bos: Bos
+    max_tokens: int
+    model_name: str = ""
+
+    @property
+    def n_layers(self) -> int:
+        return self.first_token_attention.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.first_token_attention.shape[1]
+
+    def mode(self, layer: int, head: int) -> Mode:
+        return self.modes[layer][head]
+
+    def mode_counts(self) -> dict[Mode, int]:
+        """How many heads carry each label, in `MODES` order."""
+        return {m: sum(row.count(m) for row in self.modes) for m in MODES}
+
+    def trigger_text(self, layer: int, head: int, n: int = 3) -> str:
+        """The head's top `n` triggers on one line (see `trigger_text`)."""
+        return trigger_text(self.triggers[layer][head], n)
+
+    def if_else_heads(self) -> list[tuple[int, int]]:
+        """Heads labelled if_else, best score first."""
+        return [lh for lh in self.ranked() if self.mode(*lh) == "if_else"]
+
+    def ranked(self) -> list[tuple[int, int]]:
+        """All heads by if_else_score, then best trigger lift."""
+        key = self.if_else_score.flatten() * 1e6 + self.best_lift.flatten().clamp(max=1e5)
+        order = torch.argsort(key, descending=True, stable=True)
+        return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
+
+    def head_summary(self, layer: int, head: int) -> dict:
+        """The JSON entry of one head (the `heads` contract plus evidence)."""
+        def num(x: Tensor) -> float | None:
+            v = float(x)
+            return None if math.isnan(v) else v
+
+        l, h = layer, head
+        return {
+            "layer": l,
+            "head": h,
+            "mode": self.modes[l][h],
+            "if_else_score": num(self.if_else_score[l, h]),
+            "first_token_attention": num(self.first_token_attention[l, h]),
+            "dormant_fraction": num(self.dormant_fraction[l, h]),
+            "active_fraction": num(self.active_fraction[l, h]),
+            "bimodality": num(self.bimodality[l, h]),
+            "value_norm_first": num(self.value_norm_first[l, h]),
+            "value_norm_rest": num(self.value_norm_rest[l, h]),
+            "value_norm_active": num(self.value_norm_active[l, h]),
+            "value_norm_dormant": num(self.value_norm_dormant[l, h]),
+            "output_norm_active": num(self.output_norm_active[l, h]),
+            "output_norm_dormant": num(self.output_norm_dormant[l, h]),
+            "triggers": [t.to_dict() for t in self.triggers[l][h]],
+            "evidence": list(self.evidence[l][h]),
+        }
+
+    def profile(self, layer: int, head: int) -> dict:
+        """Everything about one head: summary, histogram, per-position rates, bands."""
+        l, h = layer, head
+        out = self.head_summary(l, h)
+        out["histogram"] = self.histogram[l, h].tolist()
+        out["attention_by_position"] = self.attention_by_position[l, h].tolist()
+        out["active_by_position"] = self.active_by_position[l, h].tolist()
+        out["bands"] = {
+            "rotary": self.rotary,
+            "labels": list(self.band_labels),
+            "frequencies": self.band_frequencies.tolist(),
+            **{k: v[l, h].tolist() for k, v in self.bands.items()},
+        }
+        return _no_nan(out)
+
+    def to_dataframe(self):
+        """Long format: one row per (layer, head)."""
+        import pandas as pd
+
+        rows = [self.head_summary(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
+        for r in rows:
+            r["triggers"] = trigger_text(r["triggers"], 3, sep="; ")
+            r["evidence"] = "; ".join(r["evidence"])
+        return pd.DataFrame(rows)
+
+    def to_json(self, *, profiles: bool = False) -> str:
+        heads = [
+            self.profile(l, h) if profiles else self.head_summary(l, h)
+            for l in range(self.n_layers)
+            for h in range(self.n_heads)
+        ]
+        return json.dumps(_no_nan(
+            {
+                "model": self.model_name,
+                "bos": self.bos,
+                "max_tokens": self.max_tokens,
+                "n_prompts": self.n_prompts,
+                "n_queries": self.n_queries,
+                "rotary": self.rotary,
+                "thresholds": vars(self.thresholds),
+                "mode_counts": self.mode_counts(),
+                "heads": heads,
+            }
+        ))
+
+
+def _no_nan(obj):
+    """NaN (a mode that never occurred) -> None, so the JSON is standard."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _no_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_no_nan(v) for v in obj]
+    return obj
