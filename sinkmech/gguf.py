@@ -73,6 +73,19 @@ def _field(reader, key: str, default=None):
     return field.contents()
 
 
+def gguf_metadata(path: str | os.PathLike) -> dict[str, object]:
+    """The file's scalar and short-list metadata (`general.*`, `<arch>.*`);
+    the tokenizer's vocabulary arrays are left out. Parsing a 262k-token
+    vocabulary takes seconds, so warm loads never call this."""
+    path = check_gguf_file(path)
+    reader = _open_reader(path)
+    return {
+        k: f.contents()
+        for k, f in reader.fields.items()
+        if not k.startswith("tokenizer.") and len(f.data) <= 64
+    }
+
+
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Inverse of llama.cpp's `permute(w, n_head)` on the rows of a q/k weight.
 

