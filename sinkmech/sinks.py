@@ -10,7 +10,7 @@ the rest (the sink's small value and massive activation).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from collections.abc import Sequence
 
 import einops
