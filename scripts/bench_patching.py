@@ -42,9 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from sinkmech.interventions.ablation import ablation_hooks, head_ablations
+    from sinkmech.interventions.ablation import ablation_hooks, ablation_setup, head_ablations
     from sinkmech.interventions.attribution import attribute_ablations, pearson
-    from sinkmech.interventions.metrics import KL, content_mask
     from sinkmech.models import load_model
     from sinkmech.prompts import default_corpus, tokenize
     from sinkmech.interventions.sweep import Intervention, loop, reference_logits
@@ -74,11 +73,9 @@ def main(argv: list[str] | None = None) -> dict:
     n_loop = n_cells if args.loop_heads is None else max(1, min(args.loop_heads, n_cells))
     picks = sorted({round(i * (n_cells - 1) / max(n_loop - 1, 1)) for i in range(n_loop)})
     cells = [Intervention(i // H, ablation_hooks("mask_first", i // H, i % H, None)) for i in picks]
-    n_content = args.tokens
-    mask = content_mask(batch.lengths, batch.offset, n_content)
-    bound = KL().bind(reference_logits(model, batch.tokens, batch.offset, n_content), mask)
+    setup = ablation_setup(model, batch, mode="mask_first")  # the exact sweep's clean run and metric
     with Timer() as tl:
-        looped = loop(model, batch.tokens, cells, score=bound, offset=batch.offset, n_content=n_content)
+        looped = loop(model, batch.tokens, cells, score=setup.score, offset=batch.offset, n_content=setup.n_content)
     diff = float((looped - exact.effects.flatten()[picks]).abs().max())
     time_forwards()
     fwd_wall = min(t.wall for t in fwd)

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
             run(model, batch.tokens[i : i + bs], stop_at_layer=model.cfg.n_layers)
 
     def streaming():
-        sink_scores(model, prompts, bos="prepend", max_tokens=args.tokens, batch_size=bs, progress=False)
+        # The same tokens as the other phases: the timing holds no tokenization.
+        sink_scores(model, batch, max_tokens=args.tokens, batch_size=bs, progress=False)
 
     def cached():
         scores = []

@@ -21,8 +21,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from sinkmech.hooks import act_name, right_padding
-from sinkmech.prompts import BOS_CHOICES, CONDITIONS, PromptSource, tokenize
+from sinkmech.hooks import act_name, residual_stack
+from sinkmech.interventions.patching import BosPair
+from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, tokenize
 
 
 @dataclass(frozen=True)
@@ -158,14 +159,6 @@ def corpus_swaps(rows: Sequence[Sequence[int]], position: int) -> list[TokenSwap
     return out
 
 
-def _residuals(model: HookedTransformer, tokens: Tensor, hooks) -> Float[Tensor, "batch resid_layer pos d_model"]:
-    L = model.cfg.n_layers
-    names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
-    with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=hooks):
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return torch.stack([cache[n] for n in names], dim=1)
-
-
 def _noise_hook(noise: Tensor, position: int):
     """Add noise[b] (relative to the embedding's norm) at `position` of row b."""
 
@@ -188,9 +181,20 @@ def _entropy_hook(store: list, mask: Tensor, offset: int):
     return hook
 
 
+def _content_rows(model, tokens, max_tokens: int, bos_token_id: int | None) -> tuple[list[list[int]], int | None]:
+    """Content token ids of every prompt (tokenized once) and the `<bos>` id to prepend."""
+    if isinstance(tokens, BosPair):
+        return tokens.without_bos.content(), tokens.with_bos.bos_token_id
+    if isinstance(tokens, TokenBatch):
+        own = tokens.bos_token_id if tokens.bos == "prepend" else None
+        return tokens.content(), own if own is not None else bos_token_id
+    plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    return plain.content(), bos_token_id
+
+
 def perturbation_spread(
     model: HookedTransformer,
-    prompts: PromptSource,
+    tokens: PromptSource | TokenBatch | BosPair,
     *,
     perturbation: Perturbation,
     max_tokens: int = 64,
@@ -202,7 +206,9 @@ def perturbation_spread(
     """Relative residual change at every (layer, content position), with and without `<bos>`.
 
     Args:
-        prompts: strings, a prompt file, or token-id lists.
+        tokens: prompts (strings, a prompt file, token-id lists), tokenized
+            once, or a TokenBatch / BosPair whose content tokens are used
+            (`max_tokens` then unused); both conditions run on them.
         perturbation: a TokenSwap (the same for every prompt), a list of
             TokenSwaps (one per prompt, e.g. from `corpus_swaps`) or an
             EmbeddingNoise (the same noise vector in both conditions).
@@ -217,8 +223,7 @@ def perturbation_spread(
         raise ValueError("a list of perturbations must hold one TokenSwap per prompt")
     if not per_prompt and not isinstance(perturbation, (TokenSwap, EmbeddingNoise)):
         raise ValueError(f"perturbation must be a TokenSwap or EmbeddingNoise, got {type(perturbation).__name__}")
-    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
-    rows = [r[:n].tolist() for r, n in zip(plain.tokens.cpu(), plain.lengths.cpu())]
+    rows, bos_id = _content_rows(model, tokens, max_tokens, bos_token_id)
     noise = None
     if per_prompt:
         if len(perturbation) != len(rows):
@@ -243,21 +248,25 @@ def perturbation_spread(
     P, L, J = len(rows), model.cfg.n_layers, max(len(r) for r in rows)
     change = torch.full((2, P, L + 1, J), float("nan"))
     ent_sum, ent_n = torch.zeros(2, L, model.cfg.n_heads), torch.zeros(2, L, model.cfg.n_heads)
-    steps = [(c, s) for c in range(2) for s in range(0, P, batch_size)]
+    # One tokenization per condition and copy; batches are slices of it.
+    both = {
+        bos: (tokenize(model, rows, bos=bos, max_tokens=J, bos_token_id=bos_id),
+              tokenize(model, changed, bos=bos, max_tokens=J, bos_token_id=bos_id))
+        for bos in CONDITIONS
+    }
+    steps = [(c, s) for c in range(len(CONDITIONS)) for s in range(0, P, batch_size)]
     for c, s in tqdm(steps, desc="perturbation spread", disable=not progress, unit="batch"):
-        bos = BOS_CHOICES[c]
         e = slice(s, min(s + batch_size, P))
-        clean = tokenize(model, rows[e], bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
-        pert = tokenize(model, changed[e], bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        clean, pert = (b.slice(e.start, e.stop) for b in both[CONDITIONS[c]])
         off = clean.offset
         mask = clean.mask[:, off:]
         store: list = []
         ent = [(act_name("pattern", l), _entropy_hook(store, mask, off)) for l in range(L)]
-        h = _residuals(model, clean.tokens, ent)[:, :, off:]
+        h = residual_stack(model, clean.tokens, ent)[:, :, off:]
         hooks = []
         if noise is not None:
             hooks = [(act_name("embed"), _noise_hook(noise[e], perturbation.position + off))]
-        h2 = _residuals(model, pert.tokens, hooks)[:, :, off:]
+        h2 = residual_stack(model, pert.tokens, hooks)[:, :, off:]
         rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)
         rel = torch.where(mask[:, None, :], rel, torch.full_like(rel, float("nan")))
         change[c, e, :, : rel.shape[-1]] = rel.float().cpu()

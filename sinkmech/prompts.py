@@ -140,6 +140,10 @@ class TokenBatch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def content(self) -> list[list[int]]:
+        """Each prompt's content token ids: no `<bos>`, no padding."""
+        return [row[self.offset : n].tolist() for row, n in zip(self.tokens.cpu(), self.lengths.cpu())]
+
     def slice(self, start: int, stop: int) -> "TokenBatch":
         """Rows start:stop, trimmed to their longest real length."""
         lengths = self.lengths[start:stop]
@@ -208,3 +212,35 @@ def tokenize(
         tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
     return TokenBatch(tokens.to(model.cfg.device), lengths.to(model.cfg.device), bos, bos_id)
+
+
+def as_batch(
+    model,
+    source: PromptSource | TokenBatch,
+    *,
+    bos: Bos | None = None,
+    default: Bos | None = None,
+    max_tokens: int | None = 64,
+    bos_token_id: int | None = None,
+) -> TokenBatch:
+    """The one place an analysis turns its input into tokens.
+
+    A TokenBatch passes through untouched (its `<bos>` condition must match
+    `bos` when `bos` is given; `max_tokens` and `bos_token_id` are then unused).
+    Anything else is tokenized once with `tokenize`.
+
+    Args:
+        source: a ready TokenBatch, or prompts (see `load_prompts`).
+        bos: the condition; None keeps a TokenBatch's own.
+        default: the condition for prompts when `bos` is None (an analysis'
+            documented default); without one, prompts need an explicit `bos`.
+    """
+    if isinstance(source, TokenBatch):
+        if bos is not None and check_bos(bos) != source.bos:
+            raise ValueError(f"bos={bos!r} was asked for, but the token batch was built with bos={source.bos!r}")
+        return source
+    bos = bos if bos is not None else default
+    if bos is None:
+        raise ValueError("bos must be given ('prepend' or 'none') to tokenize prompts")
+    max_tokens = 64 if max_tokens is None else max_tokens
+    return tokenize(model, source, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)

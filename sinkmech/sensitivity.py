@@ -21,8 +21,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sinkmech.hooks import act_name, right_padding
-from sinkmech.prompts import Bos, PromptSource, check_bos, tokenize
+from sinkmech.hooks import act_name, cached_run, residual_stack, right_padding
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, check_bos, tokenize
 
 
 def _check_layers(model: HookedTransformer, n_layers: int | None) -> int:
@@ -45,8 +45,7 @@ def jacobian_norms(
         [j, i]; zero above the diagonal (causality).
     """
     L = _check_layers(model, n_layers)
-    with torch.no_grad(), right_padding(model):
-        _, cache = model.run_with_cache(tokens[None], names_filter=act_name("resid_pre", 0), stop_at_layer=1)
+    _, cache = cached_run(model, tokens[None], [act_name("resid_pre", 0)], stop_at_layer=1)
     h0 = cache[act_name("resid_pre", 0)][0].detach()
 
     def f(x: Tensor) -> Tensor:
@@ -58,10 +57,10 @@ def jacobian_norms(
 
 
 def attention_patterns(model: HookedTransformer, tokens: Int[Tensor, "pos"], n_layers: int) -> Float[Tensor, "layer head_index query_pos key_pos"]:
-    names = {act_name("pattern", l) for l in range(n_layers)}
-    with torch.no_grad(), right_padding(model):
-        _, cache = model.run_with_cache(tokens[None], names_filter=lambda n: n in names)
-    return torch.stack([cache[act_name("pattern", l)][0] for l in range(n_layers)])
+    """The attention patterns of the first `n_layers` layers on one sequence."""
+    names = [act_name("pattern", l) for l in range(n_layers)]
+    _, cache = cached_run(model, tokens[None], names, stop_at_layer=n_layers)
+    return torch.stack([cache[n][0] for n in names])
 
 
 def mixing_matrices(patterns: Float[Tensor, "layer head_index query_pos key_pos"]) -> Float[Tensor, "layer query_pos key_pos"]:
@@ -103,40 +102,38 @@ class Sensitivity:
 
 def sensitivity(
     model: HookedTransformer,
-    prompt: PromptSource,
+    tokens: PromptSource | TokenBatch,
     *,
-    bos: Bos,
+    bos: Bos | None = None,
     max_tokens: int = 16,
     bos_token_id: int | None = None,
     n_layers: int | None = None,
 ) -> Sensitivity:
     """Jacobian norms (autograd) and path weights (attention patterns) for the
-    first prompt of `prompt`, cut to `max_tokens` content tokens (keep it short:
-    the Jacobian has (T d_model)^2 entries)."""
+    first prompt of `tokens` (a TokenBatch, or prompts tokenized with `bos`, cut
+    to `max_tokens` content tokens: keep it short, the Jacobian has
+    (T d_model)^2 entries)."""
     L = _check_layers(model, n_layers)
-    batch = tokenize(model, prompt, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     tokens = batch.tokens[0, : int(batch.lengths[0])]
     jac = jacobian_norms(model, tokens, n_layers=L)
     paths = path_weights(attention_patterns(model, tokens, L))
     return Sensitivity(jac.float().cpu(), paths.float().cpu(), batch.bos, L)
 
 
-def _layer_residuals(model: HookedTransformer, tokens: Tensor) -> Float[Tensor, "batch resid_layer pos d_model"]:
-    """Residual stream entering each layer, then the last layer's output."""
-    L = model.cfg.n_layers
-    names = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_post", L - 1)]
-    with torch.no_grad(), right_padding(model):
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return torch.stack([cache[n] for n in names], dim=1)
-
-
 def rank_collapse(
-    model: HookedTransformer, prompts: PromptSource, *, bos: Bos, max_tokens: int = 64, bos_token_id: int | None = None
+    model: HookedTransformer,
+    tokens: PromptSource | TokenBatch,
+    *,
+    bos: Bos | None = None,
+    max_tokens: int = 64,
+    bos_token_id: int | None = None,
 ) -> Float[Tensor, "prompt resid_layer"]:
     """||X - 1 mean(X)||_F / ||X||_F over each prompt's real token vectors at
-    every layer (0 = embeddings, n_layers = last output); 0 = fully collapsed."""
-    batch = tokenize(model, prompts, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
-    h = _layer_residuals(model, batch.tokens).float()
+    every layer (0 = embeddings, n_layers = last output); 0 = fully collapsed.
+    `tokens`: a TokenBatch, or prompts tokenized with `bos` (then required)."""
+    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    h = residual_stack(model, batch.tokens).float()
     w = batch.mask.float()[:, None, :, None]
     mean = (h * w).sum(2, keepdim=True) / w.sum(2, keepdim=True)
     return (((h - mean) * w).pow(2).sum((2, 3)).sqrt() / (h * w).pow(2).sum((2, 3)).sqrt()).cpu()
@@ -161,7 +158,7 @@ def representational_collapse(
     for n in lengths:
         seqs = [[token] * n, [token] * (n + 1)]
         batch = tokenize(model, seqs, bos=bos, max_tokens=n + 1, bos_token_id=bos_token_id)
-        h = _layer_residuals(model, batch.tokens)
+        h = residual_stack(model, batch.tokens)
         last = batch.lengths - 1
         out.append((h[0, :, last[0]] - h[1, :, last[1]]).norm(dim=-1).float().cpu())
     return torch.stack(out)

@@ -10,7 +10,7 @@ the rest (the sink's small value and massive activation).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from collections.abc import Sequence
 
 import einops
@@ -20,8 +20,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from sinkmech.hooks import act_name, kv_head_index, run
-from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, tokenize
+from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,10 @@ def format_eps(eps: float | str) -> str:
 
 def sink_scores(
     model: HookedTransformer,
-    prompts: PromptSource,
+    tokens: PromptSource | TokenBatch,
     *,
-    bos: Bos = "prepend",
-    max_tokens: int = 64,
+    bos: Bos | None = None,
+    max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
     progress: bool = True,
@@ -161,32 +161,23 @@ def sink_scores(
 
     Args:
         model: any HookedTransformer.
-        prompts: strings, a .txt / .jsonl path, token-id lists, or None for the
-            default corpus.
+        tokens: a ready TokenBatch, or prompts (strings, a .txt / .jsonl path,
+            token-id lists, or None for the default corpus), tokenized once.
         bos: "prepend" puts `<bos>` at position 0; "none" scores the same content
-            tokens without it.
-        max_tokens: content tokens per prompt (the paper uses 64).
+            tokens without it. Default: a TokenBatch's own, "prepend" for prompts.
+        max_tokens: content tokens per prompt (default 64, as in the paper); for
+            a TokenBatch, only recorded (default: its longest content).
         batch_size: prompts per forward pass.
         bos_token_id: override for models whose tokenizer lacks one.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
     """
-    batch = tokenize(model, prompts, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
-    return sink_scores_from_tokens(
-        model, batch, batch_size=batch_size, max_tokens=max_tokens, progress=progress
-    )
-
-
-def sink_scores_from_tokens(
-    model: HookedTransformer,
-    batch: TokenBatch,
-    *,
-    batch_size: int = 16,
-    max_tokens: int | None = None,
-    progress: bool = True,
-) -> SinkScores:
-    """`sink_scores` on an already tokenized, right-padded batch."""
+    if max_tokens is None and not isinstance(tokens, TokenBatch):
+        max_tokens = 64
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    if max_tokens is None:
+        max_tokens = int(batch.lengths.max()) - batch.offset
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cfg = model.cfg
@@ -196,7 +187,6 @@ def sink_scores_from_tokens(
         for k in ("scores", "value_norm_first", "value_norm_rest")
     }
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
-    kv_index = kv_head_index(model).to(cfg.device)
     starts = range(0, P, batch_size)
     for start in tqdm(starts, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
         part = batch.slice(start, min(start + batch_size, P))
@@ -220,7 +210,7 @@ def sink_scores_from_tokens(
             out["scores"][rows, hook.layer()] = score.float().cpu()
 
         def value_hook(v, hook):
-            norms = v.norm(dim=-1)[:, :, kv_index] if v.shape[2] != H else v.norm(dim=-1)
+            norms = expand_kv(model, v).norm(dim=-1)  # [batch, pos, head_index]
             out["value_norm_first"][rows, hook.layer()] = norms[:, 0].float().cpu()
             mean_rest = einops.einsum(norms, rest, "b p h, b p -> b h") / n_rest[:, None]
             out["value_norm_rest"][rows, hook.layer()] = mean_rest.float().cpu()
@@ -250,6 +240,19 @@ def sink_scores_from_tokens(
         resid_norm_rest=resid_rest,
         lengths=batch.lengths.cpu(),
         bos=batch.bos,
-        max_tokens=max_tokens if max_tokens is not None else int(batch.lengths.max()) - batch.offset,
+        max_tokens=max_tokens,
         model_name=cfg.model_name,
     )
+
+
+def sink_scores_from_tokens(
+    model: HookedTransformer,
+    batch: TokenBatch,
+    *,
+    batch_size: int = 16,
+    max_tokens: int | None = None,
+    progress: bool = True,
+) -> SinkScores:
+    """`sink_scores` on an already tokenized batch (kept for old callers:
+    `sink_scores` itself takes a TokenBatch)."""
+    return sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, progress=progress)

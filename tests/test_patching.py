@@ -12,7 +12,10 @@ from conftest import TINY_BOS, make_tiny
 from sinkmech.hooks import act_name
 from sinkmech.interventions.metrics import KL, LogitDiff, resolve_metric
 from sinkmech.prompts import check_bos
-from sinkmech.interventions.patching import bos_pair, patch, patch_head_out, patch_resid_post, patch_resid_pre
+from sinkmech.interventions.patching import (
+    bos_pair, patch, patch_attn_out, patch_head_k, patch_head_out, patch_head_q, patch_head_v, patch_mlp_out, patch_resid_mid,
+    patch_resid_post, patch_resid_pre,
+)
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +167,59 @@ def test_sweep_equals_loop_on_smollm2(smollm2):
         slow = patch(smollm2, pair, method="loop", progress=False, **kw)
         assert fast.values.abs().max() > 0
         assert (fast.values - slow.values).abs().max() <= 1e-4, kw
+
+
+FRONT_ENDS = [
+    (patch_resid_pre, {}, "resid_pre", "layer_pos"),
+    (patch_resid_pre, {"per_position": False}, "resid_pre", "layer"),
+    (patch_resid_mid, {}, "resid_mid", "layer_pos"),
+    (patch_resid_post, {"per_position": False}, "resid_post", "layer"),
+    (patch_attn_out, {}, "attn_out", "layer_pos"),
+    (patch_attn_out, {"per_position": False}, "attn_out", "layer"),
+    (patch_mlp_out, {}, "mlp_out", "layer_pos"),
+    (patch_mlp_out, {"per_position": False}, "mlp_out", "layer"),
+    (patch_head_out, {}, "z", "head"),
+    (patch_head_out, {"per_position": True}, "z", "head_pos"),
+    (patch_head_q, {}, "q", "head"),
+    (patch_head_k, {}, "k", "head"),
+    (patch_head_v, {}, "v", "head"),
+]
+
+
+@pytest.mark.parametrize("front, extra, act, by", FRONT_ENDS, ids=[f"{f.__name__}-{b}" for f, _, _, b in FRONT_ENDS])
+def test_each_front_end_is_patch_with_its_act_and_by(front, extra, act, by, tiny_model, pair):
+    kw = dict(source="none", layers=[1], progress=False)
+    named = front(tiny_model, pair, **extra, **kw)
+    generic = patch(tiny_model, pair, act=act, by=by, **kw)
+    assert (named.act, named.axes) == (act, generic.axes)
+    assert torch.equal(named.values, generic.values)
+    assert (named.values - named.baseline).abs().max() > 1e-5  # the patch does something at layer 1
+
+
+def test_layer0_attn_out_patch_equals_resid_mid_patch(tiny_model, pair):
+    # resid_mid 0 = resid_pre 0 + attn_out 0, and resid_pre 0 (the token embedding:
+    # rotary adds no positional vector) is the same in both runs at mapped positions,
+    # so patching attn_out 0 sets resid_mid 0 to the source's: both patches agree.
+    for source in ("prepend", "none"):
+        kw = dict(source=source, layers=[0], progress=False)
+        attn = patch_attn_out(tiny_model, pair, **kw)
+        mid = patch_resid_mid(tiny_model, pair, **kw)
+        assert attn.values.abs().max() > 1e-4
+        assert (attn.values - mid.values).abs().max() <= 1e-5
+
+
+def test_layer0_q_k_v_are_the_same_at_mapped_positions(tiny_model, pair):
+    # Before rotary, layer-0 queries, keys and values depend on the token alone:
+    # patching any head's q, k or v at layer 0 leaves the target run as it was.
+    for front in (patch_head_q, patch_head_k, patch_head_v):
+        r = front(tiny_model, pair, source="prepend", layers=[0], progress=False)
+        assert r.baseline > 1e-3
+        assert (r.values - r.baseline).abs().max() < 1e-5, front.__name__
+    # ...while at layer 1 they carry the runs' difference.
+    assert (patch_head_v(tiny_model, pair, source="prepend", layers=[1], progress=False).values - r.baseline).abs().max() > 1e-4
+
+
+def test_bos_pair_tokenizes_once_and_prepends_to_the_same_ids(tiny_model, tiny_tokens):
+    p = bos_pair(tiny_model, tiny_tokens[:3].tolist(), max_tokens=5, bos_token_id=TINY_BOS)
+    assert p.without_bos.content() == tiny_tokens[:3, :5].tolist() == p.with_bos.content()
+    assert (p.with_bos.tokens[:, 0] == TINY_BOS).all() and p.with_bos.bos_token_id == TINY_BOS

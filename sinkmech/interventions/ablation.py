@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import (
-    act_name, all_to_first_hook, check_head, mask_first_hook, mean_head_hook, right_padding, row_queries, zero_head_hook,
+    act_name, all_to_first_hook, cached_run, check_head, mask_first_hook, mean_head_hook, row_queries, zero_head_hook,
 )
-from sinkmech.interventions.metrics import MetricSpec, content_mask, resolve_metric
-from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
+from sinkmech.interventions.metrics import Bound, Metric, MetricSpec, content_mask, resolve_metric
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
 
 AblationMode = Literal["mask_first", "all_to_first", "zero", "mean"]
@@ -89,19 +89,85 @@ class HeadAblation:
         return json.dumps(self.to_dict())
 
 
-def _batch(model, prompts, bos, max_tokens, bos_token_id) -> TokenBatch:
-    if isinstance(prompts, TokenBatch):
-        return prompts
-    return tokenize(model, prompts, bos=check_bos(bos), max_tokens=max_tokens, bos_token_id=bos_token_id)
-
-
 def mean_head_outputs(model: HookedTransformer, batch: TokenBatch) -> Float[Tensor, "layer head_index d_head"]:
     """Each head's output z averaged over all real (prompt, position) pairs."""
-    names = {act_name("z", l) for l in range(model.cfg.n_layers)}
-    with torch.no_grad(), right_padding(model):
-        _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
+    names = [act_name("z", l) for l in range(model.cfg.n_layers)]
+    _, cache = cached_run(model, batch.tokens, names, stop_at_layer=model.cfg.n_layers)
     w = batch.mask.float()[:, :, None, None]
-    return torch.stack([(cache[act_name("z", l)] * w).sum((0, 1)) / w.sum() for l in range(model.cfg.n_layers)])
+    return torch.stack([(cache[n] * w).sum((0, 1)) / w.sum() for n in names])
+
+
+@dataclass(frozen=True)
+class AblationSetup:
+    """What every per-head ablation estimate shares: the tokens, the (layer, head)
+    grid, the clean run's content logits, the metric bound to them, and (mode
+    "mean") each head's mean output. Built once by `ablation_setup`."""
+
+    batch: TokenBatch
+    mode: AblationMode
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+    metric: Metric
+    reference: Float[Tensor, "batch content_pos d_vocab"]
+    mask: Bool[Tensor, "batch content_pos"]
+    means: Float[Tensor, "layer head_index d_head"] | None
+
+    @property
+    def n_content(self) -> int:
+        return self.batch.tokens.shape[1] - self.batch.offset
+
+    @property
+    def score(self) -> Bound:
+        """The metric against the clean run: logits [copies, batch, content_pos, d_vocab] -> [copies]."""
+        return self.metric.bind(self.reference, self.mask)
+
+    @property
+    def baseline(self) -> float:
+        """The clean run's own metric (0 for KL)."""
+        return float(self.score(self.reference[None])[0])
+
+    def result(self, effects: Float[Tensor, "layer head_index"], method: str, baseline: float | None = None) -> HeadAblation:
+        return HeadAblation(
+            effects=effects, mode=self.mode, metric=self.metric.name, bos=self.batch.bos,
+            baseline=self.baseline if baseline is None else baseline, method=method,
+            layers=self.layers, heads=self.heads, n_prompts=len(self.batch),
+        )
+
+
+def ablation_setup(
+    model: HookedTransformer,
+    tokens: PromptSource | TokenBatch,
+    *,
+    mode: AblationMode,
+    metric: MetricSpec = "kl",
+    answers: tuple[int | Tensor, int | Tensor] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    bos: Bos | None = None,
+    max_tokens: int = 64,
+    bos_token_id: int | None = None,
+) -> AblationSetup:
+    """Check the options, tokenize once (see `prompts.as_batch`; default
+    "prepend") and run the clean pass(es) an ablation estimate needs.
+
+    Args:
+        tokens: a TokenBatch, or prompts.
+        mode, metric, answers, layers, heads: as in `head_ablations`.
+    """
+    check_mode(mode)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
+    heads = tuple(range(model.cfg.n_heads)) if heads is None else tuple(heads)
+    for l in layers:
+        for h in heads:
+            check_head(model, l, h)
+    n_content = batch.tokens.shape[1] - batch.offset
+    return AblationSetup(
+        batch=batch, mode=mode, layers=layers, heads=heads, metric=resolve_metric(metric, answers),
+        reference=reference_logits(model, batch.tokens, batch.offset, n_content),
+        mask=content_mask(batch.lengths, batch.offset, n_content),
+        means=mean_head_outputs(model, batch) if mode == "mean" else None,
+    )
 
 
 def ablation_hooks(mode: AblationMode, layer: int, head: int, means: Tensor | None) -> Callable:
@@ -121,21 +187,12 @@ def ablation_hooks(mode: AblationMode, layer: int, head: int, means: Tensor | No
     return make
 
 
-def _grid(model, layers, heads):
-    layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
-    heads = tuple(range(model.cfg.n_heads)) if heads is None else tuple(heads)
-    for l in layers:
-        for h in heads:
-            check_head(model, l, h)
-    return layers, heads
-
-
 def head_ablations(
     model: HookedTransformer,
-    prompts: PromptSource | TokenBatch,
+    tokens: PromptSource | TokenBatch,
     *,
     mode: AblationMode,
-    bos: Bos = "prepend",
+    bos: Bos | None = None,
     metric: MetricSpec = "kl",
     answers: tuple[int | Tensor, int | Tensor] | None = None,
     max_tokens: int = 64,
@@ -149,8 +206,8 @@ def head_ablations(
     """Ablate every (layer, head) alone and score each ablated run.
 
     Args:
-        prompts: prompts (see `tokenize`) or a ready TokenBatch (then `bos`,
-            `max_tokens` are ignored).
+        tokens: a ready TokenBatch, or prompts tokenized once (see `tokenize`;
+            `bos` defaults to "prepend", a TokenBatch keeps its own).
         mode: "mask_first", "all_to_first", "zero" or "mean".
         metric: "kl" (mean KL(clean || ablated) over content positions),
             "logit_diff" (with `answers`), or f(logits, reference, mask).
@@ -161,21 +218,14 @@ def head_ablations(
     Returns:
         HeadAblation with effects [layer, head_index].
     """
-    check_mode(mode)
     if method not in ("sweep", "loop"):
         raise ValueError(f"method must be 'sweep' or 'loop', got {method!r}")
-    batch = _batch(model, prompts, bos, max_tokens, bos_token_id)
-    layers, heads = _grid(model, layers, heads)
-    n_content = batch.tokens.shape[1] - batch.offset
-    mask = content_mask(batch.lengths, batch.offset, n_content)
-    metric_obj = resolve_metric(metric, answers)
-    ref = reference_logits(model, batch.tokens, batch.offset, n_content)
-    bound = metric_obj.bind(ref, mask)
-    means = mean_head_outputs(model, batch) if mode == "mean" else None
-    cells = [Intervention(l, ablation_hooks(mode, l, h, means)) for l in layers for h in heads]
-    kw = dict(score=bound, offset=batch.offset, n_content=n_content, progress=progress, desc=f"ablate {mode}")
-    values = sweep(model, batch.tokens, cells, max_rows=max_rows, **kw) if method == "sweep" else loop(model, batch.tokens, cells, **kw)
-    return HeadAblation(
-        effects=values.reshape(len(layers), len(heads)), mode=mode, metric=metric_obj.name, bos=batch.bos,
-        baseline=float(bound(ref[None])[0]), method=method, layers=layers, heads=heads, n_prompts=len(batch),
-    )
+    s = ablation_setup(model, tokens, mode=mode, metric=metric, answers=answers, layers=layers, heads=heads,
+                       bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    cells = [Intervention(l, ablation_hooks(mode, l, h, s.means)) for l in s.layers for h in s.heads]
+    kw = dict(score=s.score, offset=s.batch.offset, n_content=s.n_content, progress=progress, desc=f"ablate {mode}")
+    engine = sweep if method == "sweep" else loop
+    if method == "sweep":
+        kw["max_rows"] = max_rows
+    values = engine(model, s.batch.tokens, cells, **kw)
+    return s.result(values.reshape(len(s.layers), len(s.heads)), method)

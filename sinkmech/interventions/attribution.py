@@ -19,11 +19,10 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sinkmech.interventions.ablation import AblationMode, HeadAblation, _batch, _grid, check_mode, mean_head_outputs
-from sinkmech.hooks import act_name, kv_head_index, right_padding
-from sinkmech.interventions.metrics import KL, MetricSpec, content_logits, content_mask, resolve_metric
+from sinkmech.hooks import act_name, expand_kv, right_padding
+from sinkmech.interventions.ablation import AblationMode, HeadAblation, ablation_setup
+from sinkmech.interventions.metrics import KL, MetricSpec, content_logits
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
-from sinkmech.interventions.sweep import reference_logits
 
 
 def ablated_z(
@@ -55,10 +54,10 @@ def pearson(a: Tensor, b: Tensor) -> float:
 
 def attribute_ablations(
     model: HookedTransformer,
-    prompts: PromptSource | TokenBatch,
+    tokens: PromptSource | TokenBatch,
     *,
     mode: AblationMode,
-    bos: Bos = "prepend",
+    bos: Bos | None = None,
     metric: MetricSpec = "kl",
     answers: tuple[int | Tensor, int | Tensor] | None = None,
     samples: int = 8,
@@ -71,7 +70,8 @@ def attribute_ablations(
     """Estimate `head_ablations` for all heads from one forward and one backward.
 
     Args:
-        mode, metric, answers, layers, heads: as in `head_ablations`; a callable
+        tokens, bos, mode, metric, answers, layers, heads: as in
+            `head_ablations` (the setup is `ablation_setup`'s); a callable
             metric must be differentiable.
         samples: label draws for the KL (Fisher) estimate, stacked as copies of
             the batch; ignored for other metrics (first-order, one copy).
@@ -79,21 +79,15 @@ def attribute_ablations(
     Returns:
         HeadAblation with method "attribution" and estimated effects.
     """
-    check_mode(mode)
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    batch = _batch(model, prompts, bos, max_tokens, bos_token_id)
-    layers, heads = _grid(model, layers, heads)
+    s = ablation_setup(model, tokens, mode=mode, metric=metric, answers=answers, layers=layers, heads=heads,
+                       bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch, mask, ref, means, n_content = s.batch, s.mask, s.reference, s.means, s.n_content
     B, T = batch.tokens.shape
     L = model.cfg.n_layers
-    n_content = T - batch.offset
-    mask = content_mask(batch.lengths, batch.offset, n_content)
-    metric_obj = resolve_metric(metric, answers)
-    fisher = isinstance(metric_obj, KL)
+    fisher = isinstance(s.metric, KL)
     S = samples if fisher else 1
-    ref = reference_logits(model, batch.tokens, batch.offset, n_content)
-    means = mean_head_outputs(model, batch) if mode == "mean" else None
-    kv = kv_head_index(model).to(batch.tokens.device)
 
     leaves: dict[int, Tensor] = {}
     clean: dict[tuple[str, int], Tensor] = {}
@@ -118,13 +112,13 @@ def attribute_ablations(
             lp = torch.log_softmax(logits.float(), -1).gather(-1, y[..., None])[..., 0]
             objective = (lp * mask.float()).sum()
         else:
-            objective = metric_obj.bind(ref, mask)(logits).sum()
+            objective = s.score(logits).sum()
         grads = torch.autograd.grad(objective, [leaves[l] for l in range(L)])
-    baseline = 0.0 if fisher else float(metric_obj.bind(ref, mask)(ref[None])[0])
+    baseline = 0.0 if fisher else s.baseline
     effects = torch.zeros(L, model.cfg.n_heads)
     for l in range(L):
         z = leaves[l][:B].detach()
-        v = clean[("hook_v", l)][:, :, kv] if clean[("hook_v", l)].shape[2] != z.shape[2] else clean[("hook_v", l)]
+        v = expand_kv(model, clean[("hook_v", l)])
         delta = ablated_z(mode, z, clean[("hook_pattern", l)], v, None if means is None else means[l]) - z
         grad = grads[l].reshape(S, B, T, *z.shape[2:])
         dots = torch.einsum("sbphd,bphd->sh", grad.float(), delta.float())
@@ -132,8 +126,4 @@ def attribute_ablations(
             effects[l] = (dots.pow(2).mean(0) / (2 * mask.sum())).cpu()
         else:
             effects[l] = (baseline + dots[0]).cpu()
-    sub = effects[list(layers)][:, list(heads)]
-    return HeadAblation(
-        effects=sub, mode=mode, metric=metric_obj.name, bos=batch.bos, baseline=baseline,
-        method="attribution", layers=layers, heads=heads, n_prompts=len(batch),
-    )
+    return s.result(effects[list(s.layers)][:, list(s.heads)], "attribution", baseline=baseline)

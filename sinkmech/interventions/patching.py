@@ -20,7 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from sinkmech.hooks import act_name, right_padding
+from sinkmech.hooks import act_name, cached_run
 from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
@@ -62,9 +62,9 @@ class BosPair:
 def bos_pair(
     model: HookedTransformer, prompts: PromptSource, *, max_tokens: int = 64, bos_token_id: int | None = None
 ) -> BosPair:
-    """Tokenize `prompts` twice, with and without `<bos>`, on the same content tokens."""
-    with_bos = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    """Tokenize `prompts` once, then run the same content tokens with and without `<bos>`."""
     without = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    with_bos = tokenize(model, without.content(), bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
     if not torch.equal(with_bos.tokens[:, 1:][without.mask], without.tokens[without.mask]):
         raise ValueError("the two runs do not hold the same content tokens")
     return BosPair(with_bos, without)
@@ -182,16 +182,15 @@ def patch(
             raise ValueError(f"layer {l} out of range: the model has {model.cfg.n_layers} layers")
     src, tgt = pair.run(source), pair.run(target)
     n_content = pair.n_content
-    names = {act_name(act, l): l for l in layers}
-    with torch.no_grad(), right_padding(model):
-        src_logits, cache = model.run_with_cache(src.tokens, names_filter=lambda n: n in names)
+    names = [act_name(act, l) for l in layers]
+    src_logits, cache = cached_run(model, src.tokens, names)
     reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
     bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
     baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
     source_value = float(bound(reference[None])[0])
 
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
-    n_heads = cache[next(iter(names))].shape[2] if act in HEAD_ACTS else 1
+    n_heads = cache[names[0]].shape[2] if act in HEAD_ACTS else 1
     cells = []
     for l in layers:
         name = act_name(act, l)

@@ -20,7 +20,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from sinkmech.hooks import Hook, act_name, right_padding, run
+from sinkmech.hooks import Hook, act_name, cached_run, right_padding, run
 from sinkmech.interventions.metrics import Bound, content_logits
 
 # (rows of the stacked batch this intervention owns, total rows, positions) -> hooks
@@ -37,10 +37,9 @@ class Intervention:
 
 def clean_resid(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> list[Tensor]:
     """The residual stream entering every layer, [batch pos d_model] each."""
-    names = {act_name("resid_pre", l) for l in range(model.cfg.n_layers)}
-    with torch.no_grad(), right_padding(model):
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return [cache[act_name("resid_pre", l)] for l in range(model.cfg.n_layers)]
+    names = [act_name("resid_pre", l) for l in range(model.cfg.n_layers)]
+    _, cache = cached_run(model, tokens, names, stop_at_layer=model.cfg.n_layers)
+    return [cache[n] for n in names]
 
 
 def sweep(
