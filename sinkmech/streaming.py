@@ -40,9 +40,13 @@ def window_mask(n_pos: int, window: int, keep: int, device=None) -> Bool[Tensor,
 def window_hook(window: int, keep: int) -> Callable:
     """On `attn_scores`: disallowed keys get -inf (every row keeps its own key)."""
 
+    cache: dict[tuple, Tensor] = {}  # one mask per (length, device), shared by all layers
+
     def hook(scores: Float[Tensor, "batch head_index query_pos key_pos"], hook):
-        allowed = window_mask(scores.shape[-1], window, keep, scores.device)
-        return scores.masked_fill(~allowed, float("-inf"))
+        key = (scores.shape[-1], scores.device)
+        if key not in cache:
+            cache[key] = ~window_mask(scores.shape[-1], window, keep, scores.device)
+        return scores.masked_fill(cache[key], float("-inf"))
 
     return hook
 
@@ -154,7 +158,8 @@ def stream_perplexity(
     full = _ppl(model, tokens, mask, [])
     ppls = []
     for k in tqdm(keep, desc=f"stream (window={window})", disable=not progress, unit="setting"):
-        hooks = [(act_name("attn_scores", l), window_hook(window, k)) for l in range(L)]
+        hook = window_hook(window, k)
+        hooks = [(act_name("attn_scores", l), hook) for l in range(L)]
         ppls.append(_ppl(model, tokens, mask, hooks))
     return StreamResult(
         model=model.cfg.model_name, window=window, n_tokens=T, scored_from=scored_from,

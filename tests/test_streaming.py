@@ -85,3 +85,17 @@ def test_stream_bad_input(tiny_model, seq, tiny_tokens):
     with pytest.raises(ValueError, match="keep"):
         stream_perplexity(tiny_model, seq, window=4, keep=(-1,))
     assert isinstance(StreamResult, type)
+
+
+def test_smollm2_sink_tokens_rescue_window_attention(smollm2):
+    """StreamingLLM's finding (Xiao et al. 2024, Fig. 3) on the real model: dropping
+    the first keys from a sliding window hurts; keeping 4 of them brings the
+    perplexity back near full attention. Slow: loads SmolLM2."""
+    from sinkmech.streaming import long_tokens
+
+    batch = long_tokens(smollm2, 160, bos="prepend")
+    res = stream_perplexity(smollm2, batch, window=32, keep=(0, 4), progress=False)
+    print(res.to_dict())
+    no_sink, sink = res.ppl
+    assert sink < no_sink
+    assert sink < 1.5 * res.full_ppl
