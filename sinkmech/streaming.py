@@ -76,7 +76,7 @@ class StreamResult:
 
     model: str
     window: int
-    n_tokens: int
+    n_tokens: int  # positions of the sequence, <bos> included
     scored_from: int
     n_scored: int
     full_ppl: float
