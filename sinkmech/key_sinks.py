@@ -1,0 +1,215 @@
+"""Sink scores at every key position: secondary sinks.
+
+Gu et al. 2025 ("When attention sink emerges", Sec. 3) define the score of key
+k as alpha_k = mean over query positions t >= k of A[t, k]; Barbero et al. 2025
+use only alpha_0. Here every key is scored, to find heads whose strongest key
+is not the first token (a delimiter, a newline, a repeated token).
+
+Guard: the last keys of a prompt have few queries after them (the last one has
+a single query, so its alpha is one attention weight, often large). A key k of
+a prompt of length n is scored only when n - k >= `min_queries`; key 0 always
+is. Two aggregates, both streamed (reduced inside the pattern hook; memory is
+flat in the number of prompts):
+  - per head, the top (prompt, key position) entries by alpha_k over all
+    prompts: these carry the prompt's token text;
+  - per head, alpha_k averaged over the prompts that score key k (`by_position`);
+    a head is *flagged* when the argmax of this average is not position 0.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, run
+from sinkmech.prompts import Bos, TokenBatch, token_text
+
+
+@dataclass(frozen=True)
+class KeySinks:
+    """Per-head scores of every key position for one `<bos>` condition."""
+
+    top_scores: Float[Tensor, "layer head_index k"]
+    top_prompt: Int[Tensor, "layer head_index k"]
+    top_position: Int[Tensor, "layer head_index k"]
+    top_token_id: Int[Tensor, "layer head_index k"]
+    top_token: tuple[tuple[tuple[str, ...], ...], ...]  # [layer][head][k]
+    by_position: Float[Tensor, "layer head_index key_pos"]  # NaN where no prompt scores the key
+    n_scored: Int[Tensor, "key_pos"]  # prompts scoring each key position
+    off_first_rate: Float[Tensor, "layer head_index"]  # share of prompts whose strongest key is not 0
+    bos: Bos
+    min_queries: int
+    n_prompts: int
+    model_name: str = ""
+
+    @property
+    def strongest_position(self) -> Int[Tensor, "layer head_index"]:
+        """Argmax over key positions of the prompt-averaged alpha_k."""
+        return torch.nan_to_num(self.by_position, nan=-1.0).argmax(-1)
+
+    @property
+    def flagged(self) -> torch.Tensor:
+        """Bool [layer, head_index]: the strongest key (on average) is not position 0."""
+        return self.strongest_position != 0
+
+    def flagged_heads(self) -> list[tuple[int, int, int]]:
+        """(layer, head, strongest position) of every flagged head."""
+        pos = self.strongest_position
+        return [(int(l), int(h), int(pos[l, h])) for l, h in self.flagged.nonzero().tolist()]
+
+    def to_dataframe(self):
+        """Long format: one row per (layer, head, rank) of the top keys."""
+        import pandas as pd
+
+        L, H, K = self.top_scores.shape
+        rows = []
+        for l in range(L):
+            for h in range(H):
+                for r in range(K):
+                    rows.append(
+                        {
+                            "bos": self.bos, "layer": l, "head": h, "rank": r,
+                            "prompt": int(self.top_prompt[l, h, r]),
+                            "position": int(self.top_position[l, h, r]),
+                            "token": self.top_token[l][h][r],
+                            "score": float(self.top_scores[l, h, r]),
+                            "flagged": bool(self.flagged[l, h]),
+                        }
+                    )
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: `key_scores[layer][head]` is a list of
+        {"prompt", "position", "token", "score"} for the top keys."""
+        L, H, K = self.top_scores.shape
+        key_scores = [
+            [
+                [
+                    {
+                        "prompt": int(self.top_prompt[l, h, r]),
+                        "position": int(self.top_position[l, h, r]),
+                        "token": self.top_token[l][h][r],
+                        "score": float(self.top_scores[l, h, r]),
+                    }
+                    for r in range(K)
+                    if torch.isfinite(self.top_scores[l, h, r])  # fewer scored keys than top_k
+                ]
+                for h in range(H)
+            ]
+            for l in range(L)
+        ]
+        by_pos = torch.nan_to_num(self.by_position, nan=0.0)
+        return {
+            "model": self.model_name,
+            "bos": self.bos,
+            "min_queries": self.min_queries,
+            "n_prompts": self.n_prompts,
+            "key_scores": key_scores,
+            "by_position": by_pos.tolist(),
+            "n_scored": self.n_scored.tolist(),
+            "strongest_position": self.strongest_position.tolist(),
+            "off_first_rate": self.off_first_rate.tolist(),
+            "flagged": [list(x) for x in self.flagged_heads()],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def key_alpha(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"],
+    lengths: Int[Tensor, "batch"],
+    min_queries: int,
+) -> Float[Tensor, "batch head_index key_pos"]:
+    """alpha_k per (prompt, head, key): mean of A[t, k] over real queries t >= k;
+    NaN where the key is padding or has fewer than `min_queries` queries."""
+    T = pattern.shape[-1]
+    pos = torch.arange(T, device=pattern.device)
+    valid_q = (pos[None, :] < lengths[:, None]).to(pattern.dtype)  # [batch, query]
+    total = torch.einsum("bhqk,bq->bhk", pattern, valid_q)  # causal: A[t, k] = 0 for t < k
+    n_q = (lengths[:, None] - pos[None, :]).clamp(min=1)  # [batch, key]
+    alpha = total.float() / n_q[:, None, :].float()
+    ok = ((lengths[:, None] - pos[None, :]) >= min_queries) | (pos[None, :] == 0)
+    ok &= pos[None, :] < lengths[:, None]
+    return alpha.masked_fill(~ok[:, None, :], float("nan"))
+
+
+def key_sink_scores(
+    model: HookedTransformer,
+    batch: TokenBatch,
+    *,
+    top_k: int = 5,
+    min_queries: int = 8,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> KeySinks:
+    """Score every key position of every head, streamed.
+
+    Args:
+        model: any HookedTransformer.
+        batch: right-padded tokens (one `<bos>` condition).
+        top_k: (prompt, position) entries kept per head.
+        min_queries: a key k of a prompt of length n is scored only when
+            n - k >= min_queries (key 0 always is).
+        batch_size: prompts per forward pass.
+
+    Returns:
+        KeySinks: top keys [layer, head_index, k], prompt-averaged alpha by
+        key position [layer, head_index, key_pos], flagged heads.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if min_queries < 1:
+        raise ValueError(f"min_queries must be >= 1, got {min_queries}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(batch) == 0:
+        raise ValueError("the batch holds no prompts")
+    cfg = model.cfg
+    P, L, H, T = len(batch), cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
+    # Running top-k per layer: values [H, k] and flat indices prompt * T + position.
+    state = {"v": [torch.zeros(H, 0)] * L, "i": [torch.zeros(H, 0, dtype=torch.long)] * L}
+    pos_sum, pos_cnt = torch.zeros(L, H, T), torch.zeros(T)
+    off_first = torch.zeros(L, H)
+    for start in tqdm(range(0, P, batch_size), desc=f"key sinks (bos={batch.bos})", disable=not progress, unit="batch"):
+        part = batch.slice(start, min(start + batch_size, P))
+        b, t = part.tokens.shape
+        lengths = part.lengths
+
+        def hook(pattern, hook):
+            l = hook.layer()
+            alpha = key_alpha(pattern, lengths, min_queries).cpu()  # [b, H, t]
+            scored = ~torch.isnan(alpha)
+            pos_sum[l, :, :t] += torch.nan_to_num(alpha, nan=0.0).sum(0)
+            off_first[l] += (torch.nan_to_num(alpha, nan=-1.0).argmax(-1) != 0).float().sum(0)
+            flat = torch.nan_to_num(alpha, nan=float("-inf")).permute(1, 0, 2).reshape(H, b * t)
+            prompt = torch.arange(b)[:, None] + start
+            index = (prompt * T + torch.arange(t)[None, :]).reshape(-1)  # [b * t]
+            cand_v = torch.cat([state["v"][l], flat], -1)
+            cand_i = torch.cat([state["i"][l], index[None].expand(H, -1)], -1)
+            k = min(top_k, cand_v.shape[-1])
+            v, j = cand_v.topk(k, dim=-1)
+            state["v"][l], state["i"][l] = v, cand_i.gather(-1, j)
+            if l == 0:
+                pos_cnt[:t] += scored[:, 0].float().sum(0)
+
+        run(model, part.tokens, [(act_name("pattern", l), hook) for l in range(L)], stop_at_layer=L)
+    top_v = torch.stack(state["v"])  # [L, H, k]
+    top_i = torch.stack(state["i"])
+    top_prompt, top_pos = top_i // T, top_i % T
+    ids = batch.tokens.cpu()[top_prompt, top_pos]
+    text = token_text(model)
+    top_token = tuple(tuple(tuple(text(int(i)) for i in row) for row in layer) for layer in ids)
+    by_position = pos_sum / pos_cnt.clamp(min=1)
+    by_position[:, :, pos_cnt == 0] = float("nan")
+    return KeySinks(
+        top_scores=top_v, top_prompt=top_prompt, top_position=top_pos, top_token_id=ids, top_token=top_token,
+        by_position=by_position, n_scored=pos_cnt.long(), off_first_rate=off_first / P,
+        bos=batch.bos, min_queries=min_queries, n_prompts=P, model_name=cfg.model_name,
+    )

@@ -1,0 +1,263 @@
+"""Massive-activation dimensions of the first token (Sun et al. 2024, "Massive
+activations in large language models", Sec. 2-3).
+
+Per residual layer and dimension d: |h_0[d]| against the median of |h_t[d]|
+over the other real positions t >= 1 of the same prompt, both averaged over
+prompts (ratio of means). The onset is the first residual layer whose
+first-token norm ratio ||h_0|| / mean_t ||h_t|| exceeds a threshold; the massive
+dimensions are the top dimensions by that ratio at the onset layer.
+
+Intervention: at the `resid_pre` of every layer from the onset on (the
+residual stream carries the dimensions forward and later layers could rebuild
+them, so they are reset at each layer), the chosen dimensions at position 0 are
+set to their mean over the other real positions of the same prompt. Measured:
+the content next-token loss (sinkmech.loss targets) and the sink rate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, run
+from sinkmech.loss import resid_token_losses, target_mask
+from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
+from sinkmech.sinks import format_eps
+
+
+@dataclass(frozen=True)
+class MassiveDims:
+    """First-token magnitude per residual layer and dimension."""
+
+    first_abs: Float[Tensor, "resid_layer d_model"]  # mean over prompts of |h_0[d]|
+    median_abs: Float[Tensor, "resid_layer d_model"]  # mean over prompts of median_t |h_t[d]|
+    norm_ratio: Float[Tensor, "resid_layer"]  # mean ||h_0|| / mean ||h_t||, t >= 1
+    top_dims: Int[Tensor, "resid_layer k"]
+    onset_layer: int | None  # first resid_layer with norm_ratio > threshold
+    threshold: float
+    bos: Bos
+    model_name: str = ""
+
+    @property
+    def dim_ratio(self) -> Float[Tensor, "resid_layer d_model"]:
+        return self.first_abs / self.median_abs.clamp(min=1e-12)
+
+    @property
+    def massive_dims(self) -> tuple[int, ...]:
+        """Top dimensions at the onset layer (empty when there is no onset)."""
+        if self.onset_layer is None:
+            return ()
+        return tuple(int(d) for d in self.top_dims[self.onset_layer])
+
+    def to_dataframe(self):
+        """Long format: one row per (resid_layer, top rank)."""
+        import pandas as pd
+
+        rows = []
+        for l, dims in enumerate(self.top_dims.tolist()):
+            for r, d in enumerate(dims):
+                rows.append({"bos": self.bos, "resid_layer": l, "rank": r, "dim": d,
+                             "first_abs": float(self.first_abs[l, d]), "median_abs": float(self.median_abs[l, d]),
+                             "ratio": float(self.dim_ratio[l, d]), "norm_ratio": float(self.norm_ratio[l])})
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        ratio = self.dim_ratio
+        return {
+            "model": self.model_name, "bos": self.bos, "threshold": self.threshold,
+            "onset_layer": self.onset_layer, "massive_dims": list(self.massive_dims),
+            "norm_ratio": self.norm_ratio.tolist(),
+            "top_dims": [
+                [{"dim": int(d), "first_abs": float(self.first_abs[l, d]), "ratio": float(ratio[l, d])} for d in dims]
+                for l, dims in enumerate(self.top_dims.tolist())
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def _check(batch: TokenBatch, batch_size: int) -> None:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if len(batch) == 0:
+        raise ValueError("the batch holds no prompts")
+    if int(batch.lengths.min()) < 2:
+        raise ValueError("every prompt needs at least 2 positions (position 0 against the rest)")
+
+
+def dim_stats(
+    resid: Float[Tensor, "batch pos d_model"], lengths: Int[Tensor, "batch"]
+) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch d_model"], Float[Tensor, "batch"], Float[Tensor, "batch"]]:
+    """Per prompt: |h_0|, median over real t >= 1 of |h_t| (per dim), ||h_0||, mean_t ||h_t||."""
+    a = resid.float().abs()
+    T = a.shape[1]
+    pos = torch.arange(T, device=a.device)
+    rest = (pos[None, :] >= 1) & (pos[None, :] < lengths[:, None])  # [batch, pos]
+    # nanmedian over the real rest positions (torch picks the lower middle value).
+    med = a.masked_fill(~rest[..., None], float("nan")).nanmedian(dim=1).values
+    norms = resid.float().norm(dim=-1)
+    rest_norm = (norms * rest).sum(-1) / rest.sum(-1)
+    return a[:, 0], med, norms[:, 0], rest_norm
+
+
+def massive_dims(
+    model: HookedTransformer,
+    batch: TokenBatch,
+    *,
+    top_k: int = 4,
+    threshold: float = 10.0,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> MassiveDims:
+    """Which residual dimensions carry the first token's large norm, from which layer.
+
+    Args:
+        batch: right-padded tokens, at least 2 positions per prompt.
+        top_k: dimensions reported per residual layer.
+        threshold: onset = first resid_layer with norm ratio > threshold.
+
+    Returns:
+        MassiveDims over resid_layer 0 .. n_layers (embeddings .. last block's output).
+    """
+    _check(batch, batch_size)
+    if not 1 <= top_k <= model.cfg.d_model:
+        raise ValueError(f"top_k must lie in [1, d_model={model.cfg.d_model}], got {top_k}")
+    if threshold <= 0:
+        raise ValueError(f"threshold must be > 0, got {threshold}")
+    L, D, P = model.cfg.n_layers, model.cfg.d_model, len(batch)
+    first, med = torch.zeros(L + 1, D), torch.zeros(L + 1, D)
+    n0, nr = torch.zeros(L + 1), torch.zeros(L + 1)
+    for start in tqdm(range(0, P, batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
+        part = batch.slice(start, min(start + batch_size, P))
+
+        def make(i: int):
+            def hook(resid, hook):
+                f, m, a, b = dim_stats(resid, part.lengths)
+                first[i] += f.sum(0).cpu()
+                med[i] += m.sum(0).cpu()
+                n0[i] += a.sum().cpu()
+                nr[i] += b.sum().cpu()
+
+            return hook
+
+        hooks = [(act_name("resid_pre", l), make(l)) for l in range(L)] + [(act_name("resid_post", L - 1), make(L))]
+        run(model, part.tokens, hooks, stop_at_layer=L)
+    first, med, ratio = first / P, med / P, n0 / nr.clamp(min=1e-12)
+    top = (first / med.clamp(min=1e-12)).topk(top_k, dim=-1).indices
+    above = (ratio > threshold).nonzero()
+    onset = int(above[0]) if len(above) else None
+    return MassiveDims(first, med, ratio, top, onset, float(threshold), batch.bos, model.cfg.model_name)
+
+
+@dataclass(frozen=True)
+class MassiveIntervention:
+    """Loss and sink rate with the massive dimensions reset at position 0."""
+
+    dims: tuple[int, ...]
+    from_layer: int
+    loss_clean: float
+    loss_reset: float
+    scores_clean: Float[Tensor, "prompt layer head_index"]
+    scores_reset: Float[Tensor, "prompt layer head_index"]
+    bos: Bos
+
+    def sink_rate(self, eps: float, which: str = "clean") -> float:
+        scores = {"clean": self.scores_clean, "reset": self.scores_reset}[which]
+        return 100.0 * (scores > float(eps)).float().mean().item()
+
+    def to_dict(self, eps: Sequence[float] = DEFAULT_EPS) -> dict:
+        return {
+            "bos": self.bos, "dims": list(self.dims), "from_layer": self.from_layer,
+            "loss_clean": self.loss_clean, "loss_reset": self.loss_reset,
+            "sink_rate_clean": {format_eps(e): self.sink_rate(e, "clean") for e in eps},
+            "sink_rate_reset": {format_eps(e): self.sink_rate(e, "reset") for e in eps},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"condition": c, "loss": l, **{f"sink_rate_{format_eps(e)}": self.sink_rate(e, c) for e in DEFAULT_EPS}}
+                             for c, l in (("clean", self.loss_clean), ("reset", self.loss_reset))])
+
+
+def reset_dims_hook(dims: Sequence[int], lengths: Tensor):
+    """On `resid_pre`: position 0's `dims` become their mean over real positions t >= 1."""
+    idx = torch.tensor(list(dims), dtype=torch.long)
+
+    def hook(resid: Float[Tensor, "batch pos d_model"], hook):
+        pos = torch.arange(resid.shape[1], device=resid.device)
+        rest = ((pos[None, :] >= 1) & (pos[None, :] < lengths[:, None])).to(resid.dtype)
+        mean = torch.einsum("bpd,bp->bd", resid[:, :, idx.to(resid.device)], rest) / rest.sum(-1, keepdim=True)
+        out = resid.clone()
+        out[:, 0, idx.to(resid.device)] = mean
+        return out
+
+    return hook
+
+
+def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer: int | None, progress: bool):
+    L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(batch)
+    scores = torch.zeros(P, L, H)
+    total, n = 0.0, 0
+    for start in tqdm(range(0, P, batch_size), desc="massive reset" if dims else "clean", disable=not progress, unit="batch"):
+        part = batch.slice(start, min(start + batch_size, P))
+        valid = part.mask.float()
+        store: dict[str, Tensor] = {}
+
+        def pattern_hook(pattern, hook):
+            first = torch.einsum("bhq,bq->bh", pattern[..., 0].float(), valid) / part.lengths[:, None].float()
+            scores[start : start + len(part), hook.layer()] = first.cpu()
+
+        def final_hook(resid, hook):
+            store["resid"] = resid
+
+        hooks = [(act_name("pattern", l), pattern_hook) for l in range(L)] + [(act_name("resid_post", L - 1), final_hook)]
+        if dims:
+            hooks += [(act_name("resid_pre", l), reset_dims_hook(dims, part.lengths)) for l in range(from_layer, L)]
+        run(model, part.tokens, hooks, stop_at_layer=L)
+        t, k = resid_token_losses(model, store["resid"], part.tokens, target_mask(part))
+        total, n = total + t, n + k
+    if n == 0:
+        raise ValueError("no content targets to score: every prompt needs at least 2 content tokens")
+    return total / n, scores
+
+
+def reset_massive_dims(
+    model: HookedTransformer,
+    batch: TokenBatch,
+    *,
+    dims: Sequence[int],
+    from_layer: int,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> MassiveIntervention:
+    """Content loss and first-token scores with and without resetting `dims` at position 0.
+
+    Args:
+        dims: residual dimensions to reset (e.g. `MassiveDims.massive_dims`).
+        from_layer: the reset runs at resid_pre of layers from_layer .. n_layers-1
+            (e.g. `MassiveDims.onset_layer`; must be < n_layers).
+
+    Returns:
+        MassiveIntervention (scores are alpha_0 [prompt, layer, head_index], as sinks.py).
+    """
+    _check(batch, batch_size)
+    dims = tuple(int(d) for d in dims)
+    if not dims or any(not 0 <= d < model.cfg.d_model for d in dims):
+        raise ValueError(f"dims must be one or more indices in [0, {model.cfg.d_model}), got {dims}")
+    if not 0 <= from_layer < model.cfg.n_layers:
+        raise ValueError(f"from_layer must lie in [0, {model.cfg.n_layers}), got {from_layer}")
+    loss_c, sc = _loss_and_scores(model, batch, batch_size, (), None, progress)
+    loss_r, sr = _loss_and_scores(model, batch, batch_size, dims, from_layer, progress)
+    return MassiveIntervention(dims, from_layer, loss_c, loss_r, sc, sr, batch.bos)

@@ -1,0 +1,167 @@
+"""Sliding-window attention with and without the sink (Xiao et al. 2024,
+"Efficient streaming language models with attention sinks", Sec. 3.2).
+
+Query t may attend to the last `window` keys (t - W, t] plus the first `keep`
+keys 0 .. keep-1 (keep = 0: plain window attention; keep >= 1 keeps the sink).
+The restriction is a hook on every layer's `attn_scores` that sets disallowed
+keys to -inf before the softmax; the model's own causal mask and local/global
+layers still apply. Perplexity is computed over the same scored tokens in
+every setting: the next-token losses of query positions scored_from .. T-2
+(default scored_from = W + max(keep), after the window has filled), from the
+final residual stream unembedded in chunks (no logits held whole).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from sinkmech.hooks import act_name, cached_run
+from sinkmech.loss import resid_token_losses
+from sinkmech.prompts import Bos, TokenBatch, tokenize
+
+
+def window_mask(n_pos: int, window: int, keep: int, device=None) -> Bool[Tensor, "query_pos key_pos"]:
+    """True where query t may attend key k: t - window < k <= t, or k < keep."""
+    t = torch.arange(n_pos, device=device)[:, None]
+    k = torch.arange(n_pos, device=device)[None, :]
+    return (k <= t) & ((k > t - window) | (k < keep))
+
+
+def window_hook(window: int, keep: int) -> Callable:
+    """On `attn_scores`: disallowed keys get -inf (every row keeps its own key)."""
+
+    cache: dict[tuple, Tensor] = {}  # one mask per (length, device), shared by all layers
+
+    def hook(scores: Float[Tensor, "batch head_index query_pos key_pos"], hook):
+        key = (scores.shape[-1], scores.device)
+        if key not in cache:
+            cache[key] = ~window_mask(scores.shape[-1], window, keep, scores.device)
+        return scores.masked_fill(cache[key], float("-inf"))
+
+    return hook
+
+
+def long_text(n_words: int) -> str:
+    """The first `n_words` words of the Python documentation (`pydoc_data.topics`,
+    no download): one long text for streaming and long-context evaluation."""
+    from pydoc_data.topics import topics
+
+    words = re.sub(r"\s+", " ", " ".join(topics[k] for k in sorted(topics))).split(" ")
+    if n_words > len(words):
+        raise ValueError(f"the corpus has {len(words)} words, fewer than {n_words}")
+    return " ".join(words[:n_words])
+
+
+def long_tokens(model: HookedTransformer, n_tokens: int, *, bos: Bos = "prepend", bos_token_id: int | None = None) -> TokenBatch:
+    """One row of exactly `n_tokens` content tokens from `long_text`."""
+    batch = tokenize(model, [long_text(n_tokens)], bos=bos, max_tokens=n_tokens, bos_token_id=bos_token_id)
+    if int(batch.lengths[0]) - batch.offset < n_tokens:
+        raise ValueError(f"the text gave fewer than {n_tokens} tokens")
+    return batch
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """Perplexity under full attention and under each sliding-window setting."""
+
+    model: str
+    window: int
+    n_tokens: int  # positions of the sequence, <bos> included
+    scored_from: int
+    n_scored: int
+    full_ppl: float
+    keep: tuple[int, ...]
+    ppl: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "window": self.window,
+            "n_tokens": self.n_tokens,
+            "scored_from": self.scored_from,
+            "full_ppl": self.full_ppl,
+            "results": [{"keep": k, "ppl": p} for k, p in zip(self.keep, self.ppl)],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def to_dataframe(self):
+        """Long format: one row per setting (keep = None: full attention)."""
+        import pandas as pd
+
+        rows = [{"keep": None, "window": None, "ppl": self.full_ppl}]
+        rows += [{"keep": k, "window": self.window, "ppl": p} for k, p in zip(self.keep, self.ppl)]
+        return pd.DataFrame(rows)
+
+
+def _ppl(model: HookedTransformer, tokens: Tensor, mask: Tensor, hooks) -> float:
+    L = model.cfg.n_layers
+    name = act_name("resid_post", L - 1)
+    _, cache = cached_run(model, tokens, [name], fwd_hooks=hooks, stop_at_layer=L)
+    total, n = resid_token_losses(model, cache[name], tokens, mask)
+    return math.exp(total / n)
+
+
+def stream_perplexity(
+    model: HookedTransformer,
+    batch: TokenBatch,
+    *,
+    window: int,
+    keep: Sequence[int] = (0, 1, 4),
+    scored_from: int | None = None,
+    progress: bool = True,
+) -> StreamResult:
+    """Perplexity of one long sequence under sliding-window attention, keeping
+    the first `keep` keys or not, and under full attention.
+
+    Args:
+        model: any HookedTransformer.
+        batch: a TokenBatch of exactly one sequence (e.g. `long_tokens`).
+        window: keys (t - window, t] visible to query t.
+        keep: numbers of leading keys kept visible (0 = none), one run each.
+        scored_from: first query position whose next-token loss counts
+            (default window + max(keep)); the same tokens in every setting.
+
+    Returns:
+        StreamResult (`to_dict()` is the `sinkmech stream --json` contract).
+    """
+    if len(batch) != 1:
+        raise ValueError(f"stream_perplexity runs one sequence; the batch holds {len(batch)}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    keep = tuple(int(k) for k in keep)
+    if not keep or any(k < 0 for k in keep):
+        raise ValueError(f"keep needs one or more counts >= 0, got {keep}")
+    T = int(batch.lengths[0])
+    if scored_from is None:
+        scored_from = window + max(keep)
+    if not max(batch.offset, 0) <= scored_from < T - 1:
+        raise ValueError(
+            f"scored_from={scored_from} leaves no token to score in a sequence of {T} positions: "
+            "use a longer text or a smaller window"
+        )
+    tokens = batch.tokens[:, :T]
+    pos = torch.arange(T, device=tokens.device)
+    mask = ((pos >= scored_from) & (pos < T - 1))[None, :]
+    L = model.cfg.n_layers
+    full = _ppl(model, tokens, mask, [])
+    ppls = []
+    for k in tqdm(keep, desc=f"stream (window={window})", disable=not progress, unit="setting"):
+        hook = window_hook(window, k)
+        hooks = [(act_name("attn_scores", l), hook) for l in range(L)]
+        ppls.append(_ppl(model, tokens, mask, hooks))
+    return StreamResult(
+        model=model.cfg.model_name, window=window, n_tokens=T, scored_from=scored_from,
+        n_scored=int(mask.sum()), full_ppl=full, keep=keep, ppl=tuple(ppls),
+    )

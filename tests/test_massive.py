@@ -1,0 +1,86 @@
+"""Massive-activation dimensions: vectorised stats equal a per-dimension loop; a planted dim is found."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from jaxtyping import TypeCheckError
+
+from sinkmech.hooks import act_name, residual_stack
+from sinkmech.loss import content_loss
+from sinkmech.massive import massive_dims, reset_massive_dims
+from sinkmech.prompts import tokenize
+from sinkmech.sinks import sink_scores_from_tokens
+from tests.conftest import TINY_BOS
+
+
+@pytest.fixture(scope="module")
+def ragged(tiny_model, tiny_tokens):
+    rows = [tiny_tokens[i, : 12 - i].tolist() for i in range(len(tiny_tokens))]
+    return tokenize(tiny_model, rows, bos="prepend", max_tokens=12, bos_token_id=TINY_BOS)
+
+
+def test_massive_dims_equal_per_dimension_loop(tiny_model, ragged):
+    res = massive_dims(tiny_model, ragged, top_k=3, threshold=1.0, batch_size=4, progress=False)
+    stack = residual_stack(tiny_model, ragged.tokens)  # [batch, resid_layer, pos, d_model]
+    P, R, _, D = stack.shape
+    for r in range(R):
+        for d in range(D):
+            first = sum(abs(float(stack[p, r, 0, d])) for p in range(P)) / P
+            med = 0.0
+            for p in range(P):
+                vals = sorted(abs(float(stack[p, r, t, d])) for t in range(1, int(ragged.lengths[p])))
+                med += vals[(len(vals) - 1) // 2]  # the lower middle value, as torch.median
+            assert abs(float(res.first_abs[r, d]) - first) < 1e-4
+            assert abs(float(res.median_abs[r, d]) - med / P) < 1e-4
+        n0 = sum(float(stack[p, r, 0].norm()) for p in range(P))
+        nr = sum(float(stack[p, r, 1 : int(ragged.lengths[p])].norm(dim=-1).mean()) for p in range(P))
+        assert abs(float(res.norm_ratio[r]) - n0 / nr) < 1e-4
+
+
+def test_planted_massive_dim_is_found(tiny_model, ragged):
+    """A huge value written into dim 5 of position 0 from resid_pre 1 on: exactly dim 5, onset at layer 1."""
+
+    def plant(resid, hook):
+        out = resid.clone()
+        out[:, 0, 5] += 500.0
+        return out
+
+    with tiny_model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
+        res = massive_dims(tiny_model, ragged, top_k=1, threshold=10.0, progress=False)
+    assert res.onset_layer == 1
+    assert res.massive_dims == (5,)
+    assert int(res.top_dims[2, 0]) == 5  # carried forward by the residual stream
+    assert res.to_dict()["massive_dims"] == [5]
+
+
+def test_reset_undoes_a_planted_dim(tiny_model, ragged):
+    def plant(resid, hook):
+        out = resid.clone()
+        out[:, 0, 5] += 500.0
+        return out
+
+    clean = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, progress=False)
+    # the clean arm equals sinks.py and loss.py
+    ss = sink_scores_from_tokens(tiny_model, ragged, progress=False)
+    assert torch.allclose(clean.scores_clean, ss.scores, atol=1e-5)
+    assert abs(clean.loss_clean - content_loss(tiny_model, ragged)) < 1e-5
+    assert clean.loss_reset != clean.loss_clean
+    with tiny_model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
+        planted = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, progress=False)
+    # the plant runs before the reset hook at resid_pre 1, so resetting removes it exactly
+    assert abs(planted.loss_reset - clean.loss_reset) < 1e-4
+    assert torch.allclose(planted.scores_reset, clean.scores_reset, atol=1e-5)
+    assert abs(planted.loss_clean - clean.loss_clean) > 1e-3
+
+
+def test_massive_bad_input(tiny_model, ragged):
+    with pytest.raises((ValueError, TypeCheckError), match="dims"):
+        reset_massive_dims(tiny_model, ragged, dims=[999], from_layer=0)
+    with pytest.raises(ValueError, match="from_layer"):
+        reset_massive_dims(tiny_model, ragged, dims=[1], from_layer=2)
+    with pytest.raises(ValueError, match="top_k"):
+        massive_dims(tiny_model, ragged, top_k=0)
+    one = tokenize(tiny_model, [[3]], bos="none")
+    with pytest.raises(ValueError, match="at least 2"):
+        massive_dims(tiny_model, one)
