@@ -74,13 +74,15 @@ def load_prompts(source: PromptSource = None) -> list[str] | list[list[int]]:
         if source.ndim != 2 or source.dtype.is_floating_point:
             raise ValueError(f"a token tensor must be integer [batch, pos], got {tuple(source.shape)} {source.dtype}")
         return [row.tolist() for row in source]
-    if isinstance(source, os.PathLike):
-        return _read_prompt_file(Path(source))
-    if isinstance(source, str):
-        if Path(source).suffix in (".txt", ".jsonl") or Path(source).is_file():
-            return _read_prompt_file(Path(source))
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if isinstance(source, os.PathLike) or path.exists() or path.suffix.lower() in PROMPT_SUFFIXES:
+            return _read_prompt_file(path)
+        if "\n" not in source and len(source) < 256 and ("/" in source or "." in source or " " not in source):
+            raise FileNotFoundError(f"prompt file not found: {source}")
         raise ValueError(
-            "a single string is ambiguous: pass a list of prompts, or a path ending in .txt or .jsonl"
+            "a single string is ambiguous: pass a list of prompts, or the path of a prompt file "
+            f"({', '.join(PROMPT_SUFFIXES)})"
         )
     prompts = list(source)
     if not prompts:
@@ -92,27 +94,74 @@ def load_prompts(source: PromptSource = None) -> list[str] | list[list[int]]:
     raise ValueError("prompts must all be strings or all be lists of token ids")
 
 
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PROMPT_SUFFIXES = (".txt", ".json", *JSONL_SUFFIXES)
+
+
 def _read_prompt_file(path: Path) -> list[str]:
+    """One prompt per line (.txt and any other suffix), one JSON object with a
+    `text` field per line (.jsonl / .ndjson, any case), or a JSON list of
+    strings or of such objects (.json)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"prompt file {path} is a directory; give a file")
     if not path.exists():
         raise FileNotFoundError(f"prompt file not found: {path}")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if path.suffix == ".jsonl":
-        prompts = []
-        for i, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{path}:{i}: each JSONL line needs a string field 'text'")
-            prompts.append(row["text"])
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+    if "\x00" in text:
+        raise ValueError(f"prompt file {path} is binary (NUL byte at offset {text.index(chr(0))}), not text")
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        prompts = _json_prompts(path, text)
+    elif suffix in JSONL_SUFFIXES:
+        prompts = [_text_field(path, i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     else:
-        prompts = [line for line in lines if line.strip()]
+        prompts = [line for line in text.splitlines() if line.strip()]
+        if prompts and all(_looks_like_json_object(p) for p in prompts):
+            raise ValueError(
+                f"{path} looks like JSON lines but is read as plain text (one prompt per line, braces included); "
+                "name it .jsonl to read its 'text' fields"
+            )
     if not prompts:
         raise ValueError(f"prompt file {path} holds no prompts")
     return prompts
+
+
+def _looks_like_json_object(line: str) -> bool:
+    line = line.strip()
+    if not (line.startswith("{") and line.endswith("}")):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _text_field(path: Path, where, row) -> str:
+    if isinstance(row, str) and where is not None and not isinstance(where, str):
+        try:
+            row = json.loads(row)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{where}: not valid JSON ({e.msg})") from e
+    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        raise ValueError(f"{path}:{where}: each JSONL line needs a string field 'text'")
+    return row["text"]
+
+
+def _json_prompts(path: Path, text: str) -> list[str]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        lines = [l for l in text.splitlines() if l.strip()]
+        if len(lines) > 1 and all(_looks_like_json_object(l) for l in lines):
+            return [_text_field(path, i, l) for i, l in enumerate(text.splitlines(), 1) if l.strip()]
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from e
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a .json prompt file holds a list of strings or of objects with 'text'")
+    return [p if isinstance(p, str) else _text_field(path, f"item {i}", p) for i, p in enumerate(data)]
 
 
 @dataclass(frozen=True)
@@ -159,6 +208,7 @@ def tokenize(
     max_tokens: int = 64,
     bos_token_id: int | None = None,
     pad_token_id: int | None = None,
+    min_tokens: int = 2,
 ) -> TokenBatch:
     """Cut each prompt to `max_tokens` content tokens, then prepend `<bos>` or not.
 
@@ -166,7 +216,9 @@ def tokenize(
         model: a HookedTransformer (its tokenizer is used for strings).
         prompts: see `load_prompts`.
         bos: "prepend" or "none"; never taken from the model's defaults.
-        max_tokens: content tokens kept per prompt.
+        max_tokens: content tokens kept per prompt (shorter prompts keep
+            their own length: see `TokenBatch.lengths`).
+        min_tokens: fewer content tokens than this is an error.
         bos_token_id: overrides the tokenizer's `<bos>` id.
     """
     from sinkmech.models import bos_token_id as model_bos
@@ -186,8 +238,12 @@ def tokenize(
             ids = model.tokenizer(p, add_special_tokens=False)["input_ids"]
         else:
             ids = list(p)
-        if not ids:
-            raise ValueError(f"prompt {i} has no tokens")
+        if len(ids) < min_tokens:
+            preview = p[:40] if isinstance(p, str) else p[:8]
+            raise ValueError(
+                f"prompt {i} ({preview!r}) has {len(ids)} content token(s); at least {min_tokens} are needed "
+                "(a one-token prompt attends only to itself and scores 1 on every head)"
+            )
         content.append(ids[:max_tokens])
     if bos == "prepend":
         bos_id = bos_token_id if bos_token_id is not None else model_bos(model)

@@ -157,7 +157,7 @@ def representational_collapse(
     out = []
     for n in lengths:
         seqs = [[token] * n, [token] * (n + 1)]
-        batch = tokenize(model, seqs, bos=bos, max_tokens=n + 1, bos_token_id=bos_token_id)
+        batch = tokenize(model, seqs, bos=bos, max_tokens=n + 1, bos_token_id=bos_token_id, min_tokens=1)
         h = residual_stack(model, batch.tokens)
         last = batch.lengths - 1
         out.append((h[0, :, last[0]] - h[1, :, last[1]]).norm(dim=-1).float().cpu())
