@@ -14,6 +14,8 @@ token strings inert: the props JSON is inlined in a `<script>`, so `<`, `>`
 and `&` in it become `\\u003c`-style escapes; and circuitsvis' ColoredTokens
 writes each token with `innerHTML`, so its tokens are HTML-escaped before
 being handed over (AttentionHeads draws tokens as canvas text: they go raw).
+
+The patterns come from `sinkmech.attention.head_attention`; nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from torch import Tensor
 
 from sinkmech.attention import HeadAttention, HeadSpec
 from sinkmech.files import write_text
-from sinkmech.prompts import CONDITION_LABELS, TokenStr  # noqa: F401  (TokenStr: kept for callers)
+from sinkmech.prompts import CONDITION_LABELS
 
 FIRST_COLOR = "#1f5fbf"  # attention on the first token (dormant)
 ACTIVE_COLOR = "#c0392b"  # 1 - first-token attention (active)
