@@ -14,6 +14,8 @@ token strings inert: the props JSON is inlined in a `<script>`, so `<`, `>`
 and `&` in it become `\\u003c`-style escapes; and circuitsvis' ColoredTokens
 writes each token with `innerHTML`, so its tokens are HTML-escaped before
 being handed over (AttentionHeads draws tokens as canvas text: they go raw).
+
+The patterns come from `sinkmech.attention.head_attention`; nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -24,21 +26,16 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
-import torch
 from circuitsvis.attention import attention_heads
 from circuitsvis.tokens import colored_tokens
-from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
-from sinkmech.hooks import act_name, check_head, parse_head, run
-from sinkmech.prompts import tokenize
-
-HeadSpec = tuple[int, int] | str
-TokenStr = Callable[[int], str]
+from sinkmech.attention import HeadAttention, HeadSpec
+from sinkmech.files import write_text
+from sinkmech.prompts import CONDITION_LABELS
 
 FIRST_COLOR = "#1f5fbf"  # attention on the first token (dormant)
 ACTIVE_COLOR = "#c0392b"  # 1 - first-token attention (active)
@@ -151,126 +148,13 @@ def mount(views: Sequence[View]) -> tuple[list[str], str]:
 
 def write_page(path: str | Path, title: str, views: Sequence[View]) -> Path:
     """Write `views` as one self-contained HTML page."""
-    path = Path(path)
     bodies, script = mount(views)
     page = (
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>\n'
         f'<body style="font-family:sans-serif;max-width:1400px;margin:auto">\n'
         + "\n".join(bodies) + "\n" + script + "</body></html>\n"
     )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8")
-    except OSError as e:
-        raise OSError(f"cannot write {path}: {e.strerror or e}") from e
-    return path
-
-
-# --- attention of chosen heads on one prompt ----------------------------------
-
-
-@dataclass(frozen=True)
-class HeadAttention:
-    """Attention patterns of chosen heads on one prompt, with and without `<bos>`.
-
-    `without_bos[:, i, j]` and `with_bos[:, i + 1, j + 1]` concern the same
-    content tokens i, j.
-    """
-
-    heads: tuple[tuple[int, int], ...]
-    with_bos: Float[Tensor, "head query_pos key_pos"]
-    without_bos: Float[Tensor, "head content_query content_key"]
-    tokens_with_bos: tuple[str, ...]
-    tokens_without_bos: tuple[str, ...]
-
-    def head_names(self) -> list[str]:
-        return [f"L{l}.H{h}" for l, h in self.heads]
-
-    def first_token(self, bos: Literal["prepend", "none"]) -> Float[Tensor, "head pos"]:
-        """Attention each query puts on position 0 (`<bos>`, or the first content token)."""
-        if bos not in ("prepend", "none"):
-            raise ValueError(f"bos must be 'prepend' or 'none', got {bos!r}")
-        return (self.with_bos if bos == "prepend" else self.without_bos)[:, :, 0]
-
-    def index(self, head: HeadSpec) -> int:
-        key = parse_head(head) if isinstance(head, str) else tuple(head)
-        if key not in self.heads:
-            raise ValueError(f"head L{key[0]}.H{key[1]} was not computed; have {self.head_names()}")
-        return self.heads.index(key)
-
-    def to_dataframe(self):
-        """Long format: one row per (bos, head, query, key) with key <= query."""
-        import pandas as pd
-
-        rows = []
-        for bos, pat in (("prepend", self.with_bos), ("none", self.without_bos)):
-            q, k = torch.tril_indices(pat.shape[1], pat.shape[2])
-            for i, (l, h) in enumerate(self.heads):
-                rows.append(pd.DataFrame({"bos": bos, "layer": l, "head": h, "query": q.numpy(),
-                                          "key": k.numpy(), "attention": pat[i, q, k].numpy()}))
-        return pd.concat(rows, ignore_index=True)
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "heads": self.head_names(),
-            "tokens_with_bos": list(self.tokens_with_bos),
-            "tokens_without_bos": list(self.tokens_without_bos),
-            "first_token_with_bos": self.first_token("prepend").tolist(),
-            "first_token_without_bos": self.first_token("none").tolist(),
-        })
-
-
-def default_token_str(model: HookedTransformer) -> TokenStr:
-    """Token id -> display string: the tokenizer's, or `[id]` without one."""
-    tok = model.tokenizer
-    if tok is None:
-        return lambda i: f"[{i}]"
-    return lambda i: tok.decode([i])
-
-
-def head_attention(
-    model: HookedTransformer,
-    prompt: str | Sequence[int],
-    heads: Sequence[HeadSpec],
-    *,
-    max_tokens: int = 32,
-    bos_token_id: int | None = None,
-    token_str: TokenStr | None = None,
-) -> HeadAttention:
-    """Attention patterns of `heads` on `prompt`, with and without `<bos>`.
-
-    Args:
-        model: any HookedTransformer.
-        prompt: a string, or a list of token ids (models without tokenizer).
-        heads: "L.H" strings or (layer, head) pairs.
-        max_tokens: content tokens kept.
-        bos_token_id: `<bos>` id for models whose tokenizer lacks one.
-        token_str: token id -> display string (default: the tokenizer's).
-
-    Returns:
-        HeadAttention with [head, query_pos, key_pos] patterns.
-    """
-    if not heads:
-        raise ValueError("no heads given: pass at least one 'L.H' head")
-    parsed = []
-    for h in heads:
-        l, hd = parse_head(h) if isinstance(h, str) else (int(h[0]), int(h[1]))
-        check_head(model, l, hd)
-        parsed.append((l, hd))
-    token_str = token_str or default_token_str(model)
-    patterns, labels = {}, {}
-    for bos in ("prepend", "none"):
-        batch = tokenize(model, [prompt], bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
-        found: dict[int, Tensor] = {}
-
-        def keep(pattern, hook):
-            found[hook.layer()] = pattern[0].detach().clone().float().cpu()
-
-        layers = sorted({l for l, _ in parsed})
-        run(model, batch.tokens, [(act_name("pattern", l), keep) for l in layers], stop_at_layer=max(layers) + 1)
-        patterns[bos] = torch.stack([found[l][h] for l, h in parsed])
-        labels[bos] = tuple(token_str(int(t)) for t in batch.tokens[0].tolist())
-    return HeadAttention(tuple(parsed), patterns["prepend"], patterns["none"], labels["prepend"], labels["none"])
+    return write_text(path, page)
 
 
 # --- views -------------------------------------------------------------------
@@ -296,8 +180,8 @@ def attention_view(att: HeadAttention) -> View:
             caption,
         )
         for pat, toks, caption in (
-            (att.with_bos, att.tokens_with_bos, "with <bos>"),
-            (att.without_bos, att.tokens_without_bos, "without <bos>"),
+            (att.with_bos, att.tokens_with_bos, CONDITION_LABELS["prepend"]),
+            (att.without_bos, att.tokens_without_bos, CONDITION_LABELS["none"]),
         )
     )
     return View(f"Attention patterns: {', '.join(names)}", (row,),
@@ -311,8 +195,8 @@ def first_token_view(att: HeadAttention) -> View:
         rows.append(tuple(
             _panel(colored_tokens(safe_tokens(toks), _values(att.first_token(bos)[i]), min_value=0.0,
                                   max_value=1.0, positive_color=FIRST_COLOR), f"{name} {label}")
-            for bos, toks, label in (("prepend", att.tokens_with_bos, "with <bos>"),
-                                     ("none", att.tokens_without_bos, "without <bos>"))
+            for bos, toks, label in (("prepend", att.tokens_with_bos, CONDITION_LABELS["prepend"]),
+                                     ("none", att.tokens_without_bos, CONDITION_LABELS["none"]))
         ))
     return View("Attention on the first token, per query", tuple(rows),
                 note="Darker blue = the query puts more attention on position 0 (the sink).")

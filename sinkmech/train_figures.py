@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
-import matplotlib
+from sinkmech.figures import plt, save
+from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from sinkmech.figures import save  # noqa: E402
-
-COND_STYLE = {"prepend": ("with <bos>", "tab:blue"), "none": ("without <bos>", "tab:orange")}
+COLORS = {"prepend": "tab:blue", "none": "tab:orange"}
+COND_STYLE = {c: (CONDITION_LABELS[c], COLORS[c]) for c in CONDITIONS}
 
 
 def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title: str = "") -> Path:

@@ -8,7 +8,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from sinkmech import figures, figures_heads
+from sinkmech import figures
 
 DPI = 200  # figures.save writes at 200 dpi
 PAGE_W, COLUMN_W = 7.5, 3.9  # inches a figure may take: a page, a column (with margin)
@@ -48,19 +48,19 @@ def test_spread_heatmaps(tmp_path):
 
 def test_head_norm_bars(tmp_path):
     values = {"first token": [0.2, 0.3, 0.5], "other tokens": [3.0, 2.5, 4.0]}
-    check_files(lambda p: figures_heads.head_norm_bars(HEADS, values, p), tmp_path, "value_bars", COLUMN_W)
+    check_files(lambda p: figures.head_norm_bars(HEADS, values, p), tmp_path, "value_bars", COLUMN_W)
     outputs = {"dormant": [0.1, 0.2, 0.3], "active": [1.0, 2.0, 3.0]}
-    check_files(lambda p: figures_heads.head_norm_bars(HEADS, values, p, output_norms=outputs), tmp_path, "both_bars", PAGE_W)
+    check_files(lambda p: figures.head_norm_bars(HEADS, values, p, output_norms=outputs), tmp_path, "both_bars", PAGE_W)
 
 
 def test_band_heatmaps(tmp_path):
     q, k = rng.random((3, 32)), 5 * rng.random((3, 32))
-    check_files(lambda p: figures_heads.band_heatmaps(q, k, p, heads=HEADS), tmp_path, "bands", PAGE_W)
+    check_files(lambda p: figures.band_heatmaps(q, k, p, heads=HEADS), tmp_path, "bands", PAGE_W)
 
 
 def test_patching_heatmaps(tmp_path):
     panels = {"prepend": rng.normal(size=(30, 9)), "none": rng.normal(size=(30, 9))}
-    check_files(lambda p: figures_heads.patching_heatmaps(panels, p), tmp_path, "patching", PAGE_W)
+    check_files(lambda p: figures.patching_heatmaps(panels, p), tmp_path, "patching", PAGE_W)
 
 
 def test_spread_log_scale_keeps_the_untouched_positions_at_the_floor(tmp_path):
@@ -81,14 +81,14 @@ def test_spread_log_scale_keeps_the_untouched_positions_at_the_floor(tmp_path):
         (lambda p: figures.spread_heatmaps({}, p), "empty"),
         (lambda p: figures.spread_heatmaps({"prepend": np.ones(5)}, p), r"\[layer, pos\]"),
         (lambda p: figures.spread_heatmaps({"prepend": -np.ones((2, 2))}, p), "negative"),
-        (lambda p: figures_heads.head_norm_bars([], {"a": []}, p), "no heads"),
-        (lambda p: figures_heads.head_norm_bars(HEADS, {}, p), "empty"),
-        (lambda p: figures_heads.head_norm_bars(HEADS, {"a": [1.0, 2.0]}, p), "2 values for 3 heads"),
-        (lambda p: figures_heads.head_norm_bars(HEADS, {"a": [0.0, 1.0, 2.0]}, p), "log scale"),
-        (lambda p: figures_heads.band_heatmaps(np.ones((3, 4)), np.ones((3, 5)), p, heads=HEADS), "differ in shape"),
-        (lambda p: figures_heads.band_heatmaps(np.ones((2, 4)), np.ones((2, 4)), p, heads=HEADS), "2 rows for 3 head"),
-        (lambda p: figures_heads.patching_heatmaps({}, p), "empty"),
-        (lambda p: figures_heads.patching_heatmaps({"prepend": np.ones((0, 9))}, p), "non-empty 2-D"),
+        (lambda p: figures.head_norm_bars([], {"a": []}, p), "no heads"),
+        (lambda p: figures.head_norm_bars(HEADS, {}, p), "empty"),
+        (lambda p: figures.head_norm_bars(HEADS, {"a": [1.0, 2.0]}, p), "2 values for 3 heads"),
+        (lambda p: figures.head_norm_bars(HEADS, {"a": [0.0, 1.0, 2.0]}, p), "log scale"),
+        (lambda p: figures.band_heatmaps(np.ones((3, 4)), np.ones((3, 5)), p, heads=HEADS), "differ in shape"),
+        (lambda p: figures.band_heatmaps(np.ones((2, 4)), np.ones((2, 4)), p, heads=HEADS), "2 rows for 3 head"),
+        (lambda p: figures.patching_heatmaps({}, p), "empty"),
+        (lambda p: figures.patching_heatmaps({"prepend": np.ones((0, 9))}, p), "non-empty 2-D"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, call, message):
@@ -103,4 +103,14 @@ def test_unwritable_folder_and_wrong_suffix_are_clear_errors(tmp_path):
     with pytest.raises(OSError, match="cannot write figure"):
         figures.sink_rate_lines({"prepend": [50.0, 60.0]}, blocker / "sub" / "rate.png", eps=0.3)
     with pytest.raises(ValueError, match=".png, .svg or .pdf"):
-        figures_heads.patching_heatmaps({"prepend": np.ones((2, 2))}, tmp_path / "x.jpg")
+        figures.patching_heatmaps({"prepend": np.ones((2, 2))}, tmp_path / "x.jpg")
+
+
+def test_shared_colour_scale_and_heatmap_grid():
+    panels = [("a", np.array([[0.5, np.nan], [2.0, 1.0]])), ("b", np.array([[-1.0, 3.0]]))]
+    assert figures.shared_limits(panels) == {"vmin": 0.0, "vmax": 3.0}
+    assert figures.shared_limits(panels, signed=True) == {"vmin": -1.0, "vmax": 3.0}
+    assert figures.shared_limits([("z", np.zeros((2, 2)))]) == {"vmin": 0.0, "vmax": 1e-12}
+    assert figures.heatmap_grid(np.arange(3.0)).shape == (3, 1)
+    np.testing.assert_allclose(figures.heatmap_grid(np.arange(8.0).reshape(2, 2, 2)), [[0.5, 2.5], [4.5, 6.5]])
+    assert figures.heatmap_grid(np.ones((2, 5))).shape == (2, 5)

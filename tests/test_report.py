@@ -14,6 +14,7 @@ from circuitsvis.tokens import colored_tokens
 from browser import Dom, dump_dom, screenshot
 from conftest import TINY_BOS
 from sinkmech import cli, figures, render, report
+from sinkmech.attention import head_attention
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.noop import noop_check
@@ -167,7 +168,7 @@ def test_checks_would_catch_raw_circuitsvis_output(tmp_path):
 
 def test_custom_sections_join_the_page(tiny_model, prompts, tmp_path):
     def extra(ctx: report.ReportContext) -> report.Section:
-        att = render.head_attention(ctx.model, ctx.prompt_list()[0], ["1.3"], max_tokens=8, bos_token_id=TINY_BOS)
+        att = head_attention(ctx.model, ctx.prompt_list()[0], ["1.3"], max_tokens=8, bos_token_id=TINY_BOS)
         figs = ctx.figure("extra", lambda p: figures.layer_lines({"a": [1.0, 2.0]}, p, title="t", ylabel="y"))
         body = "<p>extra body</p>" + report.figure_html(figs, "a line")
         return report.Section("extra", "Extra", body, tuple(figs), {"answer": 42},
@@ -188,8 +189,8 @@ def test_bad_settings_and_folders_are_clear_errors(tiny_model, tmp_path, capsys)
         report.build_report(tiny_model, blocker / "out", bos_token_id=TINY_BOS)
     with pytest.raises(ValueError, match="unknown report settings"):
         report.build_report(tiny_model, tmp_path / "r", n_prompt=3)
-    # The CLI says so before loading any model.
-    assert cli.main(["report", "--model", "no-such-model", "--out", str(blocker / "out")]) == 2
+    # The CLI says so before loading any model (a runtime error: exit 1).
+    assert cli.main(["report", "--model", "no-such-model", "--out", str(blocker / "out")]) == 1
     assert "cannot create the report folder" in capsys.readouterr().err
 
 

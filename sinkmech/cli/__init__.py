@@ -1,4 +1,6 @@
-"""The `sinkmech` command line: one module per subcommand."""
+"""The `sinkmech` command line: common flags and errors in `common`, one module
+per subcommand, `main` to parse and run (exit 0; 2 on a usage error, 1 on a
+runtime error; see `sinkmech.cli.main`)."""
 
 from sinkmech.cli.main import build_parser, main
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 
-from sinkmech.cli.main import _add_common, _write_json
+from sinkmech import models
+from sinkmech.cli.common import UsageError, add_common, write_json
+from sinkmech.dormant.noop import noop_check
+from sinkmech.dormant.scan import scan_heads
+from sinkmech.figures import heatmap_panels, save
+from sinkmech.hooks import parse_head
+from sinkmech.prompts import load_prompts
 
 
 def add_heads_parser(sub) -> None:
     p = sub.add_parser("heads", help="dormant (if-else) head detector: profiles, triggers, labels, no-op check")
-    _add_common(p)
+    add_common(p)
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend")
     p.add_argument("--top", type=int, default=20, help="rows of the if-else table")
     p.add_argument("--head", default=None, help="print one head's full profile, e.g. 20.4")
@@ -84,15 +90,9 @@ def print_noop(check) -> None:
 
 
 def cmd_heads(args) -> None:
-    from sinkmech.dormant.scan import scan_heads
-    from sinkmech.hooks import parse_head
-    from sinkmech.models import load_model
-    from sinkmech.dormant.noop import noop_check
-    from sinkmech.prompts import load_prompts
-
     if args.top < 1 or args.noop < 0 or args.noop_prompts < 1:
-        raise ValueError("--top and --noop-prompts must be >= 1, --noop >= 0")
-    model = load_model(args.model)
+        raise UsageError("--top and --noop-prompts must be >= 1, --noop >= 0")
+    model = models.load_model(args.model)
     target = parse_head(args.head, model) if args.head else None
     prompts = load_prompts(args.prompts)
     scan = scan_heads(model, prompts, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
@@ -113,10 +113,8 @@ def cmd_heads(args) -> None:
         if target:
             payload["profile"] = scan.profile(*target)
         payload["noop"] = json.loads(check.to_json()) if check is not None else None
-        _write_json(args.json, payload)
+        write_json(args.json, payload)
     if args.png:
-        from sinkmech.figures import heatmap_panels, save
-
         fig = heatmap_panels(
             [("dormant fraction", scan.dormant_fraction.numpy()), ("active fraction", scan.active_fraction.numpy()),
              ("if-else score", scan.if_else_score.numpy())],

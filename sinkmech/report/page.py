@@ -7,167 +7,26 @@ figures by relative path and inlines the circuitsvis bundle once, so the
 folder works offline wherever it is copied. Definitions: sink score and sink
 rate of Gu et al. 2025 as used by Barbero et al. 2025 (see sinkmech.sinks).
 
-The sections themselves live in `sinkmech.report.sections` (which imports
-this module); `SECTIONS`, the default list, is loaded from there on first use.
-To add a section, write `def my_section(ctx: ReportContext) -> Section` and
-pass `sections=[*SECTIONS, my_section]` to `build_report`.
+`SECTIONS` (sinkmech.report.sections) is the default list. To add a section,
+write `def my_section(ctx: ReportContext) -> Section` and pass
+`sections=[*SECTIONS, my_section]` to `build_report`.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-import torch
 from transformer_lens import HookedTransformer
 
-from sinkmech import figures, render
-from sinkmech.prompts import PromptSource, default_corpus, load_prompts
-from sinkmech.sinks import SinkScores, sink_scores
-
-CONDITIONS = ("prepend", "none")
-EPS = (0.3, 0.8)
-
-
-@dataclass
-class ReportContext:
-    """What every section sees: the model, the settings, the output folder, and
-    results shared between sections (computed once, on first use)."""
-
-    model: HookedTransformer
-    out: Path
-    prompts: PromptSource = None
-    n_prompts: int = 170
-    max_tokens: int = 64
-    batch_size: int = 16
-    bos_token_id: int | None = None
-    token_str: render.TokenStr | None = None
-    n_heads: int = 3
-    view_tokens: int = 32
-    view_prompts: int = 3
-    # the intervention and dormant-head sections run on the first prompts, each
-    # count capped by n_prompts and each length by max_tokens
-    spread_prompts: int = 8  # token swaps, with and without <bos>
-    scan_prompts: int = 64  # dormant-head scan
-    noop_prompts: int = 8  # no-op check of the top candidates
-    ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
-    ablation_tokens: int = 16
-    progress: bool = True
-    cache: dict = field(default_factory=dict)
-
-    def prompt_list(self) -> list:
-        if "prompts" not in self.cache:
-            items = default_corpus(self.n_prompts) if self.prompts is None else load_prompts(self.prompts)[: self.n_prompts]
-            self.cache["prompts"] = items
-        return self.cache["prompts"]
-
-    def first(self, n: int) -> list:
-        """The first n prompts (at most n_prompts)."""
-        return self.prompt_list()[: max(1, min(n, self.n_prompts))]
-
-    def token_text(self, token_id: int) -> str:
-        """Display string of a token id (raw: escape it before it goes into HTML)."""
-        if "token_str" not in self.cache:
-            self.cache["token_str"] = self.token_str or render.default_token_str(self.model)
-        return self.cache["token_str"](int(token_id))
-
-    def sinks(self) -> dict[str, SinkScores]:
-        """Sink scores with and without `<bos>` (computed once)."""
-        if "sinks" not in self.cache:
-            self.cache["sinks"] = {
-                bos: sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
-                                 batch_size=self.batch_size, bos_token_id=self.bos_token_id, progress=self.progress)
-                for bos in CONDITIONS
-            }
-        return self.cache["sinks"]
-
-    def chosen_heads(self) -> dict[str, list[tuple[int, int]]]:
-        """Heads to show up close, by alpha_0 with `<bos>`: the strongest sinks, the
-        least sink-like, and the most prompt-dependent (largest std of alpha_0
-        across prompts, among the rest: candidates for dormant/active switching)."""
-        if "chosen" not in self.cache:
-            scores = self.sinks()["prepend"].scores.flatten(1)  # [prompt, layer*head]
-            n_heads, k = self.model.cfg.n_heads, min(self.n_heads, scores.shape[1])
-            order = scores.mean(0).argsort(descending=True).tolist()
-            top, least = order[:k], order[::-1][:k]
-            spread = scores.std(0).nan_to_num(0.0) if scores.shape[0] > 1 else torch.zeros(scores.shape[1])
-            rest = [i for i in spread.argsort(descending=True).tolist() if i not in top + least]
-
-            def as_heads(idx: list[int]) -> list[tuple[int, int]]:
-                return [(i // n_heads, i % n_heads) for i in idx]
-
-            self.cache["chosen"] = {"top sink heads": as_heads(top), "least sink-like heads": as_heads(least),
-                                    "most prompt-dependent heads": as_heads(rest[:k])}
-        return self.cache["chosen"]
-
-    def figure(self, name: str, draw: Callable[[Path], Path]) -> list[str]:
-        """Draw a figure as PNG and SVG under out/figures; returns the relative paths."""
-        paths = []
-        for suffix in (".png", ".svg"):
-            draw(self.out / "figures" / f"{name}{suffix}")
-            paths.append(f"figures/{name}{suffix}")
-        return paths
-
-
-SETTINGS = ("n_prompts", "max_tokens", "batch_size", "n_heads", "view_tokens", "view_prompts", "spread_prompts",
-            "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens")
-
-
-def __getattr__(name: str):
-    """`report.SECTIONS` and the section functions, loaded lazily from
-    `sinkmech.report.sections` (which imports this module)."""
-    if name == "SECTIONS" or name.endswith("_section"):
-        from sinkmech import report_sections
-
-        return getattr(report_sections, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass(frozen=True)
-class Section:
-    """One block of the report page."""
-
-    key: str  # its key in summary.json
-    title: str
-    html: str = ""  # body HTML; figures referenced by relative path
-    figures: tuple[str, ...] = ()
-    summary: dict = field(default_factory=dict)
-    views: tuple[render.View, ...] = ()
-
-
-def head_label(l: int, h: int) -> str:
-    return f"L{l}.H{h}"
-
-
-def figure_html(paths: Sequence[str], caption: str, out: Path | None = None) -> str:
-    """<figure> for a PNG (and links to every format), by relative path.
-
-    With `out` (the report folder), the image is shown at 130 CSS px per inch
-    of figure, so column-width and page-width figures keep their proportions.
-    """
-    png = next(p for p in paths if p.endswith(".png"))
-    links = " ".join(f'<a href="{html.escape(p)}">{p.rsplit(".", 1)[1].upper()}</a>' for p in paths)
-    width = ""
-    if out is not None and (out / png).is_file():
-        px = struct.unpack(">I", (out / png).read_bytes()[16:20])[0]  # PNG IHDR width
-        width = f' width="{round(px * 130 / 200)}"'
-    return (f'<figure><img src="{html.escape(png)}"{width} alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)} ({links})</figcaption></figure>")
-
-
-def table_html(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    cell = lambda v: f"{v:.3f}" if isinstance(v, float) else html.escape(str(v))  # noqa: E731
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-# --- the page ----------------------------------------------------------------
+from sinkmech import render
+from sinkmech.files import make_dir, write_text
+from sinkmech.report.context import SETTINGS, ReportContext, Section
+from sinkmech.report.sections import SECTIONS
 
 _STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1400px;margin:auto;padding:0 16px;color:#222}
@@ -219,21 +78,16 @@ def build_report(
         Report with the written paths and the summary dict.
     """
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "figures").mkdir(exist_ok=True)
-    except OSError as e:
-        raise OSError(f"cannot create the report folder {out}: {e.strerror or e}") from e
+    make_dir(out, "report folder")
+    make_dir(out / "figures", "report folder")
     unknown = set(settings) - set(ReportContext.__dataclass_fields__) - {"model", "out", "cache"}
     if unknown:
         raise ValueError(f"unknown report settings: {sorted(unknown)}")
     ctx = ReportContext(model=model, out=out, **settings)
     if min(getattr(ctx, k) for k in SETTINGS) < 1:
         raise ValueError(f"report settings must be >= 1: {', '.join(SETTINGS)}")
-    if sections is None:
-        from sinkmech.report.sections import SECTIONS as sections
     done, timing = [], {}
-    sections = list(sections)
+    sections = list(SECTIONS if sections is None else sections)
     for i, make in enumerate(sections, 1):
         if ctx.progress:
             print(f"[{i}/{len(sections)}] {make.__name__} ...", flush=True)
@@ -249,8 +103,8 @@ def build_report(
         "timing_s": timing,
         "sections": {s.key: s.summary for s in done},
     }
-    index = _write(out / "index.html", _page(label, done, summary))
-    summary_json = _write(out / "summary.json", json.dumps(summary, indent=1))
+    index = write_text(out / "index.html", _page(label, done, summary))
+    summary_json = write_text(out / "summary.json", json.dumps(summary, indent=1))
     return Report(index, summary_json, tuple(out / f for s in done for f in s.figures), summary)
 
 
@@ -273,11 +127,3 @@ def _page(label: str, sections: Sequence[Section], summary: dict) -> str:
         parts.append("</section>")
     parts += [script, _IMG_CHECK, "</body></html>\n"]
     return "\n".join(parts)
-
-
-def _write(path: Path, text: str) -> Path:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise OSError(f"cannot write {path}: {e.strerror or e}") from e
-    return path

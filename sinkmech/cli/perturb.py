@@ -1,0 +1,48 @@
+"""`sinkmech perturb`: how far a small input change spreads over layers and later
+positions, with and without `<bos>` (Barbero et al. 2025, Fig. 2)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sinkmech import models
+from sinkmech.cli.common import UsageError, add_intervention_common, prompts_arg, write_json
+from sinkmech.figures import heatmap_panels, save, shared_limits
+from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
+from sinkmech.prompts import CONDITION_LABELS
+
+
+def add_perturb_parser(sub) -> None:
+    p = sub.add_parser("perturb", help="how far a small input change spreads, with and without <bos>")
+    add_intervention_common(p)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--swap", nargs=2, metavar=("ORIGINAL", "REPLACEMENT"), help="swap a token string (same tokenized length)")
+    g.add_argument("--noise", type=float, metavar="SCALE", help="add noise of this relative norm to one input embedding")
+    p.add_argument("--position", type=int, default=None, help="content position (required with --noise)")
+    p.add_argument("--threshold", type=float, default=0.1, help="relative change counted as reached")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_perturb)
+
+
+def cmd_perturb(args) -> None:
+    if args.noise is not None and args.position is None:
+        raise UsageError("--noise needs --position")
+    model = models.load_model(args.model)
+    pert = TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
+    r = perturbation_spread(model, prompts_arg(args), perturbation=pert, max_tokens=args.max_tokens,
+                            threshold=args.threshold, batch_size=args.batch_size)
+    s = r.per_layer()
+    print(f"{r.kind}: over later positions, mean relative change / fraction > {args.threshold}")
+    print(f"{'layer':>6} {'<bos>':>16} {'no <bos>':>16}")
+    for l in range(s["mean_change"].shape[1]):
+        print(f"{l:>6} " + " ".join(f"{float(s['mean_change'][c, l]):>7.3f} / {float(s['spread_fraction'][c, l]):>5.2f}" for c in range(2)))
+    ent = r.entropy.mean((1, 2))
+    print(f"mean attention entropy: with <bos> {float(ent[0]):.3f} nats, without {float(ent[1]):.3f} nats")
+    if args.json:
+        write_json(args.json, {"model": args.model, **r.to_dict()})
+    if args.png:
+        mean = r.mean_change()
+        panels = [(CONDITION_LABELS[c], np.nan_to_num(mean[i].numpy())) for i, c in enumerate(r.conditions)]
+        fig = heatmap_panels(panels, title=f"Relative residual change, {r.kind} — {args.model}", xlabel="content position",
+                             ylabel="layer (0 = embeddings)", cbar_label="||h' - h|| / ||h||", **shared_limits(panels))
+        print(f"wrote {save(fig, args.png)}")

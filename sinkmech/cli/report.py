@@ -1,0 +1,53 @@
+"""`sinkmech report`: the one-page offline report (figures, summary.json, circuitsvis views)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sinkmech import models
+from sinkmech.cli.common import MODEL_HELP, UsageError
+from sinkmech.files import make_dir
+from sinkmech.models import DEFAULT_MODEL
+from sinkmech.report.page import build_report
+
+
+def add_report_parser(sub) -> None:
+    p = sub.add_parser("report", help="one-page offline report: figures, summary.json and circuitsvis views")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--out", type=Path, required=True, help="output folder (index.html, summary.json, figures/)")
+    p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: the Python docs corpus")
+    p.add_argument("--n-prompts", type=int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
+    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
+    p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
+    p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> None:
+    for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    make_dir(args.out, "report folder")  # fail before the slow model load, not after the analyses
+    t0 = time.perf_counter()
+    print(f"loading {args.model} ...", flush=True)
+    model = models.load_model(args.model)
+    report = build_report(
+        model,
+        args.out,
+        model_label=args.model,
+        prompts=args.prompts,
+        n_prompts=args.n_prompts,
+        max_tokens=args.max_tokens,
+        batch_size=args.batch_size,
+        n_heads=args.heads,
+        view_tokens=args.view_tokens,
+        view_prompts=args.view_prompts,
+    )
+    rates = report.summary["sections"]["sinks"]["sink_rate"]
+    for bos, r in rates.items():
+        print(f"sink rate bos={bos}: " + ", ".join(f"eps {e}: {v:.1f}%" for e, v in r.items()))
+    print(f"wrote {report.index} and {report.summary_json} ({len(report.figures)} figure files) "
+          f"in {time.perf_counter() - t0:.0f} s")

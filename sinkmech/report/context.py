@@ -1,0 +1,146 @@
+"""What every report section sees and returns: `ReportContext` (the model,
+settings, output folder and the results sections share) and `Section` (one
+block of the page), plus the small HTML helpers sections write with.
+
+Shared results: sink scores with and without `<bos>` (Gu et al. 2025, as used
+by Barbero et al. 2025; see sinkmech.sinks), computed once per report.
+"""
+
+from __future__ import annotations
+
+import html
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable, Sequence
+
+import torch
+from transformer_lens import HookedTransformer
+
+from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
+from sinkmech.render import View
+from sinkmech.sinks import SinkScores, sink_scores
+
+
+@dataclass
+class ReportContext:
+    """What every section sees: the model, the settings, the output folder, and
+    results shared between sections (computed once, on first use)."""
+
+    model: HookedTransformer
+    out: Path
+    prompts: PromptSource = None
+    n_prompts: int = 170
+    max_tokens: int = 64
+    batch_size: int = 16
+    bos_token_id: int | None = None
+    token_str: TokenStr | None = None
+    n_heads: int = 3
+    view_tokens: int = 32
+    view_prompts: int = 3
+    # the intervention and dormant-head sections run on the first prompts, each
+    # count capped by n_prompts and each length by max_tokens
+    spread_prompts: int = 8  # token swaps, with and without <bos>
+    scan_prompts: int = 64  # dormant-head scan
+    noop_prompts: int = 8  # no-op check of the top candidates
+    ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
+    ablation_tokens: int = 16
+    progress: bool = True
+    cache: dict = field(default_factory=dict)
+
+    def prompt_list(self) -> list:
+        if "prompts" not in self.cache:
+            items = default_corpus(self.n_prompts) if self.prompts is None else load_prompts(self.prompts)[: self.n_prompts]
+            self.cache["prompts"] = items
+        return self.cache["prompts"]
+
+    def first(self, n: int) -> list:
+        """The first n prompts (at most n_prompts)."""
+        return self.prompt_list()[: max(1, min(n, self.n_prompts))]
+
+    def token_text(self, token_id: int) -> str:
+        """Display string of a token id (raw: escape it before it goes into HTML)."""
+        if "token_str" not in self.cache:
+            self.cache["token_str"] = self.token_str or token_text(self.model)
+        return self.cache["token_str"](int(token_id))
+
+    def sinks(self) -> dict[str, SinkScores]:
+        """Sink scores with and without `<bos>` (computed once)."""
+        if "sinks" not in self.cache:
+            self.cache["sinks"] = {
+                bos: sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
+                                 batch_size=self.batch_size, bos_token_id=self.bos_token_id, progress=self.progress)
+                for bos in CONDITIONS
+            }
+        return self.cache["sinks"]
+
+    def chosen_heads(self) -> dict[str, list[tuple[int, int]]]:
+        """Heads to show up close, by alpha_0 with `<bos>`: the strongest sinks, the
+        least sink-like, and the most prompt-dependent (largest std of alpha_0
+        across prompts, among the rest: candidates for dormant/active switching)."""
+        if "chosen" not in self.cache:
+            scores = self.sinks()["prepend"].scores.flatten(1)  # [prompt, layer*head]
+            n_heads, k = self.model.cfg.n_heads, min(self.n_heads, scores.shape[1])
+            order = scores.mean(0).argsort(descending=True).tolist()
+            top, least = order[:k], order[::-1][:k]
+            spread = scores.std(0).nan_to_num(0.0) if scores.shape[0] > 1 else torch.zeros(scores.shape[1])
+            rest = [i for i in spread.argsort(descending=True).tolist() if i not in top + least]
+
+            def as_heads(idx: list[int]) -> list[tuple[int, int]]:
+                return [(i // n_heads, i % n_heads) for i in idx]
+
+            self.cache["chosen"] = {"top sink heads": as_heads(top), "least sink-like heads": as_heads(least),
+                                    "most prompt-dependent heads": as_heads(rest[:k])}
+        return self.cache["chosen"]
+
+    def figure(self, name: str, draw: Callable[[Path], Path]) -> list[str]:
+        """Draw a figure as PNG and SVG under out/figures; returns the relative paths."""
+        paths = []
+        for suffix in (".png", ".svg"):
+            draw(self.out / "figures" / f"{name}{suffix}")
+            paths.append(f"figures/{name}{suffix}")
+        return paths
+
+
+SETTINGS = ("n_prompts", "max_tokens", "batch_size", "n_heads", "view_tokens", "view_prompts", "spread_prompts",
+            "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens")
+
+
+
+@dataclass(frozen=True)
+class Section:
+    """One block of the report page."""
+
+    key: str  # its key in summary.json
+    title: str
+    html: str = ""  # body HTML; figures referenced by relative path
+    figures: tuple[str, ...] = ()
+    summary: dict = field(default_factory=dict)
+    views: tuple[View, ...] = ()
+
+
+def head_label(l: int, h: int) -> str:
+    return f"L{l}.H{h}"
+
+
+def figure_html(paths: Sequence[str], caption: str, out: Path | None = None) -> str:
+    """<figure> for a PNG (and links to every format), by relative path.
+
+    With `out` (the report folder), the image is shown at 130 CSS px per inch
+    of figure, so column-width and page-width figures keep their proportions.
+    """
+    png = next(p for p in paths if p.endswith(".png"))
+    links = " ".join(f'<a href="{html.escape(p)}">{p.rsplit(".", 1)[1].upper()}</a>' for p in paths)
+    width = ""
+    if out is not None and (out / png).is_file():
+        px = struct.unpack(">I", (out / png).read_bytes()[16:20])[0]  # PNG IHDR width
+        width = f' width="{round(px * 130 / 200)}"'
+    return (f'<figure><img src="{html.escape(png)}"{width} alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)} ({links})</figcaption></figure>")
+
+
+def table_html(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    cell = lambda v: f"{v:.3f}" if isinstance(v, float) else html.escape(str(v))  # noqa: E731
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
