@@ -234,7 +234,7 @@ def test_bad_input_gets_clear_errors(planted):
         scan_heads(model, [], bos="prepend", bos_token_id=TINY_BOS, progress=False)
     with pytest.raises(ValueError, match="out of range"):
         noop_check(model, corpus, [(0, 9)], bos="prepend", bos_token_id=TINY_BOS, progress=False)
-    with pytest.raises(ValueError, match="no query"):
+    with pytest.raises(ValueError, match="1 content token"):
         scan_heads(model, corpus[:, :1], bos="none", bos_token_id=TINY_BOS, progress=False)
 
 

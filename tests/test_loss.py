@@ -33,7 +33,7 @@ def test_content_loss_equals_brute_force_and_scores_the_same_targets(tiny_model)
 
 
 def test_content_loss_rejects_prompts_without_targets(tiny_model):
-    batch = tokenize(tiny_model, [[5], [7]], bos="none", max_tokens=4, bos_token_id=TINY_BOS)
+    batch = tokenize(tiny_model, [[5], [7]], bos="none", max_tokens=4, bos_token_id=TINY_BOS, min_tokens=1)
     with pytest.raises(ValueError, match="at least 2 content tokens"):
         content_loss(tiny_model, batch)
     with pytest.raises(ValueError, match="batch_size"):

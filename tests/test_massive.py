@@ -81,6 +81,6 @@ def test_massive_bad_input(tiny_model, ragged):
         reset_massive_dims(tiny_model, ragged, dims=[1], from_layer=2)
     with pytest.raises(ValueError, match="top_k"):
         massive_dims(tiny_model, ragged, top_k=0)
-    one = tokenize(tiny_model, [[3]], bos="none")
+    one = tokenize(tiny_model, [[3]], bos="none", min_tokens=1)
     with pytest.raises(ValueError, match="at least 2"):
         massive_dims(tiny_model, one)
