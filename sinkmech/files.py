@@ -43,3 +43,81 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     return path
+
+
+# Whole-or-nothing output folders: a report (or comparison) is written into a
+# temporary folder beside its destination and moved into place at the end, so
+# an interrupted run never leaves a page that mixes two runs.
+
+OUTPUT_MARK = ".sinkmech-output"  # marks a folder sinkmech wrote as a whole
+
+
+def check_output_dir(out: str | os.PathLike, *, overwrite: bool, what: str = "output folder") -> Path:
+    """Fail early (before any model is loaded) when `out` cannot take a new output:
+    it holds an earlier sinkmech output and `overwrite` is False, or it holds
+    files sinkmech did not write (never replaced). Creates the parent folder."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"the {what} {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / OUTPUT_MARK).exists():
+            raise FileExistsError(
+                f"the {what} {out} already holds files sinkmech did not write; choose an empty or new folder"
+            )
+        if not overwrite:
+            raise FileExistsError(
+                f"the {what} {out} already holds an earlier output; it is kept as it is. "
+                "Pass --overwrite (overwrite=True) to replace it as a whole"
+            )
+    make_dir(out.parent, what)
+    with cannot(f"write into the {what}", out.parent):
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    return out
+
+
+@contextmanager
+def staged_dir(out: str | os.PathLike, *, overwrite: bool, what: str = "output folder") -> Iterator[Path]:
+    """Yield a temporary folder beside `out`; when the block succeeds it replaces
+    `out` as a whole, when it fails (or is interrupted) it is deleted and `out`
+    is left as it was."""
+    import shutil
+    import tempfile
+
+    out = check_output_dir(out, overwrite=overwrite, what=what)
+    with cannot(f"create a temporary folder beside the {what}", out.parent):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+        (tmp / OUTPUT_MARK).write_text("written whole by sinkmech; replaced only as a whole\n", encoding="utf-8")
+        with cannot(f"move the new output into", out):
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+                os.rename(out, old / "previous")
+                os.rename(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def finite_or_none(value):
+    """`value` with every NaN / infinite float replaced by None (JSON null), recursively."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def json_text(payload, indent: int | None = 1) -> str:
+    """Strict JSON: NaN and infinities become null (a strict parser rejects bare NaN)."""
+    import json
+
+    return json.dumps(finite_or_none(payload), indent=indent, allow_nan=False)

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.loss import resid_token_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 
 
@@ -37,6 +38,7 @@ class SinkScores:
     bos: Bos
     max_tokens: int
     model_name: str = ""
+    loss: float | None = None  # mean next-token loss on content targets 1..n-1 (nats), when asked
 
     @property
     def n_prompts(self) -> int:
@@ -123,6 +125,8 @@ class SinkScores:
             "value_norm_rest": self.value_norm_rest.mean(0).tolist(),
             "resid_norm_first": self.resid_norm_first.mean(0).tolist(),
             "resid_norm_rest": self.resid_norm_rest.mean(0).tolist(),
+            "loss": self.loss,
+            "lengths": self.lengths.tolist(),
         }
 
     def to_json(self, eps: Sequence[float | str] = DEFAULT_EPS) -> str:
@@ -151,6 +155,7 @@ def sink_scores(
     max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
+    loss: bool = False,
     progress: bool = True,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
@@ -169,6 +174,9 @@ def sink_scores(
             a TokenBatch, only recorded (default: its longest content).
         batch_size: prompts per forward pass.
         bos_token_id: override for models whose tokenizer lacks one.
+        loss: also the mean next-token loss on content targets 1..n-1 (the
+            same targets with and without `<bos>`; see `sinkmech.loss`), from
+            the last block's output in the same pass, unembedded in chunks.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -187,6 +195,7 @@ def sink_scores(
         for k in ("scores", "value_norm_first", "value_norm_rest")
     }
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
+    loss_sum, loss_n = 0.0, 0
     starts = range(0, P, batch_size)
     for start in tqdm(starts, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
         part = batch.slice(start, min(start + batch_size, P))
@@ -219,6 +228,10 @@ def sink_scores(
             norms = resid.norm(dim=-1)  # [batch, pos]
             resid_first[rows, hook.layer()] = norms[:, 0].float().cpu()
             resid_rest[rows, hook.layer()] = ((norms * rest).sum(-1) / n_rest).float().cpu()
+            if loss and hook.layer() == L - 1:
+                nonlocal loss_sum, loss_n
+                total, n = resid_token_losses(model, resid, part.tokens, target_mask(part))
+                loss_sum, loss_n = loss_sum + total, loss_n + n
 
         hooks = []
         for l in range(L):
@@ -242,6 +255,7 @@ def sink_scores(
         bos=batch.bos,
         max_tokens=max_tokens,
         model_name=cfg.model_name,
+        loss=(loss_sum / loss_n if loss_n else None) if loss else None,
     )
 
 

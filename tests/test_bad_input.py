@@ -60,3 +60,71 @@ def test_one_token_prompts_are_an_error(tiny_model):
         tokenize(tiny_model, [[5, 6, 7], [9]], bos="none", max_tokens=8, bos_token_id=TINY_BOS)
     batch = tokenize(tiny_model, [[5, 6, 7], [9, 4]], bos="prepend", max_tokens=8, bos_token_id=TINY_BOS)
     assert batch.lengths.tolist() == [4, 3]  # shorter than max_tokens: kept at their own length
+
+
+def _section(key: str, fail: BaseException | None = None):
+    from sinkmech.report import Section
+
+    def make(ctx):
+        figs = ctx.figure(key, lambda p: __import__("sinkmech.figures", fromlist=["x"]).layer_lines(
+            {"a": [1.0, 2.0]}, p, title=key, ylabel="y"))
+        if fail is not None:
+            raise fail
+        return Section(key, key, f"<p>{key}</p>", tuple(figs), {"run": key})
+
+    make.__name__ = f"{key}_section"
+    return make
+
+
+def test_interrupted_report_leaves_the_earlier_report_whole(tiny_model, tmp_path):
+    from sinkmech.report import build_report
+
+    out = tmp_path / "rep"
+    kw = dict(prompts=[[5, 6, 7, 8]], n_prompts=1, bos_token_id=TINY_BOS, progress=False)
+    build_report(tiny_model, out, sections=[_section("first")], **kw)
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(FileExistsError, match="--overwrite"):  # kept unless asked
+        build_report(tiny_model, out, sections=[_section("second")], **kw)
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C half way through a new report
+        build_report(tiny_model, out, sections=[_section("second"), _section("third", KeyboardInterrupt())],
+                     overwrite=True, **kw)
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # not one file of the interrupted run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temporary folder left behind
+    rep = build_report(tiny_model, out, sections=[_section("second")], overwrite=True, **kw)
+    assert json.loads((out / "summary.json").read_text())["sections"] == {"second": {"run": "second"}}
+    assert not (out / "figures" / "first.png").exists() and rep.index == out / "index.html"
+
+
+def test_report_never_replaces_a_folder_it_did_not_write(tiny_model, tmp_path):
+    from sinkmech.report import build_report
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="did not write"):
+        build_report(tiny_model, tmp_path, sections=[_section("x")], overwrite=True, prompts=[[5, 6, 7]],
+                     n_prompts=1, bos_token_id=TINY_BOS, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_json_output_never_holds_nan(tmp_path):
+    from sinkmech.files import json_text
+
+    text = json_text({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}})
+    assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}}
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
+    from sinkmech import models
+    from sinkmech.cli import main
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_model", interrupt)
+    assert main(["sinks", "--prompts", "nothing-here.txt"]) == 2  # a missing file fails first
+    f = "/tmp/sinkmech-ctrl-c-prompts.txt"
+    open(f, "w").write("a b c d\n")
+    assert main(["sinks", "--prompts", f]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted")

@@ -38,3 +38,16 @@ def test_content_loss_rejects_prompts_without_targets(tiny_model):
         content_loss(tiny_model, batch)
     with pytest.raises(ValueError, match="batch_size"):
         content_loss(tiny_model, batch, batch_size=0)
+
+
+def test_sink_scores_loss_in_the_same_pass_equals_content_loss(tiny_model):
+    from sinkmech.sinks import sink_scores
+
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (10, 4, 7)]
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, rows, bos=bos, max_tokens=10, bos_token_id=TINY_BOS)
+        scores = sink_scores(tiny_model, batch, batch_size=2, loss=True, progress=False)
+        assert scores.loss == pytest.approx(content_loss(tiny_model, batch), abs=1e-5)
+        assert scores.summary()["loss"] == scores.loss
+        assert sink_scores(tiny_model, batch, progress=False).loss is None  # not asked: not computed

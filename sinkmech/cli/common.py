@@ -7,8 +7,11 @@ Error policy (applied by `sinkmech.cli.main.main`):
   a command raises for a flag value it rejects, a `ValueError` an analysis
   raises for an option or input it rejects, and a `FileNotFoundError` for an
   input file that does not exist;
+- exit 2 also for an output folder that holds an earlier output (without
+  --overwrite) or files sinkmech did not write (`FileExistsError`);
 - exit 1, runtime error: any other `OSError` (an output that cannot be written,
-  a folder that cannot be created: see `sinkmech.files`) or `RuntimeError`.
+  a folder that cannot be created: see `sinkmech.files`) or `RuntimeError`;
+- exit 130 on Ctrl-C, with one line and no traceback.
 
 Either way one line `error: ...` goes to stderr, never a traceback.
 """
@@ -17,9 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from sinkmech.files import write_text
+from sinkmech.files import json_text, write_text
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.prompts import CONDITIONS, load_prompts
 
@@ -57,12 +61,23 @@ def conditions(bos: str) -> list[str]:
 
 
 def prompts_arg(args):
-    """--prompts, cut to the first --n-prompts when given."""
-    if args.n_prompts is None:
-        return args.prompts
-    if args.n_prompts < 1:
-        raise UsageError(f"--n-prompts must be >= 1, got {args.n_prompts}")
-    return load_prompts(args.prompts)[: args.n_prompts]
+    """--prompts read now (a bad file fails before the slow model load), cut to
+    the first --n-prompts when given."""
+    n = getattr(args, "n_prompts", None)
+    if n is not None and n < 1:
+        raise UsageError(f"--n-prompts must be >= 1, got {n}")
+    prompts = load_prompts(args.prompts)
+    return prompts if n is None else prompts[:n]
+
+
+def warn_short(batch, max_tokens: int) -> None:
+    """Say on stderr how many prompts are shorter than --max-tokens (they are
+    scored at their own length, recorded as `lengths` in the JSON)."""
+    content = batch.lengths - batch.offset
+    short = int((content < max_tokens).sum())
+    if short:
+        print(f"warning: {short} of {len(batch)} prompts have fewer than {max_tokens} content tokens "
+              f"(shortest {int(content.min())}); they are scored at their own length", file=sys.stderr)
 
 
 def answers(model, args) -> tuple[int, int] | None:
@@ -79,6 +94,11 @@ def answers(model, args) -> tuple[int, int] | None:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    """Write `payload` as JSON and say so (an OSError says which path failed)."""
-    write_text(path, json.dumps(payload, indent=1))
-    print(f"wrote {path}")
+    """Write `payload` as strict JSON (NaN and infinities as null) and say so on
+    stderr; `-` prints it to stdout instead. An OSError says which path failed."""
+    text = json_text(payload)
+    if str(path) == "-":
+        print(text)
+        return
+    write_text(path, text)
+    print(f"wrote {path}", file=sys.stderr)

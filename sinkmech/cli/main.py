@@ -4,7 +4,9 @@
 error policy of `sinkmech.cli.common`: a usage error (argparse's, a
 `UsageError`, a `ValueError` from an analysis, a missing input file) prints
 `error: ...` on stderr and exits 2; a runtime error (an output that cannot be
-written, any other `OSError`, a `RuntimeError`) prints `error: ...` and exits 1.
+written, any other `OSError`, a `RuntimeError`) prints `error: ...` and exits 1;
+Ctrl-C prints one line and exits 130 (outputs written whole-or-nothing are not
+left half-written: see `sinkmech.files.staged_dir`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sinkmech.cli.report import add_report_parser
 from sinkmech.cli.sinks import add_sinks_parser
 from sinkmech.cli.train import add_train_parser
 
-USAGE_ERROR, RUNTIME_ERROR = 2, 1
+USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (UsageError, ValueError, FileNotFoundError) as e:
+    except (UsageError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written for the unfinished output", file=sys.stderr)
+        return INTERRUPTED
     except (OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return RUNTIME_ERROR

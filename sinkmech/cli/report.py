@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sinkmech import models
 from sinkmech.cli.common import MODEL_HELP, UsageError
-from sinkmech.files import make_dir
+from sinkmech.files import check_output_dir
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.report.page import build_report
 
@@ -23,6 +23,8 @@ def add_report_parser(sub) -> None:
     p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
     p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
     p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier report in --out (as a whole); without it an earlier report is kept")
     p.set_defaults(func=cmd_report)
 
 
@@ -30,7 +32,7 @@ def cmd_report(args) -> None:
     for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
-    make_dir(args.out, "report folder")  # fail before the slow model load, not after the analyses
+    check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", flush=True)
     model = models.load_model(args.model)
@@ -45,6 +47,7 @@ def cmd_report(args) -> None:
         n_heads=args.heads,
         view_tokens=args.view_tokens,
         view_prompts=args.view_prompts,
+        overwrite=args.overwrite,
     )
     rates = report.summary["sections"]["sinks"]["sink_rate"]
     for bos, r in rates.items():

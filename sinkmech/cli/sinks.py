@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_common, conditions, write_json
+from sinkmech.cli.common import UsageError, add_common, conditions, prompts_arg, warn_short, write_json
 from sinkmech.figures import sink_heatmap
-from sinkmech.prompts import load_prompts
+from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 
 
 def add_sinks_parser(sub) -> None:
-    p = sub.add_parser("sinks", help="sink scores and sink rates per head, with and without <bos>")
+    p = sub.add_parser("sinks", help="sink scores, sink rates and next-token loss, with and without <bos>")
     add_common(p)
+    p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--bos", choices=["prepend", "none", "both"], default="both")
     p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
     p.add_argument("--top", type=int, default=10, help="how many top sink heads to list")
@@ -39,6 +40,8 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
     print(f"{'eps':>6} " + " ".join(f"{c:>10}" for c in conds))
     for e in eps:
         print(f"{e:>6} " + " ".join(f"{results[c].sink_rate(e):>9.2f}%" for c in conds))
+    print(f"{'loss':>6} " + " ".join(f"{results[c].loss:>10.3f}" for c in conds)
+          + "   (mean next-token loss in nats on the same content targets)")
     print()
     print("mean first-token score per layer")
     print(f"{'layer':>6} " + " ".join(f"{c:>10}" for c in conds))
@@ -61,12 +64,13 @@ def cmd_sinks(args) -> None:
             raise UsageError(f"--eps takes numbers, got {e!r}") from None
         if not 0.0 <= value < 1.0:
             raise UsageError(f"--eps values must lie in [0, 1), got {e}")
-    prompts = load_prompts(args.prompts)  # bad prompt files fail before the slow model load
+    prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     model = models.load_model(args.model)
-    results = {
-        bos: sink_scores(model, prompts, bos=bos, max_tokens=args.max_tokens, batch_size=args.batch_size)
-        for bos in conditions(args.bos)
-    }
+    results = {}
+    for bos in conditions(args.bos):
+        batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens)
+        warn_short(batch, args.max_tokens)
+        results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
     print_sinks_table(results, args.eps, args.top)
     if args.json:
         write_json(args.json, sinks_payload(results, args.eps))

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from transformer_lens import HookedTransformer
 
 from sinkmech import render
-from sinkmech.files import make_dir, write_text
+from sinkmech.files import json_text, make_dir, staged_dir, write_text
 from sinkmech.report.context import SETTINGS, ReportContext, Section
 from sinkmech.report.sections import SECTIONS
 
@@ -60,13 +60,17 @@ def build_report(
     *,
     sections: Sequence[Callable[[ReportContext], Section]] | None = None,
     model_label: str | None = None,
+    overwrite: bool = False,
     **settings,
 ) -> Report:
     """Run the sections and write out/index.html, out/summary.json, out/figures/.
 
     Args:
         model: any HookedTransformer.
-        out: output folder (created).
+        out: output folder, written whole or not at all: the report is built in
+            a temporary folder beside it and moved into place at the end.
+        overwrite: replace an earlier report in `out` (as a whole); without
+            it an earlier report is kept and this call fails before any work.
         sections: section functions (default `SECTIONS`).
         model_label: name shown on the page (default the model's cfg name).
         **settings: ReportContext fields: prompts, n_prompts, max_tokens,
@@ -78,14 +82,20 @@ def build_report(
         Report with the written paths and the summary dict.
     """
     out = Path(out)
-    make_dir(out, "report folder")
-    make_dir(out / "figures", "report folder")
     unknown = set(settings) - set(ReportContext.__dataclass_fields__) - {"model", "out", "cache"}
     if unknown:
         raise ValueError(f"unknown report settings: {sorted(unknown)}")
-    ctx = ReportContext(model=model, out=out, **settings)
-    if min(getattr(ctx, k) for k in SETTINGS) < 1:
+    check = ReportContext(model=model, out=out, **settings)
+    if min(getattr(check, k) for k in SETTINGS) < 1:
         raise ValueError(f"report settings must be >= 1: {', '.join(SETTINGS)}")
+    with staged_dir(out, overwrite=overwrite, what="report folder") as tmp:
+        summary, files = _build(model, tmp, sections, model_label, settings)
+    return Report(out / "index.html", out / "summary.json", tuple(out / f for f in files), summary)
+
+
+def _build(model, out: Path, sections, model_label, settings) -> tuple[dict, list[str]]:
+    make_dir(out / "figures", "report folder")
+    ctx = ReportContext(model=model, out=out, **settings)
     done, timing = [], {}
     sections = list(SECTIONS if sections is None else sections)
     for i, make in enumerate(sections, 1):
@@ -103,9 +113,9 @@ def build_report(
         "timing_s": timing,
         "sections": {s.key: s.summary for s in done},
     }
-    index = write_text(out / "index.html", _page(label, done, summary))
-    summary_json = write_text(out / "summary.json", json.dumps(summary, indent=1))
-    return Report(index, summary_json, tuple(out / f for s in done for f in s.figures), summary)
+    write_text(out / "index.html", _page(label, done, summary))
+    write_text(out / "summary.json", json_text(summary))
+    return summary, [f for s in done for f in s.figures]
 
 
 def _page(label: str, sections: Sequence[Section], summary: dict) -> str:
