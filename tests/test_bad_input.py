@@ -128,3 +128,34 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
     assert main(["sinks", "--prompts", f]) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sinks", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (["sinks", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["sinks", "--n-prompts", "0"], "--n-prompts must be >= 1"),
+        (["ablate", "--mode", "zero", "--n-prompts", "-1"], "--n-prompts must be >= 1"),
+        (["heads", "--head", "abc"], "LAYER.HEAD"),
+        (["patch", "--layers", "-1"], "--layers must be >= 0"),
+        (["heads", "--high", "0.2", "--low", "0.5"], "--low < --high"),
+        (["perturb", "--noise", "-1", "--position", "2"], "--noise must be >= 0"),
+        (["perturb", "--noise", "nan", "--position", "2"], "finite number"),
+        (["perturb", "--noise", "inf", "--position", "2"], "finite number"),
+        (["sinks", "--png", "out.txt"], "--png must end in"),
+        (["sinks", "--json", "/etc/hostname/x.json"], "is a file, not a folder"),
+        (["sinks", "--eps", "1.5"], "--eps values must lie in"),
+    ],
+)
+def test_bad_flags_fail_before_the_model_loads(argv, message, monkeypatch, capsys):
+    from sinkmech import models
+    from sinkmech.cli import main
+
+    def never(*a, **k):
+        raise AssertionError("the model was loaded before the bad flag was caught")
+
+    monkeypatch.setattr(models, "load_model", never)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -102,3 +102,71 @@ def write_json(path: Path, payload: dict) -> None:
         return
     write_text(path, text)
     print(f"wrote {path}", file=sys.stderr)
+
+
+# Checked by `main` before any command runs, so before any model loads.
+POSITIVE_INTS = ("max_tokens", "batch_size", "n_prompts", "top", "noop_prompts", "min_count", "view_tokens",
+                 "view_prompts", "context_length", "tokens_per_step", "d_model", "steps", "eval_every",
+                 "spread_prompts", "spread_tokens")
+NON_NEGATIVE_INTS = ("noop", "warmup", "dormant_prompts", "position")
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_args(args) -> None:
+    """Reject bad flag values before the slow model load: counts below 1,
+    non-finite or negative numbers, inverted thresholds, a malformed --head,
+    an image path without an image suffix, an output path that cannot be written."""
+    import math
+
+    for name in POSITIVE_INTS:
+        v = getattr(args, name, None)
+        if isinstance(v, int) and v < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    for name in NON_NEGATIVE_INTS:
+        v = getattr(args, name, None)
+        if isinstance(v, int) and v < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+    if args.command == "train" and isinstance(getattr(args, "heads", None), int) and args.heads < 1:
+        raise UsageError(f"--heads must be >= 1, got {args.heads}")
+    for name, v in vars(args).items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {v}")
+    if getattr(args, "noise", None) is not None and args.noise < 0:
+        raise UsageError(f"--noise must be >= 0, got {args.noise}")
+    if getattr(args, "threshold", None) is not None and args.threshold <= 0:
+        raise UsageError(f"--threshold must be > 0, got {args.threshold}")
+    if getattr(args, "lr", None) is not None and args.lr <= 0:
+        raise UsageError(f"--lr must be > 0, got {args.lr}")
+    high, low = getattr(args, "high", None), getattr(args, "low", None)
+    if high is not None and low is not None and not 0.0 <= low < high <= 1.0:
+        raise UsageError(f"need 0 <= --low < --high <= 1, got --low {low} --high {high}")
+    if getattr(args, "layers", None) is not None and isinstance(args.layers, list) and min(args.layers) < 0:
+        raise UsageError(f"--layers must be >= 0, got {args.layers}")
+    head = getattr(args, "head", None)
+    if isinstance(head, str):
+        parts = head.split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise UsageError(f"--head is written LAYER.HEAD, e.g. 12.3; got {head!r}")
+    png = getattr(args, "png", None)
+    if png is not None and Path(png).suffix.lower() not in IMAGE_SUFFIXES:
+        raise UsageError(f"--png must end in {', '.join(IMAGE_SUFFIXES)}, got {png}")
+    for name in ("json", "png"):
+        path = getattr(args, name, None)
+        if path is not None and str(path) != "-":
+            check_writable(Path(path), f"--{name}")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """The file at `path` can be created: it is not a folder, and its nearest
+    existing ancestor is a writable folder (missing folders are created later)."""
+    import os
+
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {path}: cannot write into {parent} (permission denied)")

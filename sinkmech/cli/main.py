@@ -15,7 +15,8 @@ import argparse
 import sys
 
 from sinkmech.cli.ablate import add_ablate_parser
-from sinkmech.cli.common import UsageError
+from sinkmech.cli.common import UsageError, check_args
+from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.heads import add_heads_parser
 from sinkmech.cli.patch import add_patch_parser
 from sinkmech.cli.perturb import add_perturb_parser
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,
-                add_report_parser, add_train_parser):
+                add_report_parser, add_compare_parser, add_train_parser):
         add(sub)
     return parser
 
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (argparse exits 2 itself on bad flags)."""
     args = build_parser().parse_args(argv)
     try:
+        check_args(args)
         args.func(args)
     except (UsageError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""`sinkmech compare`: the paper's Table 2 and Figure 2 on real models, side by
+side (Barbero et al. 2025): sink rates, loss and perturbation spread with and
+without `<bos>`, and the dormant-head scan, for each model; one folder out
+(compare.json, compare.md, figures), written whole or not at all."""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+from sinkmech import models
+from sinkmech.cli.common import UsageError, prompts_arg
+from sinkmech.compare import ModelComparison, compare_model
+from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
+from sinkmech.figures_compare import first_token_score_panels, spread_panels
+from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
+
+DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
+
+
+def add_compare_parser(sub) -> None:
+    p = sub.add_parser("compare", help="Table 2 / Figure 2 of the paper on several models: sinks, loss, spread, dormant heads")
+    p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="models to compare (default: smollm2 gemma3-270m)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (compare.json, compare.md, figures)")
+    p.add_argument("--prompts", default=None, help="prompt file (.txt, .json, .jsonl); default: 170 windows of the Python docs")
+    p.add_argument("--n-prompts", type=int, default=170, help="prompts for sink rates and loss (default 170)")
+    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--spread-prompts", type=int, default=16, help="prompts for the one-token swap (default 16)")
+    p.add_argument("--spread-tokens", type=int, default=48, help="content tokens per prompt for the swap (default 48)")
+    p.add_argument("--dormant-prompts", type=int, default=64, help="prompts for the dormant-head scan (0: skip it)")
+    p.add_argument("--noop-prompts", type=int, default=16, help="prompts for the no-op check of the top candidates")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
+    p.set_defaults(func=cmd_compare)
+
+
+def table_rows(results: list[ModelComparison]) -> list[dict]:
+    """One row per (model, condition): the columns of compare.md."""
+    rows = []
+    for r in results:
+        for c in CONDITIONS:
+            row = r.conditions[c]
+            rows.append({"model": r.model, "bos": c, **{f"sink_rate_{e}": v for e, v in row.sink_rate.items()},
+                         "mean_score": row.mean_score, "uniform_score": row.uniform_score, "loss": row.loss,
+                         "spread": row.spread})
+    return rows
+
+
+def markdown(results: list[ModelComparison]) -> str:
+    eps = list(results[0].conditions[CONDITIONS[0]].sink_rate)
+    head = ["model", "`<bos>`"] + [f"sink rate % (eps {e})" for e in eps] + [
+        "mean alpha_0", "uniform alpha_0", "loss (nats)", "spread after a 1-token swap"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        for c in CONDITIONS:
+            row = r.conditions[c]
+            cells = [r.model, CONDITION_LABELS[c]] + [f"{row.sink_rate[e]:.1f}" for e in eps] + [
+                f"{row.mean_score:.3f}", f"{row.uniform_score:.3f}", f"{row.loss:.2f}", f"{row.spread:.3f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    first = results[0]
+    lines += ["", f"{first.n_prompts} prompts x {first.max_tokens} content tokens for sink rates and loss (the same "
+              "content targets 1..n-1 in both conditions); spread: mean relative residual change ||h'-h||/||h|| of "
+              f"the positions after a one-token swap at content position {first.spread_position}, averaged over "
+              f"layers, {first.spread_prompts} prompts."]
+    for r in results:
+        d = r.dormant
+        if d is None:
+            continue
+        lines += ["", f"**{r.model}, dormant heads** ({d.n_prompts} prompts, with `<bos>`): "
+                  + ", ".join(f"{n} {m}" for m, n in d.mode_counts.items())
+                  + (f"; if-else heads: {', '.join(d.if_else_heads)}" if d.if_else_heads else "; no head passes the if-else rule")
+                  + ". No-op check (loss change per forced query, nats; dormant vs active):"]
+        for name, n in d.noop.items():
+            trig = ", ".join(f"{t['token']!r}" for t in d.candidates.get(name, {}).get("triggers", [])[:3]) or "none"
+            dq = "n/a" if n["per_query_dormant"] is None else f"{n['per_query_dormant']:+.4f}"
+            aq = "n/a" if n["per_query_active"] is None else f"{n['per_query_active']:+.4f}"
+            lines.append(f"- {name}: dormant {dq} ({n['n_dormant']} queries), active {aq} ({n['n_active']} queries); "
+                         f"top triggers {trig}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(args) -> None:
+    for flag in ("n_prompts", "max_tokens", "spread_prompts", "spread_tokens", "noop_prompts", "batch_size"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.dormant_prompts < 0:
+        raise UsageError("--dormant-prompts must be >= 0")
+    if len(set(args.models)) != len(args.models):
+        raise UsageError(f"--models lists a model twice: {args.models}")
+    prompts = prompts_arg(args)
+    check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
+    results, t0 = [], time.perf_counter()
+    for name in args.models:
+        print(f"loading {name} ...", flush=True)
+        model = models.load_model(name)
+        results.append(compare_model(
+            model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
+            spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,
+            dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size))
+        del model
+        gc.collect()  # one model in memory at a time
+    with staged_dir(args.out, overwrite=args.overwrite, what="comparison folder") as tmp:
+        payload = {"models": [r.to_dict() for r in results], "table": table_rows(results),
+                   "seconds": round(time.perf_counter() - t0, 1)}
+        write_text(tmp / "compare.json", json_text(payload))
+        write_text(tmp / "compare.md", markdown(results))
+        for suffix in (".png", ".svg"):
+            first_token_score_panels({r.model: {c: r.conditions[c].per_layer_score for c in CONDITIONS} for r in results},
+                                     tmp / f"first_token_score{suffix}",
+                                     uniform={r.model: r.conditions["prepend"].uniform_score for r in results})
+            spread_panels({r.model: {c: r.conditions[c].per_layer_spread for c in CONDITIONS} for r in results},
+                          tmp / f"spread{suffix}", position=results[0].spread_position)
+    print(markdown(results))
+    print(f"wrote {args.out}/compare.json, compare.md, first_token_score.png, spread.png "
+          f"in {time.perf_counter() - t0:.0f} s")

@@ -1,0 +1,196 @@
+"""The paper's Table 2 and Figure 2 on real models, side by side.
+
+Barbero et al. 2025 (Table 2): a model trained with `<bos>` always at position
+0 loses its sinks and most of its next-token accuracy when `<bos>` is removed
+at inference; a model trained without a fixed `<bos>` does not care. Figure 2:
+without the sink, a small input change spreads further through the layers.
+`compare_model` measures all of it on one model, in both conditions, on the
+same content tokens: sink rates (Gu et al. 2025's alpha_0), the content-target
+loss (`sinkmech.loss`), the perturbation spread of a one-token swap
+(`sinkmech.perturb`) and, optionally, the dormant-head scan with its no-op
+check (Sec. 3.2). Run it on a model with a fixed `<bos>` (Gemma 3) and on one
+without (SmolLM2) and the two rows are the paper's contrast.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from sinkmech.dormant.noop import noop_check
+from sinkmech.dormant.scan import scan_heads
+from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
+from sinkmech.sinks import format_eps, sink_scores
+
+SPREAD_POSITION = 4  # content position of the swapped token (the issue's setting)
+SPREAD_TOKENS = 48  # content tokens per prompt for the spread
+
+
+@dataclass(frozen=True)
+class ConditionRow:
+    """One model under one `<bos>` condition: a row of the Table 2 analogue."""
+
+    bos: str
+    sink_rate: dict[str, float]  # eps (as written) -> percent of (prompt, head) pairs
+    mean_score: float  # mean alpha_0 over prompts and heads
+    uniform_score: float  # alpha_0 of uniform attention at these lengths
+    loss: float  # mean next-token loss on content targets 1..n-1, nats
+    spread: float  # mean relative residual change of the positions after the swap, over layers
+    per_layer_score: list[float]  # mean alpha_0 per layer
+    per_layer_spread: list[float]  # mean change after the swap, per residual layer (0 = embeddings)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class DormantSummary:
+    """The dormant-head scan and no-op check on one model (with `<bos>`)."""
+
+    n_prompts: int
+    mode_counts: dict[str, int]
+    if_else_heads: list[str]
+    candidates: dict[str, dict]  # head label -> scan summary (triggers, fractions, norms)
+    noop: dict[str, dict]  # head label -> no-op check numbers
+    loss_clean: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ModelComparison:
+    """Everything `compare_model` measured on one model."""
+
+    model: str
+    n_layers: int
+    n_heads: int
+    n_prompts: int
+    max_tokens: int
+    spread_prompts: int
+    spread_position: int
+    conditions: dict[str, ConditionRow]
+    dormant: DormantSummary | None = None
+    settings: dict = field(default_factory=dict)
+
+    def per_layer_score(self) -> Float[Tensor, "bos layer"]:
+        return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "n_prompts": self.n_prompts, "max_tokens": self.max_tokens,
+            "spread_prompts": self.spread_prompts, "spread_position": self.spread_position,
+            "conditions": {c: r.to_dict() for c, r in self.conditions.items()},
+            "dormant": None if self.dormant is None else self.dormant.to_dict(),
+            "settings": self.settings,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = []
+        for c, r in self.conditions.items():
+            row = {"model": self.model, "bos": c, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score}
+            row.update({f"sink_rate_{e}": v for e, v in r.sink_rate.items()})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _head(l: int, h: int) -> str:
+    return f"L{l}.H{h}"
+
+
+def compare_model(
+    model: HookedTransformer,
+    prompts: PromptSource = None,
+    *,
+    name: str | None = None,
+    n_prompts: int = 170,
+    max_tokens: int = 64,
+    spread_prompts: int = 16,
+    spread_tokens: int = SPREAD_TOKENS,
+    spread_position: int = SPREAD_POSITION,
+    eps: tuple[float | str, ...] = DEFAULT_EPS,
+    dormant_prompts: int = 64,
+    noop_prompts: int = 16,
+    noop_heads: int = 3,
+    batch_size: int = 16,
+    bos_token_id: int | None = None,
+    progress: bool = True,
+) -> ModelComparison:
+    """Sink rates, loss and perturbation spread with and without `<bos>`, and
+    the dormant-head scan (skipped when `dormant_prompts` is 0).
+
+    Args:
+        prompts: see `load_prompts` (default: the Python-docs corpus); the first
+            `n_prompts` are used.
+        max_tokens: content tokens per prompt for sink scores and loss.
+        spread_prompts, spread_tokens, spread_position: the one-token swap (a
+            token of the next prompt at this content position) on the first
+            prompts, cut to `spread_tokens` content tokens.
+        noop_heads: how many of the scan's best candidates the no-op check runs on.
+
+    Returns:
+        ModelComparison with one ConditionRow per `<bos>` condition.
+    """
+    for key, value in (("n_prompts", n_prompts), ("max_tokens", max_tokens), ("spread_prompts", spread_prompts),
+                       ("spread_tokens", spread_tokens), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value}")
+    if spread_position < 0 or spread_position >= spread_tokens - 1:
+        raise ValueError(f"spread_position must lie in [0, {spread_tokens - 1}), got {spread_position}")
+    items = load_prompts(prompts)[:n_prompts]
+    rows = {}
+    spread_rows = tokenize(model, items[:spread_prompts], bos="none", max_tokens=spread_tokens, bos_token_id=bos_token_id)
+    content = [r[:n].tolist() for r, n in zip(spread_rows.tokens.cpu(), spread_rows.lengths.cpu())]
+    swaps = corpus_swaps(content, spread_position)
+    spread = perturbation_spread(model, content, perturbation=swaps, batch_size=batch_size,
+                                 bos_token_id=bos_token_id, progress=progress)
+    later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
+    for i, bos in enumerate(CONDITIONS):
+        batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        scores = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True, progress=progress)
+        rows[bos] = ConditionRow(
+            bos=bos,
+            sink_rate={format_eps(e): scores.sink_rate(e) for e in eps},
+            mean_score=float(scores.scores.mean()),
+            uniform_score=scores.uniform_score(),
+            loss=scores.loss,
+            spread=float(later[i].mean()),
+            per_layer_score=scores.per_layer().tolist(),
+            per_layer_spread=later[i].tolist(),
+        )
+    dormant = None
+    if dormant_prompts > 0:
+        scan = scan_heads(model, items[:dormant_prompts], bos="prepend", max_tokens=max_tokens,
+                          batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
+        found = scan.if_else_heads()
+        cands = (found or scan.ranked())[:noop_heads]
+        th = scan.thresholds
+        noop = noop_check(model, items[:noop_prompts], cands, bos="prepend", max_tokens=max_tokens,
+                          batch_size=batch_size, bos_token_id=bos_token_id, high=th.high, low=th.low, progress=False)
+        dormant = DormantSummary(
+            n_prompts=scan.n_prompts,
+            mode_counts=scan.mode_counts(),
+            if_else_heads=[_head(*hd) for hd in found],
+            candidates={_head(*hd): scan.head_summary(*hd) for hd in cands},
+            noop={_head(r.layer, r.head): r.to_dict() for r in noop.results},
+            loss_clean=noop.loss_clean,
+        )
+    return ModelComparison(
+        model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
+        n_prompts=len(items), max_tokens=max_tokens, spread_prompts=len(content), spread_position=spread_position,
+        conditions=rows, dormant=dormant,
+        settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
+                  "noop_prompts": noop_prompts},
+    )

@@ -1,0 +1,80 @@
+"""The two-model comparison (Table 2 / Figure 2 on real models) and Gemma's CLI contracts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_BOS
+from sinkmech.compare import compare_model
+from sinkmech.loss import content_loss
+from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.prompts import tokenize
+from sinkmech.sinks import sink_scores
+
+
+def test_compare_model_equals_the_analyses_it_runs(tiny_model):
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
+    res = compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12,
+                        spread_position=2, dormant_prompts=4, noop_prompts=2, noop_heads=2, bos_token_id=TINY_BOS,
+                        progress=False)
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
+        direct = sink_scores(tiny_model, batch, progress=False)
+        row = res.conditions[bos]
+        assert row.sink_rate["0.3"] == pytest.approx(direct.sink_rate(0.3))
+        assert row.per_layer_score == pytest.approx(direct.per_layer().tolist())
+        assert row.loss == pytest.approx(content_loss(tiny_model, batch), abs=1e-5)
+    content = [r[:12] for r in rows[:3]]
+    spread = perturbation_spread(tiny_model, content, perturbation=corpus_swaps(content, 2), bos_token_id=TINY_BOS,
+                                 progress=False).per_layer()["mean_change"]
+    assert res.conditions["none"].per_layer_spread == pytest.approx(spread[1].tolist(), abs=1e-6)
+    assert res.conditions["prepend"].spread == pytest.approx(float(spread[0].mean()), abs=1e-6)
+    assert res.dormant is not None and len(res.dormant.noop) == 2
+    json.loads(res.to_json())
+    with pytest.raises(ValueError, match="spread_position"):
+        compare_model(tiny_model, rows, spread_tokens=4, spread_position=3, bos_token_id=TINY_BOS)
+
+
+@pytest.mark.slow
+def test_compare_cli_writes_table_and_figures(smollm2, tmp_path, monkeypatch, capsys):
+    from sinkmech import cli, models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
+    out = tmp_path / "cmp"
+    args = ["compare", "--models", "smollm2", "--out", str(out), "--n-prompts", "4", "--max-tokens", "12",
+            "--spread-prompts", "2", "--spread-tokens", "10", "--dormant-prompts", "4", "--noop-prompts", "2"]
+    assert cli.main(args) == 0
+    data = json.loads((out / "compare.json").read_text())
+    assert [r["bos"] for r in data["table"]] == ["prepend", "none"]
+    assert set(data["models"][0]["conditions"]["none"]) >= {"sink_rate", "loss", "spread", "per_layer_score"}
+    assert (out / "first_token_score.png").stat().st_size > 1000 and (out / "spread.png").exists()
+    assert "| smollm2 | with <bos> |" in (out / "compare.md").read_text()
+    assert cli.main(args) == 2  # an earlier comparison is kept unless --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gemma_cli_contracts(gemma, tmp_path, monkeypatch):
+    """`sinks` (with the loss) and `perturb` on Gemma 3 270M: the contracts other scripts rely on."""
+    from sinkmech import cli, models
+    from sinkmech.prompts import default_corpus
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: gemma)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(default_corpus(4)))
+    assert cli.main(["sinks", "--model", "gemma3-270m", "--prompts", str(prompts), "--max-tokens", "64",
+                     "--bos", "both", "--eps", "0.3", "0.8", "--json", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    c = s["conditions"]
+    # Gemma was trained with <bos> always first: its sinks and its loss depend on it (the paper's Table 2).
+    assert c["prepend"]["sink_rate"]["0.3"] > 50 and c["none"]["sink_rate"]["0.3"] < 5
+    assert c["none"]["loss"] > c["prepend"]["loss"] + 1.0
+    assert cli.main(["perturb", "--model", "gemma3-270m", "--prompts", str(prompts), "--max-tokens", "48",
+                     "--noise", "1.0", "--position", "4", "--seed", "0", "--json", str(tmp_path / "p.json")]) == 0
+    p = json.loads((tmp_path / "p.json").read_text())
+    for cond in ("prepend", "none"):
+        assert len(p["per_layer"][cond]["mean_change"]) == gemma.cfg.n_layers + 1
