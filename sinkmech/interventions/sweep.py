@@ -42,6 +42,16 @@ def clean_resid(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> l
     return [cache[n] for n in names]
 
 
+# Each pass holds its logits and their log-softmax in fp32; a 262k vocabulary
+# (Gemma 3) makes 128 rows x 17 positions 2.3 GB each, so rows are capped here.
+LOGIT_BYTES = 1 << 30
+
+
+def logit_rows(model: HookedTransformer, n_pos: int, budget: int = LOGIT_BYTES) -> int:
+    """How many rows of `n_pos` positions keep one fp32 logits tensor within `budget` bytes."""
+    return max(1, budget // (n_pos * model.cfg.d_vocab * 4))
+
+
 def sweep(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
@@ -60,7 +70,8 @@ def sweep(
         tokens: the run being intervened on, right-padded [batch, pos].
         score: a bound metric, logits [copies, batch, content_pos, d_vocab] -> [copies].
         offset, n_content: content token j sits at position offset + j.
-        max_rows: rows per forward pass (copies x batch); at least one copy runs.
+        max_rows: rows per forward pass (copies x batch), lowered so one pass's
+            logits stay within LOGIT_BYTES; at least one copy runs.
 
     Returns:
         One metric value per intervention, in the order given.
@@ -69,7 +80,7 @@ def sweep(
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     batch, n_pos = tokens.shape
     starts = clean_resid(model, tokens)
-    per_pass = max(1, max_rows // batch)
+    per_pass = max(1, min(max_rows, logit_rows(model, n_pos)) // batch)
     by_layer: dict[int, list[int]] = {}
     for i, cell in enumerate(interventions):
         if not 0 <= cell.layer < model.cfg.n_layers:
