@@ -95,6 +95,29 @@ class ModelComparison:
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
+    def findings(self) -> dict:
+        """The quotable numbers, nested (see `sinkmech.findings.flatten`): per
+        condition the sink rates, loss, spread and scores; the with/without
+        contrasts; the dormant-head counts and no-op numbers."""
+        c = {k: {"sink_rate": r.sink_rate, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score,
+                 "uniform_score": r.uniform_score, "per_layer_score": r.per_layer_score}
+             for k, r in self.conditions.items()}
+        pre, none = self.conditions["prepend"], self.conditions["none"]
+        out = {
+            "n_prompts": self.n_prompts, "max_tokens": self.max_tokens, "spread_prompts": self.spread_prompts,
+            "spread_position": self.spread_position, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            **c,
+            "loss_gap": none.loss - pre.loss,
+            "spread_ratio": none.spread / pre.spread if pre.spread else None,
+        }
+        if self.dormant is not None:
+            d = self.dormant
+            out["dormant"] = {"n_prompts": d.n_prompts, "mode_counts": d.mode_counts,
+                              "n_if_else": len(d.if_else_heads), "if_else_heads": d.if_else_heads,
+                              "noop": {h: {k: n[k] for k in ("n_dormant", "n_active", "per_query_dormant",
+                                                             "per_query_active")} for h, n in d.noop.items()}}
+        return out
+
     def to_dataframe(self):
         import pandas as pd
 

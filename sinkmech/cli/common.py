@@ -150,7 +150,7 @@ def check_args(args) -> None:
     png = getattr(args, "png", None)
     if png is not None and Path(png).suffix.lower() not in IMAGE_SUFFIXES:
         raise UsageError(f"--png must end in {', '.join(IMAGE_SUFFIXES)}, got {png}")
-    for name in ("json", "png"):
+    for name in ("json", "png", "findings"):
         path = getattr(args, name, None)
         if path is not None and str(path) != "-":
             check_writable(Path(path), f"--{name}")

@@ -13,6 +13,7 @@ from sinkmech import models
 from sinkmech.cli.common import UsageError, prompts_arg
 from sinkmech.compare import ModelComparison, compare_model
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
+from sinkmech.findings import flatten, record
 from sinkmech.figures_compare import first_token_score_panels, spread_panels
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
@@ -32,6 +33,8 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--noop-prompts", type=int, default=16, help="prompts for the no-op check of the top candidates")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
+    p.add_argument("--findings", type=Path, default=None,
+                   help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.set_defaults(func=cmd_compare)
 
 
@@ -111,6 +114,10 @@ def cmd_compare(args) -> None:
                                      uniform={r.model: r.conditions["prepend"].uniform_score for r in results})
             spread_panels({r.model: {c: r.conditions[c].per_layer_spread for c in CONDITIONS} for r in results},
                           tmp / f"spread{suffix}", position=results[0].spread_position)
+    if args.findings is not None:
+        for r in results:
+            record(args.findings, flatten(f"{r.model}.compare", r.findings()), replace_prefix=f"{r.model}.compare")
+        print(f"recorded findings in {args.findings}")
     print(markdown(results))
     print(f"wrote {args.out}/compare.json, compare.md, first_token_score.png, spread.png "
           f"in {time.perf_counter() - t0:.0f} s")

@@ -8,6 +8,7 @@ from pathlib import Path
 from sinkmech import models
 from sinkmech.cli.common import MODEL_HELP, UsageError
 from sinkmech.files import check_output_dir
+from sinkmech.findings import record, report_findings
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.report.page import build_report
 
@@ -23,6 +24,8 @@ def add_report_parser(sub) -> None:
     p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
     p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
     p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")
+    p.add_argument("--findings", type=Path, default=None,
+                   help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier report in --out (as a whole); without it an earlier report is kept")
     p.set_defaults(func=cmd_report)
@@ -49,6 +52,10 @@ def cmd_report(args) -> None:
         view_prompts=args.view_prompts,
         overwrite=args.overwrite,
     )
+    if args.findings is not None:
+        label = args.model if "/" not in args.model else Path(args.model).stem
+        record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")
+        print(f"recorded findings in {args.findings}")
     rates = report.summary["sections"]["sinks"]["sink_rate"]
     for bos, r in rates.items():
         print(f"sink rate bos={bos}: " + ", ".join(f"eps {e}: {v:.1f}%" for e, v in r.items()))

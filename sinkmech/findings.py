@@ -1,0 +1,83 @@
+"""Named findings: every number the README states as a result is written here by
+the code that measured it, into one flat JSON file (`figures/findings.json`),
+e.g. `"smollm2.sink_rate.prepend.0.3": 66.8`. A test checks each number in the
+README's findings sections against this file at the precision written.
+
+`record` merges a command's values into the file (other commands' values stay);
+the write is atomic, so an interrupted run never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from sinkmech.files import cannot, finite_or_none
+
+Value = float | int | str | None
+
+
+def flatten(prefix: str, value) -> dict[str, Value]:
+    """Nested dicts and lists -> flat `prefix.key.key` names (list items by index)."""
+    if isinstance(value, Mapping):
+        out: dict[str, Value] = {}
+        for k, v in value.items():
+            out.update(flatten(f"{prefix}.{k}" if prefix else str(k), v))
+        return out
+    if isinstance(value, (list, tuple)):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(flatten(f"{prefix}.{i}", v))
+        return out
+    if isinstance(value, bool) or value is None or isinstance(value, (int, float, str)):
+        return {prefix: value}
+    return {prefix: float(value)}  # numpy / torch scalars
+
+
+def record(path: str | os.PathLike, values: Mapping[str, Value], *, replace_prefix: str | None = None) -> Path:
+    """Merge `values` into the findings file at `path`.
+
+    Args:
+        values: flat name -> number (or string, e.g. a head label).
+        replace_prefix: drop the file's earlier names under this prefix first
+            (a rerun of the same measurement never leaves stale values).
+    """
+    path = Path(path)
+    old: dict = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e.msg}); delete it to start afresh") from e
+    if replace_prefix is not None:
+        old = {k: v for k, v in old.items() if not (k == replace_prefix or k.startswith(replace_prefix + "."))}
+    merged = dict(sorted({**old, **finite_or_none(dict(values))}.items()))
+    with cannot("write findings to", path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(merged, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    return path
+
+
+# Per-head grids and raw id lists are in summary.json; findings keep the numbers
+# a write-up quotes (rates, ratios, per-layer curves, top heads, losses).
+SKIP = {"effects", "scores", "swap_ids", "values", "head_value_norms", "last_layer_change_per_prompt", "swaps"}
+
+
+def _prune(value):
+    if isinstance(value, Mapping):
+        return {k: _prune(v) for k, v in value.items() if k not in SKIP}
+    if isinstance(value, (list, tuple)):
+        return [_prune(v) for v in value]
+    return value
+
+
+def report_findings(label: str, summary: Mapping) -> dict[str, Value]:
+    """The report's quotable numbers, named `LABEL.report.SECTION.KEY...`."""
+    return flatten(f"{label}.report", {"settings": summary.get("settings", {}), **_prune(summary["sections"])})
