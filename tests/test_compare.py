@@ -78,3 +78,19 @@ def test_gemma_cli_contracts(gemma, tmp_path, monkeypatch):
     p = json.loads((tmp_path / "p.json").read_text())
     for cond in ("prepend", "none"):
         assert len(p["per_layer"][cond]["mean_change"]) == gemma.cfg.n_layers + 1
+
+
+@pytest.mark.slow
+def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
+    """Every report section (sinks, norms, views, spread, dormant heads + no-op, ablation + patching) runs on Gemma."""
+    from sinkmech import cli, models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: gemma)
+    out = tmp_path / "rep"
+    assert cli.main(["report", "--model", "gemma3-270m", "--out", str(out), "--n-prompts", "4", "--max-tokens", "8",
+                     "--heads", "2", "--view-tokens", "8", "--view-prompts", "1"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["model"] == "gemma3-270m" and (s["n_layers"], s["n_heads"]) == (18, 4)
+    assert sum(s["sections"]["dormant"]["mode_counts"].values()) == 18 * 4
+    assert len(s["sections"]["ablation"]["effects"]) == 18
+    assert "&lt;bos&gt;" in (out / "index.html").read_text()
