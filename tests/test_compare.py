@@ -93,4 +93,3 @@ def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
     assert s["model"] == "gemma3-270m" and (s["n_layers"], s["n_heads"]) == (18, 4)
     assert sum(s["sections"]["dormant"]["mode_counts"].values()) == 18 * 4
     assert len(s["sections"]["ablation"]["effects"]) == 18
-    assert "&lt;bos&gt;" in (out / "index.html").read_text()
