@@ -40,7 +40,7 @@ def strongest_key_heatmap(results: Mapping, path: str | os.PathLike, *, model_na
     panels = []
     for c, r in results.items():
         n_flag = int(r.flagged.sum())
-        panels.append((f"{CONDITION_LABELS.get(c, c)} ({n_flag} heads off position 0)",
+        panels.append((f"{CONDITION_LABELS.get(c, c)}\n{n_flag} head{'' if n_flag == 1 else 's'} off position 0",
                        r.strongest_position.numpy().astype(float)))
     vmax = max(1.0, max(float(a.max()) for _, a in panels))
     fig = heatmap_panels(panels, title=f"Strongest key position per head{_suffix(model_name)}",

@@ -44,7 +44,8 @@ def key_sinks_section(ctx: ReportContext) -> Section:
         flagged = []
         for l, h, pos in r.flagged_heads():
             top = [{"position": int(r.top_position[l, h, i]), "token": r.top_token[l][h][i],
-                    "score": float(r.top_scores[l, h, i])} for i in range(min(3, r.top_scores.shape[-1]))]
+                    "score": float(r.top_scores[l, h, i])} for i in range(min(3, r.top_scores.shape[-1]))
+                   if float(r.top_scores[l, h, i]) > float("-inf")]  # fewer scored keys than top_k
             flagged.append({"head": head_label(l, h), "position": pos, "alpha": float(r.by_position[l, h, pos]),
                             "alpha_0": float(r.by_position[l, h, 0]), "top_keys": top})
         flagged.sort(key=lambda f: f["alpha"] - f["alpha_0"], reverse=True)
@@ -66,7 +67,9 @@ def key_sinks_section(ctx: ReportContext) -> Section:
         + ". On average over heads, the strongest key of a single prompt is off position 0 in "
         + ", ".join(f"{100 * summary[c]['off_first_rate']:.0f}% of prompts {html.escape(CONDITION_LABELS[c])}"
                     for c in CONDITIONS)
-        + ".</p>"
+        + ". A strongest key near the end of the prompt marks a local head (recent keys, few queries after "
+        "them) rather than a secondary sink; one in the middle, with the same token in its top keys, is a "
+        "secondary sink.</p>"
     )
     if rows:
         body += table_html(["condition", "head", "strongest position", "alpha there", "alpha_0", "top keys (token @position)"],
