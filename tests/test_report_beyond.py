@@ -95,7 +95,8 @@ def test_massive_section_resets_from_the_onset(tiny_model, prompts, tmp_path, mo
                               max_tokens=12, **KW)
     m = rep.summary["sections"]["massive"]
     assert m["onset_layer"] is not None and m["reset"]["from_layer"] == m["onset_layer"]
-    assert m["reset"]["dims"] == m["massive_dims"] and "content loss from" in rep.index.read_text()
+    assert m["reset"]["dims"] == m["massive_dims"] and m["reset"]["n_prompts"] == 2
+    assert "On the first 2 prompts" in rep.index.read_text()
 
 
 def test_figures_refuse_empty_results(tmp_path):
