@@ -199,7 +199,7 @@ def length_section(ctx: ReportContext) -> Section:
     summary = sweep.to_dict()
     body = (
         f"<p>{len(batch)} texts with &lt;bos&gt;, cut to {', '.join(map(str, lengths))} content tokens. Per "
-        "length: the sink rate, the mean alpha_0 against that of uniform attention (which falls as 1/T), and the "
+        "length: the sink rate, the mean alpha_0 against that of uniform attention (H_T / T, which falls with T), and the "
         "KL cost (content positions) of masking the first key for the strongest sink head at that length.</p>")
     if sweep.skipped:
         body += "<p>Skipped: " + html.escape("; ".join(f"{T} ({why})" for T, why in sweep.skipped)) + ".</p>"
