@@ -18,10 +18,13 @@ from sinkmech.cli.ablate import add_ablate_parser
 from sinkmech.cli.common import UsageError, check_args
 from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.heads import add_heads_parser
+from sinkmech.cli.length import add_length_parser
+from sinkmech.cli.massive import add_massive_parser
 from sinkmech.cli.patch import add_patch_parser
 from sinkmech.cli.perturb import add_perturb_parser
 from sinkmech.cli.report import add_report_parser
 from sinkmech.cli.sinks import add_sinks_parser
+from sinkmech.cli.stream import add_stream_parser
 from sinkmech.cli.train import add_train_parser
 
 USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
@@ -33,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,
-                add_report_parser, add_compare_parser, add_train_parser):
+                add_report_parser, add_compare_parser, add_train_parser, add_stream_parser, add_massive_parser,
+                add_length_parser):
         add(sub)
     return parser
 

@@ -1,11 +1,14 @@
 """`sinkmech sinks`: sink scores and sink rates per head, with and without `<bos>`
-(Gu et al. 2025's sink rate, as used by Barbero et al. 2025)."""
+(Gu et al. 2025's sink rate, as used by Barbero et al. 2025); with `--keys all`,
+also every key's score alpha_k and the heads whose strongest key is not the
+first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.key_sinks)."""
 
 from __future__ import annotations
 
 from sinkmech import models
 from sinkmech.cli.common import UsageError, add_common, conditions, prompts_arg, warn_short, write_json
 from sinkmech.figures import sink_heatmap
+from sinkmech.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 
@@ -17,20 +20,46 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--bos", choices=["prepend", "none", "both"], default="both")
     p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
     p.add_argument("--top", type=int, default=10, help="how many top sink heads to list")
+    p.add_argument("--keys", choices=["first", "all"], default="first",
+                   help="first: score key 0 only (default); all: also score every key, list each head's top keys "
+                        "(JSON 'key_scores') and the heads whose strongest key is not position 0")
+    p.add_argument("--top-keys", type=int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
+    p.add_argument("--min-queries", type=int, default=8,
+                   help="with --keys all: score a key only when at least this many queries follow it (default 8)")
     p.set_defaults(func=cmd_sinks)
 
 
-def sinks_payload(results: dict, eps: list[str]) -> dict:
-    """The JSON contract of `sinkmech sinks`."""
+def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> dict:
+    """The JSON contract of `sinkmech sinks`; with `keys` (condition -> KeySinks),
+    each condition also holds `key_scores[layer][head]`: the top keys as
+    {"prompt", "position", "token", "score"}."""
     first = next(iter(results.values()))
+    conditions = {k: r.summary(eps) for k, r in results.items()}
+    for k, ks in (keys or {}).items():
+        conditions[k]["key_scores"] = ks.to_dict()["key_scores"]
     return {
         "model": first.model_name,
         "n_layers": first.n_layers,
         "n_heads": first.n_heads,
         "max_tokens": first.max_tokens,
         "n_prompts": first.n_prompts,
-        "conditions": {k: r.summary(eps) for k, r in results.items()},
+        "conditions": conditions,
     }
+
+
+def print_flagged(keys: dict) -> None:
+    """Heads whose strongest key (alpha_k averaged over prompts) is not position 0,
+    with the token text of their top keys."""
+    for c, ks in keys.items():
+        flagged = ks.flagged_heads()
+        print()
+        print(f"heads whose strongest key is not position 0 (bos={c}; keys with >= {ks.min_queries} queries after "
+              f"them): {len(flagged)}")
+        for l, h, pos in flagged:
+            alpha, alpha0 = float(ks.by_position[l, h, pos]), float(ks.by_position[l, h, 0])
+            top = ", ".join(f"{ks.top_token[l][h][r]!r} @{int(ks.top_position[l, h, r])} ({float(ks.top_scores[l, h, r]):.2f})"
+                            for r in range(ks.top_scores.shape[-1]) if float(ks.top_scores[l, h, r]) > float("-inf"))
+            print(f"  L{l}.H{h}  position {pos}: mean alpha {alpha:.3f} vs alpha_0 {alpha0:.3f}; top keys: {top}")
 
 
 def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
@@ -64,15 +93,23 @@ def cmd_sinks(args) -> None:
             raise UsageError(f"--eps takes numbers, got {e!r}") from None
         if not 0.0 <= value < 1.0:
             raise UsageError(f"--eps values must lie in [0, 1), got {e}")
+    for flag in ("top_keys", "min_queries"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     model = models.load_model(args.model)
-    results = {}
+    results, keys = {}, {}
     for bos in conditions(args.bos):
         batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens)
         warn_short(batch, args.max_tokens)
         results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
+        if args.keys == "all":
+            keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
+                                        batch_size=args.batch_size)
     print_sinks_table(results, args.eps, args.top)
+    if keys:
+        print_flagged(keys)
     if args.json:
-        write_json(args.json, sinks_payload(results, args.eps))
+        write_json(args.json, sinks_payload(results, args.eps, keys))
     if args.png:
         print(f"wrote {sink_heatmap(results, args.png, model_name=args.model)}")

@@ -45,6 +45,14 @@ class ReportContext:
     noop_prompts: int = 8  # no-op check of the top candidates
     ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
     ablation_tokens: int = 16
+    # the sections beyond the paper (sections_beyond): small, so the default
+    # report grows by about a minute
+    beyond_prompts: int = 16  # key sinks, massive activations, value-weighted attention
+    stream_tokens: int = 256  # one long text (capped by the model's context)
+    stream_window: int = 32
+    length_prompts: int = 4
+    length_tokens: int = 256  # longest evaluation length; halved length_steps - 1 times
+    length_steps: int = 3
     progress: bool = True
     cache: dict = field(default_factory=dict)
 
@@ -103,7 +111,8 @@ class ReportContext:
 
 
 SETTINGS = ("n_prompts", "max_tokens", "batch_size", "n_heads", "view_tokens", "view_prompts", "spread_prompts",
-            "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens")
+            "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens", "beyond_prompts",
+            "stream_tokens", "stream_window", "length_prompts", "length_tokens", "length_steps")
 
 
 

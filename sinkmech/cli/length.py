@@ -1,0 +1,60 @@
+"""`sinkmech length`: sink rate, mean first-token score against uniform
+attention, and the top sink heads' mask_first cost as the evaluation length
+grows (the same texts cut to each length; see sinkmech.eval_length)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sinkmech import models
+from sinkmech.cli.common import MODEL_HELP, UsageError, write_json
+from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
+from sinkmech.figures_beyond import length_lines
+from sinkmech.models import DEFAULT_MODEL
+from sinkmech.prompts import DEFAULT_EPS
+from sinkmech.sinks import format_eps
+
+
+def add_length_parser(sub) -> None:
+    p = sub.add_parser("length", help="sink rate and top-head mask_first cost against the evaluation length")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS),
+                   help="content lengths to measure (default 64 128 256 512 1024; longer than the context: skipped)")
+    p.add_argument("--n-prompts", type=int, default=8, help="texts of the Python docs, cut to each length (default 8)")
+    p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each text (default prepend)")
+    p.add_argument("--top", type=int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout)")
+    p.add_argument("--png", type=Path, default=None, help="write a figure here (.png or .svg)")
+    p.set_defaults(func=cmd_length)
+
+
+def print_length_table(sweep) -> None:
+    print()
+    print(f"{'length':>7} " + " ".join(f"{'rate>' + format_eps(e):>9}" for e in sweep.eps)
+          + f" {'mean a0':>8} {'uniform':>8}  top heads (mask_first KL)")
+    for i, T in enumerate(sweep.lengths):
+        heads = ", ".join(f"L{int(sweep.top_layer[i, r])}.H{int(sweep.top_head[i, r])} ({float(sweep.mask_first_cost[i, r]):.4f})"
+                          for r in range(sweep.top_layer.shape[1]))
+        print(f"{T:>7} " + " ".join(f"{float(sweep.sink_rate[i, j]):>8.1f}%" for j in range(len(sweep.eps)))
+              + f" {float(sweep.mean_score[i]):>8.3f} {float(sweep.uniform_score[i]):>8.3f}  {heads}")
+    for T, why in sweep.skipped:
+        print(f"skipped {T}: {why}")
+
+
+def cmd_length(args) -> None:
+    if any(T < 2 for T in args.lengths):
+        raise UsageError(f"--lengths must all be >= 2, got {args.lengths}")
+    lengths = sorted(set(args.lengths))
+    model = models.load_model(args.model)
+    if args.top > model.cfg.n_layers * model.cfg.n_heads:
+        raise UsageError(f"--top must be <= {model.cfg.n_layers * model.cfg.n_heads} (the model's heads), got {args.top}")
+    batch = long_prompts(model, args.n_prompts, max(lengths), bos=args.bos)
+    sweep = sinks_vs_length(model, batch, lengths=lengths, top_k=args.top, eps=DEFAULT_EPS, batch_size=args.batch_size)
+    print_length_table(sweep)
+    if args.json:
+        write_json(args.json, sweep.to_dict())
+    if args.png:
+        if not sweep.lengths:
+            raise UsageError("every length was skipped: nothing to draw")
+        print(f"wrote {length_lines(sweep, args.png, model_name=args.model)}")

@@ -1,0 +1,63 @@
+"""`sinkmech massive`: massive-activation dimensions of the first token (Sun et
+al. 2024) per residual layer, and the content loss and sink rate with those
+dimensions reset at position 0 from the onset layer on."""
+
+from __future__ import annotations
+
+from sinkmech import models
+from sinkmech.cli.common import add_common, prompts_arg, warn_short, write_json
+from sinkmech.figures_beyond import massive_figure
+from sinkmech.massive import massive_dims, reset_massive_dims
+from sinkmech.prompts import DEFAULT_EPS, tokenize
+
+
+def add_massive_parser(sub) -> None:
+    p = sub.add_parser("massive", help="massive activations of the first token per layer, and the cost of resetting them")
+    add_common(p)
+    p.add_argument("--n-prompts", type=int, default=32, help="use only the first N prompts (default 32)")
+    p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each prompt (default prepend)")
+    p.add_argument("--top", type=int, default=4, help="dimensions listed per layer (default 4)")
+    p.add_argument("--threshold", type=float, default=10.0,
+                   help="onset: first layer where ||h_0|| / mean ||h_t|| exceeds this (default 10)")
+    p.add_argument("--no-reset", action="store_true", help="skip the reset intervention (two more passes)")
+    p.set_defaults(func=cmd_massive)
+
+
+def print_massive_table(md, reset) -> None:
+    print()
+    print("first-token residual norm / mean norm of the other positions, and the top dimensions (|h_0[d]| / median)")
+    print(f"{'layer':>6} {'ratio':>8}  top dims")
+    for l, r in enumerate(md.norm_ratio.tolist()):
+        dims = ", ".join(f"{int(d)} ({float(md.dim_ratio[l, d]):.0f}x)" for d in md.top_dims[l])
+        mark = "  <- onset" if l == md.onset_layer else ""
+        print(f"{l:>6} {r:>8.1f}  {dims}{mark}")
+    if md.onset_layer is None:
+        print(f"no layer passes the threshold {md.threshold:g}: no massive activation")
+        return
+    print(f"massive dims: {list(md.massive_dims)} from residual layer {md.onset_layer} (0 = embeddings)")
+    if reset is not None:
+        print()
+        print(f"{'run':>6} {'loss':>8} " + " ".join(f"{'rate>' + format(e, 'g'):>9}" for e in DEFAULT_EPS))
+        for c, loss in (("clean", reset.loss_clean), ("reset", reset.loss_reset)):
+            print(f"{c:>6} {loss:>8.3f} " + " ".join(f"{reset.sink_rate(e, c):>8.1f}%" for e in DEFAULT_EPS))
+
+
+def cmd_massive(args) -> None:
+    prompts = prompts_arg(args)
+    model = models.load_model(args.model)
+    if args.top > model.cfg.d_model:
+        raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {args.top}")
+    batch = tokenize(model, prompts, bos=args.bos, max_tokens=args.max_tokens)
+    warn_short(batch, args.max_tokens)
+    md = massive_dims(model, batch, top_k=args.top, threshold=args.threshold, batch_size=args.batch_size)
+    reset = None
+    if not args.no_reset and md.onset_layer is not None and md.onset_layer < model.cfg.n_layers:
+        reset = reset_massive_dims(model, batch, dims=md.massive_dims, from_layer=md.onset_layer,
+                                   batch_size=args.batch_size)
+    print_massive_table(md, reset)
+    if args.json:
+        payload = {**md.to_dict(), "n_prompts": len(batch), "max_tokens": args.max_tokens,
+                   "reset": None if reset is None else reset.to_dict()}
+        write_json(args.json, payload)
+    if args.png:
+        print(f"wrote {massive_figure(md, args.png, model_name=args.model)}")

@@ -1,0 +1,70 @@
+"""`sinkmech stream`: perplexity of one long text under sliding-window
+attention, keeping the first keys (the sink) or not (Xiao et al. 2024,
+StreamingLLM), against full attention; the same scored tokens in every setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sinkmech import models
+from sinkmech.cli.common import MODEL_HELP, UsageError, write_json
+from sinkmech.figures_beyond import stream_bars
+from sinkmech.models import DEFAULT_MODEL
+from sinkmech.streaming import long_tokens, stream_perplexity
+
+
+def add_stream_parser(sub) -> None:
+    p = sub.add_parser("stream", help="perplexity under sliding-window attention, with and without the first keys (StreamingLLM)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--window", type=int, default=64, help="keys (t - W, t] each query sees (default 64)")
+    p.add_argument("--keep", type=int, nargs="+", default=[0, 1, 4],
+                   help="first keys kept visible beside the window, one run each (0: window only; default 0 1 4)")
+    p.add_argument("--max-tokens", type=int, default=512, help="content tokens of the long text (default 512)")
+    p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before the text (default prepend)")
+    p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout)")
+    p.add_argument("--png", type=Path, default=None, help="write a bar chart here (.png or .svg)")
+    p.set_defaults(func=cmd_stream)
+
+
+def check_stream_args(window: int, keep: list[int], max_tokens: int, bos: str) -> int:
+    """Flag checks before the model loads; returns the first scored position."""
+    if window < 1:
+        raise UsageError(f"--window must be >= 1, got {window}")
+    if any(k < 0 for k in keep):
+        raise UsageError(f"--keep values must be >= 0, got {keep}")
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
+    n_pos = max_tokens + (1 if bos == "prepend" else 0)
+    scored_from = window + max(keep)
+    if scored_from >= n_pos - 1:
+        raise UsageError(
+            f"no token left to score: positions {scored_from} on are scored (--window + max --keep) but the text "
+            f"has {n_pos} positions; raise --max-tokens above {scored_from + 1 - (n_pos - max_tokens)} or lower --window"
+        )
+    return scored_from
+
+
+def print_stream_table(result) -> None:
+    print()
+    print(f"perplexity over {result.n_scored} tokens (positions {result.scored_from}..{result.n_tokens - 2} predict the next)")
+    print(f"{'attention':>28} {'ppl':>10}")
+    print(f"{'full':>28} {result.full_ppl:>10.2f}")
+    for k, p in zip(result.keep, result.ppl):
+        label = f"last {result.window}" + (f" + first {k}" if k else " only")
+        print(f"{label:>28} {p:>10.2f}")
+
+
+def cmd_stream(args) -> None:
+    check_stream_args(args.window, args.keep, args.max_tokens, args.bos)
+    model = models.load_model(args.model)
+    n_pos = args.max_tokens + (1 if args.bos == "prepend" else 0)
+    if n_pos > model.cfg.n_ctx:
+        raise UsageError(f"--max-tokens {args.max_tokens} needs {n_pos} positions; {args.model} has a context of "
+                         f"{model.cfg.n_ctx}")
+    batch = long_tokens(model, args.max_tokens, bos=args.bos)
+    result = stream_perplexity(model, batch, window=args.window, keep=args.keep)
+    print_stream_table(result)
+    if args.json:
+        write_json(args.json, result.to_dict())
+    if args.png:
+        print(f"wrote {stream_bars(result, args.png, model_name=args.model)}")
