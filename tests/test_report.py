@@ -64,7 +64,8 @@ def test_summary_matches_the_analysis(built, tiny_model, prompts):
     assert max(v["prepend"] for v in top.values()) == pytest.approx(float(mean.max()), abs=1e-6)
     assert min(v["prepend"] for v in least.values()) == pytest.approx(float(mean.min()), abs=1e-6)
     assert min(v["prepend"] for v in top.values()) >= max(v["prepend"] for v in least.values())
-    assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation"}
+    assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation",
+                                  "key_sinks", "massive", "value_weighted", "streaming", "length"}
     for f in built.figures:
         assert f.exists() and f.stat().st_size > 1000, f
 
@@ -209,7 +210,8 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     assert 0 < rates["prepend"]["0.3"] <= 100 and 0 <= rates["prepend"]["0.8"] <= rates["prepend"]["0.3"]
     # The intervention sections respect the reduced settings.
     sec = s["sections"]
-    assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation"}
+    assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation",
+                                  "key_sinks", "massive", "value_weighted", "streaming", "length"}
     assert (sec["perturbation"]["n_prompts"], sec["perturbation"]["max_tokens"]) == (8, 8)
     assert sec["dormant"]["n_prompts"] == 8 and sum(sec["dormant"]["mode_counts"].values()) == 270
     assert (sec["ablation"]["n_prompts"], sec["ablation"]["max_tokens"]) == (4, 8)
