@@ -88,7 +88,8 @@ def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda *a, **k: gemma)
     out = tmp_path / "rep"
     assert cli.main(["report", "--model", "gemma3-270m", "--out", str(out), "--n-prompts", "4", "--max-tokens", "8",
-                     "--heads", "2", "--view-tokens", "8", "--view-prompts", "1"]) == 0
+                     "--heads", "2", "--view-tokens", "8", "--view-prompts", "1", "--beyond-prompts", "2",
+                     "--stream-tokens", "48", "--stream-window", "16", "--length-prompts", "2", "--length-tokens", "32", "--length-steps", "1"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["model"] == "gemma3-270m" and (s["n_layers"], s["n_heads"]) == (18, 4)
     assert sum(s["sections"]["dormant"]["mode_counts"].values()) == 18 * 4

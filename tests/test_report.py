@@ -202,7 +202,8 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     monkeypatch.setattr(sinkmech.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per session
     out = tmp_path / "rep"
     args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "8",
-            "--heads", "2", "--view-tokens", "10", "--view-prompts", "1"]
+            "--heads", "2", "--view-tokens", "10", "--view-prompts", "1", "--beyond-prompts", "2",
+            "--stream-tokens", "48", "--stream-window", "16", "--length-prompts", "2", "--length-tokens", "32", "--length-steps", "1"]
     assert cli.main(args) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["model"] == "smollm2" and s["n_layers"] == 30 and s["settings"]["n_prompts"] == 8

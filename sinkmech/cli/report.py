@@ -10,7 +10,13 @@ from sinkmech.cli.common import MODEL_HELP, UsageError
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
 from sinkmech.models import DEFAULT_MODEL
+from sinkmech.report.context import ReportContext
 from sinkmech.report.page import build_report
+
+
+# ReportContext settings a user can change from the command line, besides the flags above.
+SECTION_SIZES = ("spread_prompts", "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens",
+                 "beyond_prompts", "stream_tokens", "stream_window", "length_prompts", "length_tokens", "length_steps")
 
 
 def add_report_parser(sub) -> None:
@@ -24,6 +30,10 @@ def add_report_parser(sub) -> None:
     p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
     p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
     p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")
+    sizes = p.add_argument_group("section sizes (prompt counts are capped by --n-prompts)")
+    for name in SECTION_SIZES:
+        default = ReportContext.__dataclass_fields__[name].default
+        sizes.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"default {default}")
     p.add_argument("--findings", type=Path, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",
@@ -32,7 +42,7 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args) -> None:
-    for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts"):
+    for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts", *SECTION_SIZES):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
     check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
@@ -51,6 +61,7 @@ def cmd_report(args) -> None:
         view_tokens=args.view_tokens,
         view_prompts=args.view_prompts,
         overwrite=args.overwrite,
+        **{name: getattr(args, name) for name in SECTION_SIZES},
     )
     if args.findings is not None:
         label = args.model if "/" not in args.model else Path(args.model).stem
