@@ -36,8 +36,11 @@ def cmd_perturb(args) -> None:
     print(f"{'layer':>6} {'<bos>':>16} {'no <bos>':>16}")
     for l in range(s["mean_change"].shape[1]):
         print(f"{l:>6} " + " ".join(f"{float(s['mean_change'][c, l]):>7.3f} / {float(s['spread_fraction'][c, l]):>5.2f}" for c in range(2)))
-    ent = r.entropy.mean((1, 2))
-    print(f"mean attention entropy: with <bos> {float(ent[0]):.3f} nats, without {float(ent[1]):.3f} nats")
+    ent, norm = r.entropy.mean((1, 2)), r.normalized_entropy.nanmean((1, 2))
+    print(f"mean normalised attention entropy H / log(n_keys): with <bos> {float(norm[0]):.3f}, without {float(norm[1]):.3f} "
+          "(1 = uniform; queries with >= 2 keys)")
+    print(f"mean raw attention entropy: with <bos> {float(ent[0]):.3f} nats, without {float(ent[1]):.3f} nats "
+          "(not comparable: the <bos> run has one more key per query)")
     if args.json:
         write_json(args.json, {"model": args.model, **r.to_dict()})
     if args.png:

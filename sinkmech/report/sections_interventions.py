@@ -39,7 +39,7 @@ def spread_section(ctx: ReportContext) -> Section:
     pos = min(SPREAD_POSITION, min(map(len, rows)) - 2)  # leave later positions to reach
     swaps = corpus_swaps(rows, pos)
     res = perturbation_spread(model, rows, perturbation=swaps, threshold=SPREAD_THRESHOLD, progress=False, **kw)
-    change, entropy = res.change, res.entropy
+    change, entropy, norm_entropy = res.change, res.entropy, res.normalized_entropy
     news = [int(s.replacement[0]) for s in swaps]
     per, mean = res.per_layer(), res.mean_change()
     figs = ctx.figure("perturbation_spread", lambda p: figures.spread_heatmaps(
@@ -49,17 +49,21 @@ def spread_section(ctx: ReportContext) -> Section:
         {c: per["mean_change"][i].numpy() for i, c in enumerate(CONDITIONS)}, p,
         title="Change at later positions (layer 0 = embeddings)", ylabel="mean ||h'-h|| / ||h||"))
     ent = {c: entropy[i].mean(-1).numpy() for i, c in enumerate(CONDITIONS)}
+    norm_ent = {c: norm_entropy[i].nanmean(-1).numpy() for i, c in enumerate(CONDITIONS)}
     ent_figs = ctx.figure("attention_entropy", lambda p: figures.layer_lines(
-        ent, p, title="Attention entropy of content queries", ylabel="mean entropy (nats)"))
+        norm_ent, p, title="Normalised attention entropy H / log(n_keys) of content queries",
+        ylabel="mean H / log(n_keys) (1 = uniform)"))
     last = {c: float(per["mean_change"][i, -1]) for i, c in enumerate(CONDITIONS)}
     frac = {c: float(per["spread_fraction"][i, -1]) for i, c in enumerate(CONDITIONS)}
     mean_ent = {c: float(entropy[i].mean()) for i, c in enumerate(CONDITIONS)}
+    mean_norm = {c: float(norm_entropy[i].nanmean()) for i, c in enumerate(CONDITIONS)}
     swap_text = [[ctx.token_text(r[pos]), ctx.token_text(n)] for r, n in zip(rows, news)]
     later = res.later()
     summary = {
         "n_prompts": len(rows), "max_tokens": ctx.max_tokens, "position": pos, "threshold": SPREAD_THRESHOLD, "swaps": swap_text,
         "swap_ids": [[r[pos], n] for r, n in zip(rows, news)],
         "last_layer_mean_change": last, "last_layer_spread_fraction": frac, "mean_entropy": mean_ent,
+        "mean_normalized_entropy": mean_norm, "normalized_entropy_per_layer": {c: v.tolist() for c, v in norm_ent.items()},
         "per_layer": {c: {k: v[i].tolist() for k, v in per.items()} for i, c in enumerate(CONDITIONS)},
         "entropy_per_layer": {c: v.tolist() for c, v in ent.items()},
         "last_layer_change_per_prompt": {c: [float(change[i, p, -1][later[p]].mean()) for p in range(len(rows))]
@@ -67,7 +71,8 @@ def spread_section(ctx: ReportContext) -> Section:
     }
     rows_html = [["mean change at later positions, last layer"] + [last[c] for c in CONDITIONS],
                  [f"later positions changed by > {SPREAD_THRESHOLD:g}, last layer"] + [f"{100 * frac[c]:.0f}%" for c in CONDITIONS],
-                 ["mean attention entropy (nats)"] + [mean_ent[c] for c in CONDITIONS]]
+                 ["mean normalised attention entropy H / log(n_keys)"] + [mean_norm[c] for c in CONDITIONS],
+                 ["mean raw attention entropy (nats; the <bos> run has one more key)"] + [mean_ent[c] for c in CONDITIONS]]
     body = (
         f"<p>{len(rows)} prompts of up to {ctx.max_tokens} content tokens; in each, the token at content position {pos} "
         "is swapped for another token of the corpus (one token for one, so every other position keeps its place) and "
@@ -76,12 +81,15 @@ def spread_section(ctx: ReportContext) -> Section:
         + html.escape(", ".join(f"{a!r} -> {b!r}" for a, b in swap_text)) + ".</p>"
         + table_html(["", *(CONDITION_LABELS[c] for c in CONDITIONS)], rows_html)
         + f"<p>Here the last-layer change without &lt;bos&gt; is {last['none'] / max(last['prepend'], 1e-12):.2f}x the "
-        f"change with it, and attention is {'smoother' if mean_ent['none'] > mean_ent['prepend'] else 'sharper'} without "
-        f"&lt;bos&gt; ({mean_ent['none']:.3f} vs {mean_ent['prepend']:.3f} nats; the paper reports wider spread and "
-        "smoother maps without the sink).</p>"
+        f"change with it, and attention is {'smoother' if mean_norm['none'] > mean_norm['prepend'] else 'sharper'} without "
+        f"&lt;bos&gt; (normalised entropy {mean_norm['none']:.3f} vs {mean_norm['prepend']:.3f}; the paper reports wider "
+        "spread and smoother maps without the sink). Entropy is compared normalised, H / log(n_keys) per query "
+        "(queries with one key left out): the &lt;bos&gt; run has one more key per query, which alone raises the raw "
+        f"entropy of a uniform head (raw: {mean_ent['none']:.3f} vs {mean_ent['prepend']:.3f} nats).</p>"
         + figure_html(figs, "Relative change of the residual stream, layer x content position", ctx.out)
         + figure_html(line_figs, "Mean change over the positions after the swap", ctx.out)
-        + figure_html(ent_figs, "Attention entropy per layer (smoother maps = higher)", ctx.out)
+        + figure_html(ent_figs, "Normalised attention entropy H / log(n_keys) per layer (smoother maps = higher; "
+                      "1 = uniform)", ctx.out)
     )
     return Section("perturbation", "Perturbation spread with and without <bos>", body,
                    tuple(figs + line_figs + ent_figs), summary)
