@@ -259,3 +259,74 @@ def repeat_collapse(
         P = len(prefixes)
         out.append((h_last[:P] - h_last[P:]).norm(dim=-1).float().cpu())
     return torch.stack(out, 1)
+
+
+@dataclass(frozen=True)
+class SensitivityStudy:
+    """The path bound tested on a few prompts, with and without `<bos>`.
+
+    `spearman[c, p]`: Spearman correlation, over the causal pairs i <= j of
+    prompt p in condition `conditions[c]`, between ||d h_j^(L) / d h_i^(0)||
+    and the path weight; `spearman_off_diagonal` the same over i < j only
+    (the residual's own i = j term dominates both sides). `rank_collapse`
+    [c, p, resid_layer] without the sink position, `rank_collapse_all` with it.
+    """
+
+    spearman: Float[Tensor, "bos prompt"]
+    spearman_off_diagonal: Float[Tensor, "bos prompt"]
+    rank_collapse: Float[Tensor, "bos prompt resid_layer"]
+    rank_collapse_all: Float[Tensor, "bos prompt resid_layer"]
+    conditions: tuple[str, ...]
+    max_tokens: int
+    n_layers: int
+
+    def to_dict(self) -> dict:
+        per = lambda t: {c: t[i].tolist() for i, c in enumerate(self.conditions)}  # noqa: E731
+        mean = lambda t: {c: float(t[i].nanmean()) for i, c in enumerate(self.conditions)}  # noqa: E731
+        return {
+            "max_tokens": self.max_tokens, "n_layers": self.n_layers, "n_prompts": self.spearman.shape[1],
+            "spearman_mean": mean(self.spearman), "spearman": per(self.spearman),
+            "spearman_off_diagonal_mean": mean(self.spearman_off_diagonal),
+            "spearman_off_diagonal": per(self.spearman_off_diagonal),
+            "rank_collapse_without_first": per(self.rank_collapse.mean(1)),
+            "rank_collapse_with_first": per(self.rank_collapse_all.mean(1)),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def sensitivity_study(
+    model: HookedTransformer,
+    tokens: PromptSource,
+    *,
+    max_tokens: int = 16,
+    bos_token_id: int | None = None,
+    n_layers: int | None = None,
+    progress: bool = True,
+) -> SensitivityStudy:
+    """Jacobian norms vs path weights (rank correlation) and rank collapse for
+    every prompt of `tokens`, cut to `max_tokens` content tokens (keep both
+    small: one Jacobian per prompt and condition), with and without `<bos>`."""
+    from tqdm.auto import tqdm
+
+    from sinkmech.prompts import CONDITIONS
+
+    L = _check_layers(model, n_layers)
+    plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    rows = plain.content()
+    rho = torch.full((len(CONDITIONS), len(rows)), float("nan"))
+    rho_off = rho.clone()
+    rc, rc_all = [], []
+    steps = [(c, p) for c in range(len(CONDITIONS)) for p in range(len(rows))]
+    for c, p in tqdm(steps, desc="sensitivity", disable=not progress, unit="prompt"):
+        batch = tokenize(model, [rows[p]], bos=CONDITIONS[c], max_tokens=max_tokens, bos_token_id=bos_token_id)
+        seq = batch.tokens[0, : int(batch.lengths[0])]
+        s = Sensitivity(jacobian_norms(model, seq, n_layers=L).float().cpu(),
+                        path_weights(attention_patterns(model, seq, L)).float().cpu(), batch.bos, L)
+        rho[c, p], rho_off[c, p] = s.rank_correlation(), s.rank_correlation(exclude_self=True)
+    for bos in CONDITIONS:
+        batch = tokenize(model, rows, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        rc.append(rank_collapse(model, batch))
+        rc_all.append(rank_collapse(model, batch, exclude_first=False))
+    return SensitivityStudy(rho, rho_off, torch.stack(rc), torch.stack(rc_all), CONDITIONS, max_tokens, L)

@@ -261,8 +261,8 @@ def test_bad_input_gets_clear_errors(planted):
 @pytest.mark.slow
 def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     """The CLI on a small slice of the default corpus: the JSON contract holds and
-    the no-op check reports both numbers for the top if_else heads (or, when
-    none passes on so small a slice, for the closest candidates)."""
+    the no-op check reports both numbers, with intervals, for every if_else head
+    and the two closest candidates besides."""
     from sinkmech import cli, models
     from sinkmech.prompts import default_corpus
 
@@ -289,12 +289,12 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     assert all(0.0 <= e["dormant_fraction"] + e["active_fraction"] <= 1.0 + 1e-6 for e in heads)
     if_else = [(e["layer"], e["head"]) for e in heads if e["mode"] == "if_else"]
     checked = [(r["layer"], r["head"]) for r in payload["noop"]["heads"]]
-    if if_else:
-        assert set(checked) <= set(if_else) and len(checked) == min(2, len(if_else))
-    else:
-        assert len(checked) == 2
+    assert set(checked[: len(if_else)]) == set(if_else)
+    assert len(checked) == len(if_else) + 2 and not set(checked[len(if_else):]) & set(if_else)
     for r in payload["noop"]["heads"]:
         assert isinstance(r["delta_loss_dormant"], float) and isinstance(r["delta_loss_active"], float)
+        assert r["per_query_dormant_ci"] is None or len(r["per_query_dormant_ci"]) == 2
+    assert all("replication" in e for e in heads)
     captured = capsys.readouterr()
     assert "no-op check" in captured.out and ("top if-else heads" in captured.out or "no head passes" in captured.out)
     assert "out of range" in captured.err
