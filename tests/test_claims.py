@@ -125,3 +125,22 @@ def test_noop_heads_takes_all_if_else_heads_then_candidates():
                            ranked=lambda: [(3, 1), (2, 0), (5, 5), (1, 1), (0, 0)])
     assert noop_heads(scan, 2) == [(3, 1), (2, 0), (5, 5), (1, 1)]
     assert noop_heads(scan, 0) == []
+
+
+def test_report_restoration_curve_keeps_the_no_bos_sink(tiny_model, tiny_tokens, tmp_path):
+    """The report's <bos> -> no-<bos> resid_pre curve patches content positions
+    1..n-1 only (the old curve also overwrote position 0, the no-<bos> run's sink)."""
+    from sinkmech.interventions.patching import bos_pair, patch_resid_pre
+    from sinkmech.report.context import ReportContext
+    from sinkmech.report.sections_interventions import ablation_section
+
+    rows = tiny_tokens[:2, :8].tolist()
+    ctx = ReportContext(model=tiny_model, out=tmp_path, prompts=rows, n_prompts=2, max_tokens=8, bos_token_id=TINY_BOS,
+                        ablation_prompts=2, ablation_tokens=8, progress=False)
+    got = ablation_section(ctx).summary["patch_resid_pre"]
+    pair = bos_pair(tiny_model, rows, max_tokens=8, bos_token_id=TINY_BOS)
+    want = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", progress=False, positions=range(1, 8))
+    old = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", progress=False)
+    assert got["patched_content_positions"] == [1, 7]
+    assert got["values"] == pytest.approx(want.values.tolist(), abs=1e-6)
+    assert max(abs(a - b) for a, b in zip(got["values"], old.values.tolist())) > 1e-4

@@ -174,8 +174,11 @@ def ablation_section(ctx: ReportContext) -> Section:
     prompts, T = ctx.first(ctx.ablation_prompts), min(ctx.ablation_tokens, ctx.max_tokens)
     abl = head_ablations(model, prompts, mode="mask_first", bos="prepend", max_tokens=T, bos_token_id=ctx.bos_token_id,
                          max_rows=ABLATION_ROWS, progress=ctx.progress)
-    pr = patch_resid_pre(model, bos_pair(model, prompts, max_tokens=T, bos_token_id=ctx.bos_token_id),
-                         per_position=False, source="prepend", progress=False)
+    pair = bos_pair(model, prompts, max_tokens=T, bos_token_id=ctx.bos_token_id)
+    # Content positions 1..n-1 only: content position 0 is the no-<bos> run's own sink; overwriting it
+    # with the <bos> run's (ordinary) first content token would measure destroying that sink.
+    pr = patch_resid_pre(model, pair, per_position=False, source="prepend", progress=False,
+                         positions=range(1, pair.n_content))
     heat = ctx.figure("ablation_mask_first", lambda p: figures.patching_heatmaps(
         {"mask_first, with <bos>": abl.effects.numpy()}, p, diverging=False, cbar_label="KL(clean || ablated), nats",
         title="Sink of one head masked: effect on the output"))
@@ -183,13 +186,18 @@ def ablation_section(ctx: ReportContext) -> Section:
     curve = ctx.figure("patch_resid_pre", lambda p: figures.layer_lines(
         {"resid_pre patched at this layer": pr.values.clamp(min=1e-6).numpy(),
          "unpatched no-<bos> run": np.full(n_layers, max(pr.baseline, 1e-6))}, p, logy=True,
-        title="<bos> run's residual patched into the no-<bos> run", ylabel="KL to the <bos> run (nats)"))
+        title="<bos> run's resid_pre at content positions 1..n-1 patched into the no-<bos> run "
+              "(its position 0 kept)", ylabel="KL to the <bos> run, positions 1..n-1 (nats)"))
     top = abl.top_heads(5)
     restored = pr.restored()
     summary = {
         "n_prompts": abl.n_prompts, "max_tokens": T, "mode": abl.mode, "metric": abl.metric,
         "effects": abl.effects.tolist(), "top_heads": [[head_label(l, h), e] for l, h, e in top],
-        "patch_resid_pre": {"baseline": pr.baseline, "values": pr.values.tolist(), "restored": restored.tolist()},
+        "patch_resid_pre": {"baseline": pr.baseline, "values": pr.values.tolist(), "restored": restored.tolist(),
+                            "patched_content_positions": [1, pair.n_content - 1],
+                            "definition": "resid_pre of the <bos> run at content positions 1..n-1 written into the "
+                                          "no-<bos> run at the same content positions; the no-<bos> run keeps its own "
+                                          "position 0 (its sink); KL over content positions 1..n-1"},
     }
     best = int(torch.nan_to_num(restored, nan=-1e9).argmax())
     body = (
@@ -198,11 +206,15 @@ def ablation_section(ctx: ReportContext) -> Section:
         "between the clean and ablated next-token distributions over content positions. Largest effects: "
         + html.escape(", ".join(f"{head_label(l, h)} ({e:.3g})" for l, h, e in top)) + ".</p>"
         + figure_html(heat, "mask_first ablation effect per head", ctx.out)
-        + f"<p>Removing &lt;bos&gt; moves the output by KL {pr.baseline:.3g} nats. Patching the &lt;bos&gt; run's "
-        "residual stream (all content positions) into the no-&lt;bos&gt; run before layer l closes the fraction "
+        + f"<p>Removing &lt;bos&gt; moves the output at content positions 1..{pair.n_content - 1} by KL "
+        f"{pr.baseline:.3g} nats. Patching the &lt;bos&gt; run's residual stream at content positions "
+        f"1..{pair.n_content - 1} into the no-&lt;bos&gt; run before layer l closes the fraction "
         f"1 &minus; KL/{pr.baseline:.3g} of that gap; best at layer {pr.layers[best]}: "
-        f"{float(restored[best]):.2f}. Negative values: the patch makes the no-&lt;bos&gt; run further from "
-        "the &lt;bos&gt; run.</p>"
-        + figure_html(curve, "Restoration curve: resid_pre patched per layer", ctx.out)
+        f"{float(restored[best]):.2f}. Content position 0 is not patched: without &lt;bos&gt; it is that run's own "
+        "sink, and overwriting it with the &lt;bos&gt; run's ordinary first content token would measure the damage "
+        "of destroying the sink, not the restoration. Negative values: the patch makes the no-&lt;bos&gt; run "
+        "further from the &lt;bos&gt; run.</p>"
+        + figure_html(curve, f"Restoration curve: resid_pre of content positions 1..{pair.n_content - 1} patched "
+                      "per layer (the no-<bos> run keeps its position 0, its sink)", ctx.out)
     )
     return Section("ablation", "Sink ablation and patching", body, tuple(heat + curve), summary)
