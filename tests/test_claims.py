@@ -119,7 +119,7 @@ def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, 
 
 
 def test_noop_heads_takes_all_if_else_heads_then_candidates():
-    from sinkmech.cli.heads import noop_heads
+    from sinkmech.dormant.noop import noop_heads
 
     scan = SimpleNamespace(if_else_heads=lambda: [(3, 1), (2, 0)],
                            ranked=lambda: [(3, 1), (2, 0), (5, 5), (1, 1), (0, 0)])

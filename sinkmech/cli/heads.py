@@ -6,7 +6,7 @@ import json
 
 from sinkmech import models
 from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, write_json
-from sinkmech.dormant.noop import noop_check
+from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.figures import heatmap_panels, save
 from sinkmech.hooks import parse_head
@@ -111,15 +111,6 @@ def print_noop(check) -> None:
         print(f"{f'{r.layer}.{r.head}':>7} {r.n_dormant:>7} {r.n_active:>6} {r.delta_loss_dormant:>11.5f} "
               f"{r.delta_loss_active:>10.5f} {_fmt(r.per_query_dormant, '.5f'):>11} {_ci(r.per_query_dormant_ci):>22} "
               f"{_fmt(r.per_query_active, '.5f'):>10} {_ci(r.per_query_active_ci):>22}")
-
-
-def noop_heads(scan, n_candidates: int) -> list[tuple[int, int]]:
-    """Every head labelled if_else, then the `n_candidates` best-ranked heads
-    that are not (the closest candidates); [] for 0."""
-    if n_candidates < 1:
-        return []
-    found = scan.if_else_heads()
-    return found + [hd for hd in scan.ranked() if hd not in found][:n_candidates]
 
 
 def cmd_heads(args) -> None:

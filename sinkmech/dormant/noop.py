@@ -74,6 +74,16 @@ class NoopCheck:
                            "heads": [r.to_dict() for r in self.results]})
 
 
+def noop_heads(scan, n_candidates: int) -> list[tuple[int, int]]:
+    """The heads a no-op check should cover: every head the scan (a HeadScan)
+    labels if_else, then the `n_candidates` best-ranked heads that are not
+    (the closest candidates); [] for 0."""
+    if n_candidates < 1:
+        return []
+    found = scan.if_else_heads()
+    return found + [hd for hd in scan.ranked() if hd not in found][:n_candidates]
+
+
 def noop_check(
     model: HookedTransformer,
     tokens: TokenBatch | PromptSource,

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from sinkmech import figures
-from sinkmech.dormant.noop import noop_check
+from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
@@ -104,7 +104,19 @@ def _nats(x: float | None) -> str:
 
 
 def _triggers(entry: dict, n: int = 3) -> str:
-    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f}" for t in entry["triggers"][:n]) or "none"
+    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} ({t['n_prompts']}p)"
+                     for t in entry["triggers"][:n]) or "none"
+
+
+def _replication(rep: dict | None) -> str:
+    if rep is None:
+        return "no trigger"
+    f = lambda x: "n/a" if x is None else f"x{x:.1f}"  # noqa: E731
+    return f"{f(rep['lift_even'])} / {f(rep['lift_odd'])} ({'replicated' if rep['replicated'] else 'not replicated'})"
+
+
+def _interval(ci) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
 def dormant_section(ctx: ReportContext) -> Section:
@@ -116,21 +128,25 @@ def dormant_section(ctx: ReportContext) -> Section:
     ranked = found or scan.ranked()
     shown = ranked[: max(6, ctx.n_heads)]
     cands = ranked[: ctx.n_heads]
+    checked = noop_heads(scan, ctx.n_heads)  # every if_else head and the closest candidates besides
     entries = {head_label(*hd): scan.head_summary(*hd) for hd in shown}
     counts = {m: sum(row.count(m) for row in scan.modes) for m in ("sink", "active", "if_else", "mixed")}
     table = table_html(
         ["head", "mode", "if-else score", "dormant frac.", "active frac.", "||v|| first token", "||v|| read when active",
-         "output norm dormant / active", "top triggers (token@where x lift)"],
+         "output norm dormant / active", "top triggers (token@where x lift, prompts)",
+         "top trigger on even / odd prompts"],
         [[name, e["mode"], e["if_else_score"], e["dormant_fraction"], e["active_fraction"], e["value_norm_first"],
-          e["value_norm_active"], _ratio(e["output_norm_dormant"], e["output_norm_active"]), _triggers(e)]
+          e["value_norm_active"], _ratio(e["output_norm_dormant"], e["output_norm_active"]), _triggers(e),
+          _replication(e["replication"])]
          for name, e in entries.items()])
     th = scan.thresholds
-    noop = noop_check(model, ctx.first(ctx.noop_prompts), cands, bos="prepend", max_tokens=ctx.max_tokens,
+    noop = noop_check(model, ctx.first(ctx.noop_prompts), checked, bos="prepend", max_tokens=ctx.max_tokens,
                       batch_size=ctx.batch_size, bos_token_id=ctx.bos_token_id, high=th.high, low=th.low, progress=False)
     noop_table = table_html(
-        ["head", "dormant queries", "active queries", "loss change per forced dormant query",
-         "loss change per forced active query"],
-        [[head_label(r.layer, r.head), r.n_dormant, r.n_active, _nats(r.per_query_dormant), _nats(r.per_query_active)]
+        ["head", "mode", "dormant queries", "active queries", "loss change per forced dormant query",
+         f"{100 * noop.ci_level:.0f}% interval", "loss change per forced active query", f"{100 * noop.ci_level:.0f}% interval"],
+        [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active, _nats(r.per_query_dormant),
+          _interval(r.per_query_dormant_ci), _nats(r.per_query_active), _interval(r.per_query_active_ci)]
          for r in noop.results])
     names = [head_label(*hd) for hd in cands]
     get = lambda t: [float(t[hd]) for hd in cands]  # noqa: E731
@@ -151,14 +167,19 @@ def dormant_section(ctx: ReportContext) -> Section:
         "n_prompts": scan.n_prompts, "max_tokens": ctx.max_tokens, "n_queries": scan.n_queries, "mode_counts": counts,
         "if_else_heads": [head_label(*hd) for hd in found], "candidates": entries,
         "noop": {"n_prompts": min(ctx.noop_prompts, ctx.n_prompts), "loss_clean": noop.loss_clean,
-                 "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
+                 "ci_level": noop.ci_level, "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
     }
     body = (
         f"<p>Every head profiled over {scan.n_prompts} prompts x {ctx.max_tokens} tokens with &lt;bos&gt; "
         f"({scan.n_queries} queries). A query is dormant when its attention on position 0 is >= {th.high:g}, active "
         f"at <= {th.low:g}. Labels: " + html.escape(", ".join(f"{v} {k}" for k, v in counts.items())) + f". {verdict}</p>"
-        + table + f"<p>No-op check on {summary['noop']['n_prompts']} prompts: the head is forced onto the first token "
-        "on its dormant queries (should cost ~nothing) and on its active ones; next-token loss change in nats "
+        + table + f"<p>A trigger counts only with active queries in >= {th.min_prompts} distinct prompts, and the "
+        f"if-else label needs the top trigger to reach lift {th.min_lift:g} on the even and on the odd prompts "
+        "separately (last column).</p>"
+        + f"<p>No-op check on {summary['noop']['n_prompts']} prompts, for every if-else head and the "
+        f"{ctx.n_heads} closest candidates besides: the head is forced onto the first token "
+        "on its dormant queries (should cost ~nothing) and on its active ones; next-token loss change in nats per "
+        f"forced query, with a {100 * noop.ci_level:.0f}% bootstrap interval over prompts "
         f"(clean loss {noop.loss_clean:.3f}).</p>" + noop_table
         + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
                       "(no bar: the head never was in that mode)", ctx.out)
