@@ -5,7 +5,8 @@ the Jacobian d h_j^(L) / d h_i^(0) (h^(0): the residual stream entering layer
 0), by autograd. The paper bounds it by a constant^L times the sum over all
 paths i -> j of products of per-layer mixing weights, where layer l mixes with
 M^(l) = (sum_h A^(l,h) + I) / (n_heads + 1); the sum over paths is the matrix
-product M^(L-1) ... M^(0). Rank collapse at layer l: ||X - 1 mean(X)||_F / ||X||_F
+product M^(L-1) ... M^(0); `sensitivity_study` tests the bound's ranking (Spearman
+correlation of the two over the causal pairs). Rank collapse at layer l: ||X - 1 mean(X)||_F / ||X||_F
 over the real token vectors, by default without position 0 (the sink's residual
 is ~100x the others' and alone keeps the ratio near 1). Representational
 collapse (the paper's setting): a real prefix whose last token is repeated k
@@ -22,10 +23,11 @@ from typing import Sequence
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name, cached_run, residual_stack, right_padding
-from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, check_bos, tokenize
+from sinkmech.prompts import CONDITIONS, Bos, PromptSource, TokenBatch, as_batch, check_bos, tokenize
 
 
 def spearman(x: Tensor, y: Tensor) -> float:
@@ -308,10 +310,6 @@ def sensitivity_study(
     """Jacobian norms vs path weights (rank correlation) and rank collapse for
     every prompt of `tokens`, cut to `max_tokens` content tokens (keep both
     small: one Jacobian per prompt and condition), with and without `<bos>`."""
-    from tqdm.auto import tqdm
-
-    from sinkmech.prompts import CONDITIONS
-
     L = _check_layers(model, n_layers)
     plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
     rows = plain.content()
