@@ -305,11 +305,14 @@ def sensitivity_study(
     max_tokens: int = 16,
     bos_token_id: int | None = None,
     n_layers: int | None = None,
+    chunk_size: int = 16,
     progress: bool = True,
 ) -> SensitivityStudy:
     """Jacobian norms vs path weights (rank correlation) and rank collapse for
     every prompt of `tokens`, cut to `max_tokens` content tokens (keep both
-    small: one Jacobian per prompt and condition), with and without `<bos>`."""
+    small: one Jacobian per prompt and condition), with and without `<bos>`.
+    `chunk_size`: backward passes vmapped at once; memory grows with it (256
+    took > 20 GB on SmolLM2 at 9 tokens)."""
     L = _check_layers(model, n_layers)
     plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
     rows = plain.content()
@@ -320,7 +323,7 @@ def sensitivity_study(
     for c, p in tqdm(steps, desc="sensitivity", disable=not progress, unit="prompt"):
         batch = tokenize(model, [rows[p]], bos=CONDITIONS[c], max_tokens=max_tokens, bos_token_id=bos_token_id)
         seq = batch.tokens[0, : int(batch.lengths[0])]
-        s = Sensitivity(jacobian_norms(model, seq, n_layers=L).float().cpu(),
+        s = Sensitivity(jacobian_norms(model, seq, n_layers=L, chunk_size=chunk_size).float().cpu(),
                         path_weights(attention_patterns(model, seq, L)).float().cpu(), batch.bos, L)
         rho[c, p], rho_off[c, p] = s.rank_correlation(), s.rank_correlation(exclude_self=True)
     for bos in CONDITIONS:
