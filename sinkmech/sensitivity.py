@@ -83,8 +83,18 @@ def jacobian_norms(
     def f(x: Tensor) -> Tensor:
         return model(x[None], start_at_layer=0, stop_at_layer=L)[0]
 
-    with right_padding(model):
-        jac = torch.func.jacrev(f, chunk_size=chunk_size)(h0)  # [j, d, i, d]
+    # Gradients w.r.t. the input only: with parameters requiring grad, the
+    # vmapped backward also builds per-cotangent weight gradients (chunk x
+    # n_params floats: > 20 GB on SmolLM2).
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in params:
+            p.requires_grad_(False)
+        with right_padding(model):
+            jac = torch.func.jacrev(f, chunk_size=chunk_size)(h0)  # [j, d, i, d]
+    finally:
+        for p in params:
+            p.requires_grad_(True)
     return jac.detach().pow(2).sum((1, 3)).sqrt()
 
 
@@ -305,14 +315,13 @@ def sensitivity_study(
     max_tokens: int = 16,
     bos_token_id: int | None = None,
     n_layers: int | None = None,
-    chunk_size: int = 16,
+    chunk_size: int = 64,
     progress: bool = True,
 ) -> SensitivityStudy:
     """Jacobian norms vs path weights (rank correlation) and rank collapse for
     every prompt of `tokens`, cut to `max_tokens` content tokens (keep both
     small: one Jacobian per prompt and condition), with and without `<bos>`.
-    `chunk_size`: backward passes vmapped at once; memory grows with it (256
-    took > 20 GB on SmolLM2 at 9 tokens)."""
+    `chunk_size`: backward passes vmapped at once; memory grows with it."""
     L = _check_layers(model, n_layers)
     plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
     rows = plain.content()

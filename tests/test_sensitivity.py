@@ -32,6 +32,8 @@ def test_jacobian_matches_finite_differences(tiny_model, tiny_tokens):
             fd = torch.stack(cols, -1).pow(2).sum((1, 2)).sqrt()  # per output position
             assert torch.allclose(jac[:, i].double(), fd, rtol=2e-2, atol=1e-3)
     assert jac.triu(1).abs().max() == 0  # causal
+    # parameters are frozen only during the Jacobian (no per-cotangent weight gradients)
+    assert all(p.requires_grad for p in tiny_model.parameters())
 
 
 def test_path_weights_equal_brute_force_path_enumeration(tiny_tokens):
