@@ -58,11 +58,15 @@ class PerturbationSpread:
     layer) and content position j; NaN on padding. `last_changed[p]` is the last
     content position the perturbation touches directly; later positions are the
     ones it can only reach by mixing. `entropy[c, l, h]` is the mean attention
-    entropy (nats) over real content queries of the clean run.
+    entropy (nats) over real content queries of the clean run (raw: the `<bos>`
+    run's rows have one more key); `normalized_entropy[c, l, h]` the mean of
+    H / log(n_keys) over content queries with >= 2 keys, the comparison to
+    make between conditions (1 = uniform).
     """
 
     change: Float[Tensor, "bos prompt resid_layer pos"]
     entropy: Float[Tensor, "bos layer head_index"]
+    normalized_entropy: Float[Tensor, "bos layer head_index"]
     last_changed: Int[Tensor, "prompt"]
     conditions: tuple[str, ...]
     kind: str
@@ -107,6 +111,7 @@ class PerturbationSpread:
             "mean_change": {c: torch.nan_to_num(self.mean_change()[i]).tolist() for i, c in enumerate(self.conditions)},
             "per_layer": {c: {k: v[i].tolist() for k, v in s.items()} for i, c in enumerate(self.conditions)},
             "entropy": {c: self.entropy[i].tolist() for i, c in enumerate(self.conditions)},
+            "normalized_entropy": {c: self.normalized_entropy[i].tolist() for i, c in enumerate(self.conditions)},
         }
 
     def to_json(self) -> str:
@@ -172,11 +177,18 @@ def _noise_hook(noise: Tensor, position: int):
 
 
 def _entropy_hook(store: list, mask: Tensor, offset: int):
+    """Per head: summed raw entropy and its count over real content queries, and
+    summed H / log(n_keys) and its count over those with >= 2 keys."""
+
     def hook(pattern: Tensor, hook) -> None:
         a = pattern[:, :, offset:]  # content queries
         h = -(a * torch.log(a.clamp(min=1e-30))).sum(-1)  # [batch, head, query]
         w = mask[:, None, :].float()
-        store.append(((h * w).sum((0, 2)), w.sum((0, 2))))
+        # causal: the query at position t sees t + 1 keys (padding sits after it)
+        n_keys = torch.arange(offset, offset + a.shape[2], device=a.device, dtype=h.dtype) + 1
+        wn = w * (n_keys > 1).to(w)
+        hn = h / n_keys.log().clamp(min=1e-12)
+        store.append(((h * w).sum((0, 2)), w.sum((0, 2)), (hn * wn).sum((0, 2)), wn.sum((0, 2))))
 
     return hook
 
@@ -247,7 +259,7 @@ def perturbation_spread(
         kind = f"noise {perturbation.scale:g} at content position {perturbation.position}"
     P, L, J = len(rows), model.cfg.n_layers, max(len(r) for r in rows)
     change = torch.full((2, P, L + 1, J), float("nan"))
-    ent_sum, ent_n = torch.zeros(2, L, model.cfg.n_heads), torch.zeros(2, L, model.cfg.n_heads)
+    ent_sum, ent_n, norm_sum, norm_n = (torch.zeros(2, L, model.cfg.n_heads) for _ in range(4))
     # One tokenization per condition and copy; batches are slices of it.
     both = {
         bos: (tokenize(model, rows, bos=bos, max_tokens=J, bos_token_id=bos_id),
@@ -270,7 +282,11 @@ def perturbation_spread(
         rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)
         rel = torch.where(mask[:, None, :], rel, torch.full_like(rel, float("nan")))
         change[c, e, :, : rel.shape[-1]] = rel.float().cpu()
-        for l, (tot, n) in enumerate(store):
+        for l, (tot, n, tot_norm, n_norm) in enumerate(store):
             ent_sum[c, l] += tot.float().cpu()
             ent_n[c, l] += n.float().cpu()
-    return PerturbationSpread(change, ent_sum / ent_n.clamp(min=1), torch.tensor(last), CONDITIONS, kind, threshold)
+            norm_sum[c, l] += tot_norm.float().cpu()
+            norm_n[c, l] += n_norm.float().cpu()
+    normalized = torch.where(norm_n > 0, norm_sum / norm_n.clamp(min=1), torch.tensor(float("nan")))
+    return PerturbationSpread(change, ent_sum / ent_n.clamp(min=1), normalized, torch.tensor(last), CONDITIONS,
+                              kind, threshold)

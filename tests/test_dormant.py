@@ -163,6 +163,26 @@ def test_noop_check_on_planted_heads(planted):
     assert abs(r.per_query_dormant) < 1e-4
     assert abs(r.per_query_active) > 100 * abs(r.per_query_dormant)
     assert json.loads(check.to_json())["heads"][0]["n_active"] == r.n_active
+    # bootstrap intervals over prompts: around the estimate; the dormant one tight at ~0 (a true no-op),
+    # the active one wide (the random model's active cost varies by prompt)
+    (dlo, dhi), (alo, ahi) = r.per_query_dormant_ci, r.per_query_active_ci
+    assert dlo <= r.per_query_dormant <= dhi and alo <= r.per_query_active <= ahi
+    assert max(abs(dlo), abs(dhi)) < 1e-4 and ahi - alo > 100 * (dhi - dlo)
+    assert r.n_prompts_dormant == len(corpus) and 0 < r.n_prompts_active <= len(corpus)
+    # streamed in batches of 5 prompts: the same per-prompt bookkeeping
+    again = noop_check(model, corpus, [(0, 0)], bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, batch_size=5,
+                       progress=False).results[0]
+    assert again.per_query_active_ci == pytest.approx(r.per_query_active_ci, rel=1e-4)
+
+
+def test_bootstrap_ratio_interval():
+    from sinkmech.dormant.noop import bootstrap_ratio_ci
+
+    delta, queries = torch.tensor([1.0, 4.0, 0.0]), torch.tensor([1.0, 2.0, 0.0])
+    # resamples holding one prompt each: ratios 1, 2 (prompt 2 forced nothing: dropped)
+    resample = torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 2]])
+    assert bootstrap_ratio_ci(delta, queries, resample, 0.5) == pytest.approx((1.25, 1.75))
+    assert bootstrap_ratio_ci(delta, torch.zeros(3), resample, 0.9) is None
 
 
 def test_streamed_profile_equals_brute_force():
@@ -241,8 +261,8 @@ def test_bad_input_gets_clear_errors(planted):
 @pytest.mark.slow
 def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     """The CLI on a small slice of the default corpus: the JSON contract holds and
-    the no-op check reports both numbers for the top if_else heads (or, when
-    none passes on so small a slice, for the closest candidates)."""
+    the no-op check reports both numbers, with intervals, for every if_else head
+    and the two closest candidates besides."""
     from sinkmech import cli, models
     from sinkmech.prompts import default_corpus
 
@@ -269,12 +289,12 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     assert all(0.0 <= e["dormant_fraction"] + e["active_fraction"] <= 1.0 + 1e-6 for e in heads)
     if_else = [(e["layer"], e["head"]) for e in heads if e["mode"] == "if_else"]
     checked = [(r["layer"], r["head"]) for r in payload["noop"]["heads"]]
-    if if_else:
-        assert set(checked) <= set(if_else) and len(checked) == min(2, len(if_else))
-    else:
-        assert len(checked) == 2
+    assert set(checked[: len(if_else)]) == set(if_else)
+    assert len(checked) == len(if_else) + 2 and not set(checked[len(if_else):]) & set(if_else)
     for r in payload["noop"]["heads"]:
         assert isinstance(r["delta_loss_dormant"], float) and isinstance(r["delta_loss_active"], float)
+        assert r["per_query_dormant_ci"] is None or len(r["per_query_dormant_ci"]) == 2
+    assert all("replication" in e for e in heads)
     captured = capsys.readouterr()
     assert "no-op check" in captured.out and ("top if-else heads" in captured.out or "no head passes" in captured.out)
     assert "out of range" in captured.err
@@ -311,7 +331,7 @@ def test_mode_counts_and_trigger_text(planted):
     # the planted trigger token has no tokenizer text: token_text shows its id
     assert top.token == f"[{TRIGGER}]"
     text = scan.trigger_text(0, 0, n=1)
-    assert text == f"'[{TRIGGER}]'@{top.where} x{top.lift:.1f} (n={top.count})"
+    assert text == f"'[{TRIGGER}]'@{top.where} x{top.lift:.1f} (n={top.count}, {top.n_prompts} prompts)"
     assert trigger_text([top.to_dict()], 1) == text and trigger_text([], 3) == ""
 
 
@@ -319,7 +339,7 @@ def test_classify_takes_and_returns_typed_values():
     from sinkmech.dormant.labels import HeadStats, Labels, classify
     from sinkmech.dormant.triggers import Trigger
 
-    t = Trigger("x", 5, "query", 40, 4.0, 10.0, 50.0, 0.9)
+    t = Trigger("x", 5, "query", 40, 4.0, 10.0, 50.0, 0.9, n_prompts=12, lift_even=9.0, lift_odd=11.0, replicated=True)
     stats = HeadStats(dormant_fraction=torch.tensor([[0.8, 0.95, 0.02]]),
                       active_fraction=torch.tensor([[0.15, 0.0, 0.9]]),
                       output_norm_dormant=torch.tensor([[0.1, 0.1, float("nan")]]),
@@ -329,3 +349,38 @@ def test_classify_takes_and_returns_typed_values():
     assert labels.modes == (("if_else", "sink", "active"),)
     assert labels.if_else_score[0, 0] == pytest.approx(0.95) and labels.if_else_score[0, 1] == 0.0
     assert any("trigger 'x'@query" in e for e in labels.evidence[0][0])
+
+
+def test_planted_trigger_replicates_on_held_out_prompts(planted):
+    model, corpus, scan = planted
+    top = scan.top_trigger(0, 0)
+    assert (top.token_id, top.where) == (TRIGGER, "query")
+    # distinct prompts, brute force: prompts with an active query (first-token attention <= low) on TRIGGER
+    tokens = torch.cat([torch.full((len(corpus), 1), TINY_BOS), corpus], dim=1)
+    _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pattern")
+    active = cache["pattern", 0][:, 0, 1:, 0] <= scan.thresholds.low
+    hit = (active & (tokens[:, 1:] == TRIGGER)).any(1)
+    assert top.n_prompts == int(hit.sum()) > 0.8 * scan.n_prompts and top.replicated
+    assert min(top.lift_even, top.lift_odd) >= scan.thresholds.min_lift
+    rep = json.loads(scan.to_json())["heads"][0]["replication"]
+    assert rep["replicated"] is True and rep["n_prompts"] == top.n_prompts
+
+
+def test_a_trigger_seen_in_one_prompt_is_not_an_if_else_trigger():
+    """The planted if-else head, but its trigger occurs in one prompt only (8
+    times): enough queries (min_count 5) and a huge lift, yet no evidence that
+    the head reads the token rather than that one prompt. The old per-query
+    rule labelled it if_else."""
+    model = planted_model({0: "if_else"})
+    corpus = planted_corpus(n=16, seed=3)
+    corpus[corpus == TRIGGER] = 2
+    corpus[5, 2::2] = TRIGGER  # 9 occurrences, all in prompt 5
+    kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    for min_prompts in (3, 1):  # min_prompts rejects it; without it, replication does (only one half has it)
+        scan = scan_heads(model, corpus, min_prompts=min_prompts, **kw)
+        assert float(scan.active_fraction[0, 0]) >= scan.thresholds.if_else_min_active
+        assert scan.mode(0, 0) != "if_else" and scan.if_else_heads() == []
+    top = scan.top_trigger(0, 0)
+    assert (top.token_id, top.n_prompts, top.replicated) == (TRIGGER, 1, False)
+    assert top.lift >= scan.thresholds.min_lift and top.count >= scan.thresholds.min_count
+    assert any("not replicated" in e for e in scan.evidence[0][0])

@@ -223,3 +223,37 @@ def test_bos_pair_tokenizes_once_and_prepends_to_the_same_ids(tiny_model, tiny_t
     p = bos_pair(tiny_model, tiny_tokens[:3].tolist(), max_tokens=5, bos_token_id=TINY_BOS)
     assert p.without_bos.content() == tiny_tokens[:3, :5].tolist() == p.with_bos.content()
     assert (p.with_bos.tokens[:, 0] == TINY_BOS).all() and p.with_bos.bos_token_id == TINY_BOS
+
+
+def test_patch_only_some_content_positions(tiny_model, pair):
+    """positions=: only those content positions are patched (together), and the
+    metric is taken from the first of them on; sweep equals loop equals a hand hook."""
+    n = pair.n_content
+    kw = dict(per_position=False, source="prepend", progress=False, positions=range(1, n))
+    r = patch_resid_pre(tiny_model, pair, **kw)
+    assert r.positions == tuple(range(1, n)) and r.to_json()
+    assert torch.allclose(r.values, patch_resid_pre(tiny_model, pair, method="loop", **kw).values, atol=1e-6)
+    # by hand at layer 1: the <bos> run's content positions 1.. written into the no-<bos> run at 1..
+    name = act_name("resid_pre", 1)
+    _, cache = tiny_model.run_with_cache(pair.with_bos.tokens, names_filter=name)
+
+    def hook(x, hook):
+        x = x.clone()
+        x[:, 1:] = cache[name][:, 2:]
+        return x
+
+    ref = tiny_model(pair.with_bos.tokens)[:, 1:]
+    out = tiny_model.run_with_hooks(pair.without_bos.tokens, fwd_hooks=[(name, hook)])
+    scored = pair.content_mask.clone()
+    scored[:, 0] = False
+    want = float(KL().bind(ref.detach(), scored)(out.detach()[None])[0])
+    assert float(r.values[1]) == pytest.approx(want, abs=1e-5)
+    # the last layer's resid_post at 1.. restores every scored output; position 0 (the
+    # target's own sink) is untouched, so the old all-positions patch differs
+    last = tiny_model.cfg.n_layers - 1
+    post = patch_resid_post(tiny_model, pair, layers=[last], **kw)
+    assert float(post.restored()[0]) == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="positions"):
+        patch_resid_pre(tiny_model, pair, per_position=True, positions=[1], progress=False)
+    with pytest.raises(ValueError, match="content positions"):
+        patch_resid_pre(tiny_model, pair, per_position=False, positions=[n], progress=False)

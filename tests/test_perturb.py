@@ -67,3 +67,19 @@ def test_entropy_matches_the_cached_patterns(tiny_model, rows):
             assert torch.allclose(r.entropy[c, l], h, atol=1e-5)
     d = r.to_dict()
     assert set(d["per_layer"]) == {"prepend", "none"} and len(r.to_dataframe()) == 2 * 3 * 10
+
+
+def test_uniform_head_has_normalised_entropy_one_in_both_conditions(rows):
+    # W_Q = 0: every score is 0, so every row is uniform over its causal keys.
+    # Raw entropy differs (the <bos> run has one more key per query: log(t+2) vs
+    # log(t+1)); normalised entropy H / log(n_keys) is exactly 1 in both.
+    from conftest import make_tiny
+
+    model = make_tiny(3)
+    with torch.no_grad():
+        for b in model.blocks:
+            b.attn.W_Q.zero_()
+    r = spread(model, rows, EmbeddingNoise(0.1, 1))
+    assert torch.allclose(r.normalized_entropy, torch.ones_like(r.normalized_entropy), atol=1e-5)
+    assert (r.entropy[0] - r.entropy[1]).min() > 0.05  # the bias the normalisation removes
+    assert set(r.to_dict()["normalized_entropy"]) == {"prepend", "none"}

@@ -50,6 +50,29 @@ def add_intervention_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
 
 
+def add_bos_token(p: argparse.ArgumentParser) -> None:
+    """--bos-token TEXT: the token put first in the "with <bos>" condition."""
+    p.add_argument("--bos-token", default=None, metavar="TEXT",
+                   help="token prepended in the 'with <bos>' condition instead of the model's <bos> (must be exactly "
+                        "one token; e.g. SmolLM2's <bos> <|im_start|> is a chat-turn header, try '<|endoftext|>')")
+
+
+def bos_token_arg(model, args) -> int | None:
+    """--bos-token resolved to a token id once the model is loaded (None: the
+    model's own <bos>). The text must tokenize to exactly one token."""
+    text = getattr(args, "bos_token", None)
+    if text is None:
+        return None
+    if not text:
+        raise UsageError("--bos-token is empty")
+    if model.tokenizer is None:
+        raise UsageError("--bos-token needs a model with a tokenizer")
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise UsageError(f"--bos-token {text!r} must be exactly one token, it tokenizes to {len(ids)}: {list(ids)}")
+    return int(ids[0])
+
+
 def add_metric(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", choices=["kl", "logit_diff"], default="kl", help="kl: mean KL over content positions (default)")
     p.add_argument("--answers", nargs=2, metavar=("CORRECT", "INCORRECT"), default=None, help="tokens (strings) for --metric logit_diff")

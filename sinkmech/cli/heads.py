@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_common, write_json
-from sinkmech.dormant.noop import noop_check
+from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, write_json
+from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.figures import heatmap_panels, save
 from sinkmech.hooks import parse_head
@@ -16,6 +16,7 @@ from sinkmech.prompts import load_prompts
 def add_heads_parser(sub) -> None:
     p = sub.add_parser("heads", help="dormant (if-else) head detector: profiles, triggers, labels, no-op check")
     add_common(p)
+    add_bos_token(p)
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend")
     p.add_argument("--top", type=int, default=20, help="rows of the if-else table")
     p.add_argument("--head", default=None, help="print one head's full profile, e.g. 20.4")
@@ -23,7 +24,10 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--low", type=float, default=0.2, help="a query is active at first-token attention <= LOW")
     p.add_argument("--min-lift", type=float, default=3.0, help="if_else needs a trigger with at least this lift")
     p.add_argument("--min-count", type=int, default=5, help="... on at least this many active queries")
-    p.add_argument("--noop", type=int, default=3, help="run the no-op check on this many top if-else heads, or top candidates when none passes (0: off)")
+    p.add_argument("--min-prompts", type=int, default=3, help="... in at least this many distinct prompts (and the trigger "
+                   "must replicate on the even and the odd prompts separately)")
+    p.add_argument("--noop", type=int, default=3, help="run the no-op check on every if-else head plus this many top "
+                   "candidates (0: off)")
     p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check")
     p.set_defaults(func=cmd_heads)
 
@@ -33,7 +37,16 @@ def _fmt(x, spec: str = ".3f") -> str:
 
 
 def _trigger_text(triggers: list, n: int = 3) -> str:
-    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} (n={t['count']})" for t in triggers[:n]) or "-"
+    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} (n={t['count']}/{t['n_prompts']}p)"
+                     for t in triggers[:n]) or "-"
+
+
+def _replication(rep: dict | None) -> str:
+    """The top trigger's lift on the even / odd prompts, '+' if both reach min_lift."""
+    if rep is None:
+        return "-"
+    f = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
+    return f"{f(rep['lift_even'])}/{f(rep['lift_odd'])}{'+' if rep['replicated'] else '-'}"
 
 
 def print_heads_table(scan, top: int) -> None:
@@ -46,14 +59,17 @@ def print_heads_table(scan, top: int) -> None:
     else:
         print("no head passes the if_else rule; the closest candidates (score = fulfilment of the rule):")
         ranked = scan.ranked()
-    print(f"{'head':>7} {'mode':>8} {'score':>6} {'a0':>6} {'dorm':>6} {'act':>6} {'v_first':>8} {'v_act':>8} {'out d/a':>8}  triggers")
+    print(f"{'head':>7} {'mode':>8} {'score':>6} {'a0':>6} {'dorm':>6} {'act':>6} {'v_first':>8} {'v_act':>8} {'out d/a':>8} "
+          f"{'held-out':>12}  triggers (n = queries/prompts)")
     for l, h in ranked[:top]:
         e = scan.head_summary(l, h)
         ratio = (e["output_norm_dormant"] / e["output_norm_active"]
                  if e["output_norm_dormant"] is not None and e["output_norm_active"] else None)
         print(f"{f'{l}.{h}':>7} {e['mode']:>8} {_fmt(e['if_else_score'], '.2f'):>6} {_fmt(e['first_token_attention'], '.2f'):>6} "
               f"{_fmt(e['dormant_fraction'], '.2f'):>6} {_fmt(e['active_fraction'], '.2f'):>6} {_fmt(e['value_norm_first'], '.2f'):>8} "
-              f"{_fmt(e['value_norm_active'], '.2f'):>8} {_fmt(ratio, '.2f'):>8}  {_trigger_text(e['triggers'])}")
+              f"{_fmt(e['value_norm_active'], '.2f'):>8} {_fmt(ratio, '.2f'):>8} {_replication(e['replication']):>12}  "
+              f"{_trigger_text(e['triggers'])}")
+    print("held-out: the top trigger's lift on the even / odd prompts; + = replicated (both >= min lift)")
 
 
 def print_head_profile(scan, layer: int, head: int) -> None:
@@ -78,32 +94,43 @@ def print_head_profile(scan, layer: int, head: int) -> None:
     print("  triggers" + ("" if e["triggers"] else f": none on >= {scan.thresholds.min_count} active queries"))
     for t in e["triggers"]:
         rate = "" if t["active_rate"] is None else f", active {t['active_rate']:.2f} of the time"
-        print(f"    {t['token']!r:>14} @{t['where']:<8} n={t['count']:<5} lift {t['lift']:.2f} (expected {t['expected']:.1f}{rate})")
+        print(f"    {t['token']!r:>14} @{t['where']:<8} n={t['count']:<5} in {t['n_prompts']:<4} prompts lift {t['lift']:.2f} "
+              f"(expected {t['expected']:.1f}{rate}; even/odd prompts {_replication(t)})")
+
+
+def _ci(ci) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:+.5f}, {ci[1]:+.5f}]"
 
 
 def print_noop(check) -> None:
-    print(f"\nno-op check (force onto the first token; clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens)")
-    print(f"{'head':>7} {'n_dorm':>7} {'n_act':>6} {'dloss dorm':>11} {'dloss act':>10} {'per-q dorm':>11} {'per-q act':>10}")
+    print(f"\nno-op check (force onto the first token; clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens; "
+          f"{100 * check.ci_level:.0f}% bootstrap interval over prompts)")
+    print(f"{'head':>7} {'n_dorm':>7} {'n_act':>6} {'dloss dorm':>11} {'dloss act':>10} {'per-q dorm':>11} {'interval':>22} "
+          f"{'per-q act':>10} {'interval':>22}")
     for r in check.results:
         print(f"{f'{r.layer}.{r.head}':>7} {r.n_dormant:>7} {r.n_active:>6} {r.delta_loss_dormant:>11.5f} "
-              f"{r.delta_loss_active:>10.5f} {_fmt(r.per_query_dormant, '.5f'):>11} {_fmt(r.per_query_active, '.5f'):>10}")
+              f"{r.delta_loss_active:>10.5f} {_fmt(r.per_query_dormant, '.5f'):>11} {_ci(r.per_query_dormant_ci):>22} "
+              f"{_fmt(r.per_query_active, '.5f'):>10} {_ci(r.per_query_active_ci):>22}")
 
 
 def cmd_heads(args) -> None:
     if args.top < 1 or args.noop < 0 or args.noop_prompts < 1:
         raise UsageError("--top and --noop-prompts must be >= 1, --noop >= 0")
-    model = models.load_model(args.model)
-    target = parse_head(args.head, model) if args.head else None
+    if args.min_prompts < 1:
+        raise UsageError(f"--min-prompts must be >= 1, got {args.min_prompts}")
     prompts = load_prompts(args.prompts)
+    model = models.load_model(args.model)
+    bos_id = bos_token_arg(model, args)
+    target = parse_head(args.head, model) if args.head else None
     scan = scan_heads(model, prompts, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                      high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count)
+                      bos_token_id=bos_id, high=args.high, low=args.low, min_lift=args.min_lift,
+                      min_count=args.min_count, min_prompts=args.min_prompts)
     print_heads_table(scan, args.top)
-    # with no if_else head, check the closest candidates: the evidence a reader needs
-    check_heads = [target] if target else (scan.if_else_heads() or scan.ranked())[: args.noop]
+    check_heads = [target] if target else noop_heads(scan, args.noop)
     check = None
     if check_heads and (args.noop > 0 or target):
         check = noop_check(model, prompts[: args.noop_prompts], check_heads, bos=args.bos, max_tokens=args.max_tokens,
-                           batch_size=args.batch_size, high=args.high, low=args.low)
+                           batch_size=args.batch_size, bos_token_id=bos_id, high=args.high, low=args.low)
     if target:
         print_head_profile(scan, *target)
     if check is not None:

@@ -1,48 +1,90 @@
 """`sinkmech perturb`: how far a small input change spreads over layers and later
-positions, with and without `<bos>` (Barbero et al. 2025, Fig. 2)."""
+positions, with and without `<bos>` (Barbero et al. 2025, Fig. 2); with
+--sensitivity, how well the path-weight bound ranks the Jacobian norms (Sec. 4)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_intervention_common, prompts_arg, write_json
+from sinkmech.cli.common import (
+    UsageError, add_bos_token, add_intervention_common, bos_token_arg, prompts_arg, write_json,
+)
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
 from sinkmech.prompts import CONDITION_LABELS
+from sinkmech.sensitivity import sensitivity_study
 
 
 def add_perturb_parser(sub) -> None:
     p = sub.add_parser("perturb", help="how far a small input change spreads, with and without <bos>")
     add_intervention_common(p)
-    g = p.add_mutually_exclusive_group(required=True)
+    add_bos_token(p)
+    g = p.add_mutually_exclusive_group()
     g.add_argument("--swap", nargs=2, metavar=("ORIGINAL", "REPLACEMENT"), help="swap a token string (same tokenized length)")
     g.add_argument("--noise", type=float, metavar="SCALE", help="add noise of this relative norm to one input embedding")
     p.add_argument("--position", type=int, default=None, help="content position (required with --noise)")
     p.add_argument("--threshold", type=float, default=0.1, help="relative change counted as reached")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sensitivity", action="store_true",
+                   help="also (or only) compare Jacobian norms with path weights, with and without <bos> (JSON key 'sensitivity')")
+    p.add_argument("--sensitivity-prompts", type=int, default=4, help="prompts for --sensitivity (default 4)")
+    p.add_argument("--sensitivity-tokens", type=int, default=16, help="content tokens per prompt for --sensitivity (default 16)")
     p.set_defaults(func=cmd_perturb)
 
 
 def cmd_perturb(args) -> None:
     if args.noise is not None and args.position is None:
         raise UsageError("--noise needs --position")
+    if args.swap is None and args.noise is None and not args.sensitivity:
+        raise UsageError("give --swap, --noise or --sensitivity")
+    if args.sensitivity_prompts < 1 or args.sensitivity_tokens < 2:
+        raise UsageError("--sensitivity-prompts must be >= 1 and --sensitivity-tokens >= 2")
+    prompts = prompts_arg(args)
     model = models.load_model(args.model)
+    bos_id = bos_token_arg(model, args)
+    payload = {"model": args.model}
+    if args.swap is not None or args.noise is not None:
+        payload.update(_spread(model, prompts, bos_id, args))
+    if args.sensitivity:
+        payload["sensitivity"] = _sensitivity(model, prompts, bos_id, args)
+    if args.json:
+        write_json(args.json, payload)
+
+
+def _sensitivity(model, prompts, bos_id, args) -> dict:
+    st = sensitivity_study(model, prompts[: args.sensitivity_prompts], max_tokens=args.sensitivity_tokens,
+                           bos_token_id=bos_id)
+    d = st.to_dict()
+    print(f"\nsensitivity vs path-weight bound ({d['n_prompts']} prompts x {st.max_tokens} tokens, {st.n_layers} layers): "
+          "Spearman correlation of ||dh_j/dh_i|| and path weight over pairs i <= j (i < j)")
+    for c in st.conditions:
+        print(f"  {CONDITION_LABELS[c]:>10}: {d['spearman_mean'][c]:+.3f} ({d['spearman_off_diagonal_mean'][c]:+.3f})  "
+              "per prompt " + " ".join(f"{x:+.2f}" for x in d["spearman"][c]))
+    print("rank collapse ||X - 1 mean X|| / ||X|| at the last layer, without / with the sink position")
+    for c in st.conditions:
+        print(f"  {CONDITION_LABELS[c]:>10}: {d['rank_collapse_without_first'][c][-1]:.3f} / {d['rank_collapse_with_first'][c][-1]:.3f}")
+    return d
+
+
+def _spread(model, prompts, bos_id, args) -> dict:
     pert = TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
-    r = perturbation_spread(model, prompts_arg(args), perturbation=pert, max_tokens=args.max_tokens,
+    r = perturbation_spread(model, prompts, perturbation=pert, max_tokens=args.max_tokens, bos_token_id=bos_id,
                             threshold=args.threshold, batch_size=args.batch_size)
     s = r.per_layer()
     print(f"{r.kind}: over later positions, mean relative change / fraction > {args.threshold}")
     print(f"{'layer':>6} {'<bos>':>16} {'no <bos>':>16}")
     for l in range(s["mean_change"].shape[1]):
         print(f"{l:>6} " + " ".join(f"{float(s['mean_change'][c, l]):>7.3f} / {float(s['spread_fraction'][c, l]):>5.2f}" for c in range(2)))
-    ent = r.entropy.mean((1, 2))
-    print(f"mean attention entropy: with <bos> {float(ent[0]):.3f} nats, without {float(ent[1]):.3f} nats")
-    if args.json:
-        write_json(args.json, {"model": args.model, **r.to_dict()})
+    ent, norm = r.entropy.mean((1, 2)), r.normalized_entropy.nanmean((1, 2))
+    print(f"mean normalised attention entropy H / log(n_keys): with <bos> {float(norm[0]):.3f}, without {float(norm[1]):.3f} "
+          "(1 = uniform; queries with >= 2 keys)")
+    print(f"mean raw attention entropy: with <bos> {float(ent[0]):.3f} nats, without {float(ent[1]):.3f} nats "
+          "(not comparable: the <bos> run has one more key per query)")
     if args.png:
         mean = r.mean_change()
         panels = [(CONDITION_LABELS[c], np.nan_to_num(mean[i].numpy())) for i, c in enumerate(r.conditions)]
         fig = heatmap_panels(panels, title=f"Relative residual change, {r.kind} — {args.model}", xlabel="content position",
                              ylabel="layer (0 = embeddings)", cbar_label="||h' - h|| / ||h||", **shared_limits(panels))
         print(f"wrote {save(fig, args.png)}")
+    return r.to_dict()

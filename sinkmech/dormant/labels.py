@@ -30,7 +30,9 @@ class Thresholds:
     - `if_else` when dormant_fraction >= `if_else_min_dormant`, active_fraction
       >= `if_else_min_active`, between fraction <= `if_else_max_between`,
       one of its triggers (the top few per place, ranked by evidence; see
-      `sinkmech.dormant.triggers`) has lift >= `min_lift` on >= `min_count` active queries, and
+      `sinkmech.dormant.triggers`) has lift >= `min_lift` on >= `min_count` active queries
+      in >= `min_prompts` distinct prompts, and replicates (lift >= `min_lift`
+      on the even and on the odd prompts separately), and
       output_norm_dormant / output_norm_active <= `max_output_ratio`;
     - else `sink` when dormant_fraction >= `sink_min_dormant`;
     - else `active` when dormant_fraction <= `active_max_dormant`;
@@ -47,6 +49,7 @@ class Thresholds:
     min_lift: float = 3.0
     min_count: int = 5
     max_output_ratio: float = 0.5
+    min_prompts: int = 3
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.low < self.high <= 1.0:
@@ -60,8 +63,8 @@ class Thresholds:
                 f"thresholds out of order: active_max_dormant ({self.active_max_dormant}) must be "
                 f"< sink_min_dormant ({self.sink_min_dormant})"
             )
-        if self.min_lift < 1.0 or self.min_count < 1 or self.max_output_ratio <= 0:
-            raise ValueError("need min_lift >= 1, min_count >= 1 and max_output_ratio > 0")
+        if self.min_lift < 1.0 or self.min_count < 1 or self.max_output_ratio <= 0 or self.min_prompts < 1:
+            raise ValueError("need min_lift >= 1, min_count >= 1, min_prompts >= 1 and max_output_ratio > 0")
 
 
 @dataclass(frozen=True)
@@ -115,16 +118,19 @@ def classify(
         for h in range(H):
             d, a, r, lift = float(dorm[l, h]), float(act[l, h]), float(ratio[l, h]), float(best_lift[l, h])
             between = max(0.0, 1.0 - d - a)
-            strong = [t for t in triggers[l][h] if t.lift >= th.min_lift]
-            top = (strong or list(triggers[l][h]) or [None])[0]
-            trig = (f"trigger {top.token!r}@{top.where} lift {top.lift:.1f} (n={top.count})" if top
-                    else f"no trigger on >= {th.min_count} active queries")
+            lifted = [t for t in triggers[l][h] if t.lift >= th.min_lift]
+            strong = [t for t in lifted if t.replicated and t.n_prompts >= th.min_prompts]
+            top = (strong or lifted or list(triggers[l][h]) or [None])[0]
+            trig = (f"trigger {top.token!r}@{top.where} lift {top.lift:.1f} (n={top.count} in {top.n_prompts} prompts; "
+                    f"held-out halves {_lift(top.lift_even)} / {_lift(top.lift_odd)}"
+                    f"{'' if top.replicated else ', not replicated'})" if top
+                    else f"no trigger on >= {th.min_count} active queries in >= {th.min_prompts} prompts")
             ratio_txt = "n/a" if math.isnan(r) else f"{r:.2f}"
             checks = [
                 (d >= th.if_else_min_dormant, f"dormant {d:.2f} {'>=' if d >= th.if_else_min_dormant else '<'} {th.if_else_min_dormant}"),
                 (a >= th.if_else_min_active, f"active {a:.3f} {'>=' if a >= th.if_else_min_active else '<'} {th.if_else_min_active}"),
                 (between <= th.if_else_max_between, f"between {between:.2f} {'<=' if between <= th.if_else_max_between else '>'} {th.if_else_max_between}"),
-                (bool(strong), f"{trig} {'>=' if strong else '<'} {th.min_lift}" if top else trig),
+                (bool(strong), f"{trig} {'>=' if top.lift >= th.min_lift else '<'} {th.min_lift}" if top else trig),
                 (not math.isnan(r) and r <= th.max_output_ratio,
                  f"output norm dormant/active {ratio_txt} {'<=' if r <= th.max_output_ratio else 'not <='} {th.max_output_ratio}"),
             ]
@@ -151,6 +157,10 @@ def classify(
         modes.append(tuple(row_m))
         evidence.append(tuple(row_e))
     return Labels(tuple(modes), tuple(evidence), score)
+
+
+def _lift(x: float | None) -> str:
+    return "n/a" if x is None else f"x{x:.1f}"
 
 
 def _failed(checks: list[tuple[bool, str]]) -> str:

@@ -22,11 +22,11 @@ from sinkmech.prompts import Bos
 
 
 def trigger_text(triggers: Sequence[Trigger | Mapping], n: int = 3, *, sep: str = ", ") -> str:
-    """`'tok'@where x<lift> (n=<count>)` for the first `n` triggers (objects or
-    their `to_dict()`), joined by `sep`; "" when there is none."""
+    """`'tok'@where x<lift> (n=<count>, <p> prompts)` for the first `n` triggers
+    (objects or their `to_dict()`), joined by `sep`; "" when there is none."""
     def one(t) -> str:
         d = t if isinstance(t, Mapping) else t.to_dict()
-        return f"{d['token']!r}@{d['where']} x{d['lift']:.1f} (n={d['count']})"
+        return f"{d['token']!r}@{d['where']} x{d['lift']:.1f} (n={d['count']}, {d.get('n_prompts', 0)} prompts)"
 
     return sep.join(one(t) for t in list(triggers)[:n])
 
@@ -93,13 +93,24 @@ class HeadScan:
         order = torch.argsort(key, descending=True, stable=True)
         return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
 
+    def top_trigger(self, layer: int, head: int) -> Trigger | None:
+        """The trigger the if_else rule judges: the best-ranked one with lift >=
+        min_lift (else the best-ranked one), or None."""
+        ts = self.triggers[layer][head]
+        lifted = [t for t in ts if t.lift >= self.thresholds.min_lift]
+        good = [t for t in lifted if t.replicated]
+        return (good or lifted or list(ts) or [None])[0]
+
     def head_summary(self, layer: int, head: int) -> dict:
-        """The JSON entry of one head (the `heads` contract plus evidence)."""
+        """The JSON entry of one head (the `heads` contract plus evidence).
+        `replication`: the top trigger's lift on the even / odd prompts and
+        whether both reach min_lift (None: no trigger)."""
         def num(x: Tensor) -> float | None:
             v = float(x)
             return None if math.isnan(v) else v
 
         l, h = layer, head
+        top = self.top_trigger(l, h)
         return {
             "layer": l,
             "head": h,
@@ -116,6 +127,9 @@ class HeadScan:
             "output_norm_active": num(self.output_norm_active[l, h]),
             "output_norm_dormant": num(self.output_norm_dormant[l, h]),
             "triggers": [t.to_dict() for t in self.triggers[l][h]],
+            "replication": None if top is None else {
+                "token": top.token, "where": top.where, "n_prompts": top.n_prompts,
+                "lift_even": top.lift_even, "lift_odd": top.lift_odd, "replicated": top.replicated},
             "evidence": list(self.evidence[l][h]),
         }
 
@@ -141,6 +155,8 @@ class HeadScan:
         rows = [self.head_summary(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
         for r in rows:
             r["triggers"] = trigger_text(r["triggers"], 3, sep="; ")
+            rep = r.pop("replication")
+            r["trigger_replicated"] = None if rep is None else rep["replicated"]
             r["evidence"] = "; ".join(r["evidence"])
         return pd.DataFrame(rows)
 

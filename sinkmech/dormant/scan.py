@@ -75,6 +75,7 @@ def scan_heads(
     min_lift: float = 3.0,
     min_count: int = 5,
     max_output_ratio: float = 0.5,
+    min_prompts: int = 3,
     top_triggers: int = 5,
     n_bins: int = 20,
     progress: bool = True,
@@ -104,7 +105,8 @@ def scan_heads(
         most attended other key).
     """
     th = Thresholds(high, low, sink_min_dormant, active_max_dormant, if_else_min_dormant,
-                    if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio)
+                    if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio,
+                    int(min_prompts))
     if batch_size < 1 or n_bins < 2 or top_triggers < 1:
         raise ValueError("need batch_size >= 1, n_bins >= 2 and top_triggers >= 1")
     batch, max_tokens = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -149,8 +151,9 @@ class _Accumulator:
         valid_q = mask.clone()
         valid_q[:, 0] = False
         self.pos_total[: mask.shape[1]] += valid_q.sum(0)
+        prompt_ids = torch.arange(self.n_prompts, self.n_prompts + len(part), device=part.tokens.device)
         self.n_prompts += len(part)
-        self.triggers.add_tokens(part.tokens, valid_q)
+        self.triggers.add_tokens(part.tokens, valid_q, prompt_ids)
 
         def keep(name):
             def hook(x, hook):
@@ -158,7 +161,7 @@ class _Accumulator:
             return hook
 
         def reduce(z, hook):
-            self._reduce_layer(hook.layer(), part, valid_q, mask, z, cur)
+            self._reduce_layer(hook.layer(), part, valid_q, mask, z, cur, prompt_ids)
             cur.clear()
 
         q_name, k_name = ("rot_q", "rot_k") if self.rotary else ("q", "k")
@@ -169,7 +172,7 @@ class _Accumulator:
                       (act_name("z", l), reduce)]
         return hooks
 
-    def _reduce_layer(self, l, part, valid_q, mask, z, cur) -> None:
+    def _reduce_layer(self, l, part, valid_q, mask, z, cur, prompt_ids) -> None:
         th, s, bd = self.th, self.sums, self.band
         pattern = cur["pattern"].float()  # [b, h, q, k]
         f = pattern[..., 0]  # [b, h, q]
@@ -221,7 +224,7 @@ class _Accumulator:
         k_att = torch.gather(kh, 2, key_index[..., None].expand(-1, -1, -1, kh.shape[-1]))
         logit_k = band_products(self.layout, einops.rearrange(q, "b p h d -> b h p d"), k_att).double() / self.scale[l]
         bd["logit_key_active"][l] += einops.einsum(logit_k, am, "b h p c, b h p -> h c")
-        self.triggers.add_layer(l, part.tokens, active, key_index)
+        self.triggers.add_layer(l, part.tokens, active, key_index, prompt_ids)
 
     def finish(self, th: Thresholds, *, decode: TokenStr, top_triggers: int, max_tokens: int) -> HeadScan:
         s = {k: v.cpu() for k, v in self.sums.items()}
@@ -238,7 +241,8 @@ class _Accumulator:
         by_pos = {k: (v.cpu() / pos_total).where(pos_total > 0, torch.tensor(float("nan"), dtype=torch.float64))
                   for k, v in self.pos.items()}
         triggers, best = self.triggers.finalize(by_pos["active"].float(), decode=decode,
-                                                min_count=th.min_count, top_k=top_triggers)
+                                                min_count=th.min_count, top_k=top_triggers,
+                                                min_prompts=th.min_prompts, min_lift=th.min_lift)
         div = lambda a, b: (a / b).float()  # noqa: E731  (0/0 -> NaN: that mode never occurred)
         bands = {}
         for k, v in self.band.items():

@@ -89,6 +89,7 @@ class PatchResult:
     baseline: float
     source_value: float
     layers: tuple[int, ...]
+    positions: tuple[int, ...] | None = None  # content positions patched (None: all)
 
     def restored(self) -> Float[Tensor, "..."]:
         """Fraction of the gap closed: 0 = as unpatched, 1 = as the source run."""
@@ -109,6 +110,7 @@ class PatchResult:
                 "act": self.act, "source": self.source, "target": self.target, "metric": self.metric,
                 "axes": list(self.axes), "layers": list(self.layers), "baseline": self.baseline,
                 "source_value": self.source_value, "values": self.values.tolist(),
+                "positions": None if self.positions is None else list(self.positions),
             }
         )
 
@@ -144,6 +146,7 @@ def patch(
     method: Method = "sweep",
     max_rows: int = 128,
     progress: bool = True,
+    positions: Sequence[int] | None = None,
 ) -> PatchResult:
     """Patch `act` from the `source` run into the `target` run, one cell at a time.
 
@@ -162,6 +165,11 @@ def patch(
         layers: the layers to sweep (default all).
         method: "sweep" (batched, restarts at the layer) or "loop" (one
             `run_with_hooks` per cell: the reference).
+        positions: with by="layer" or "head", patch only these content
+            positions (together) and take the metric over content positions
+            from the first of them on (earlier outputs cannot change). E.g.
+            1..T-1 from `<bos>` into no-`<bos>` keeps the target's own
+            position 0, its sink, instead of overwriting it.
 
     Returns:
         PatchResult whose `values` are [layer, pos], [layer], [layer,
@@ -190,6 +198,18 @@ def patch(
     source_value = float(bound(reference[None])[0])
 
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
+    if positions is not None:
+        if by not in ("layer", "head"):
+            raise ValueError(f"positions= needs by='layer' or 'head', got by={by!r}")
+        positions = tuple(sorted({int(j) for j in positions}))
+        if not positions or positions[0] < 0 or positions[-1] >= n_content:
+            raise ValueError(f"positions must be content positions in [0, {n_content}), got {list(positions)}")
+        keep = torch.tensor(positions)
+        s_all, t_all = s_all[keep], t_all[keep]
+        scored = pair.content_mask & (torch.arange(n_content) >= positions[0])[None, :]
+        bound = resolve_metric(metric, answers).bind(reference, scored)
+        baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
+        source_value = float(bound(reference[None])[0])
     n_heads = cache[names[0]].shape[2] if act in HEAD_ACTS else 1
     cells = []
     for l in layers:
@@ -215,6 +235,7 @@ def patch(
     return PatchResult(
         values=values.reshape(shape), axes=AXES[by], act=act, source=source, target=target,
         metric=resolve_metric(metric, answers).name, baseline=baseline, source_value=source_value, layers=layers,
+        positions=positions,
     )
 
 

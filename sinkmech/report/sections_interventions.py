@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from sinkmech import figures
-from sinkmech.dormant.noop import noop_check
+from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
@@ -39,7 +39,7 @@ def spread_section(ctx: ReportContext) -> Section:
     pos = min(SPREAD_POSITION, min(map(len, rows)) - 2)  # leave later positions to reach
     swaps = corpus_swaps(rows, pos)
     res = perturbation_spread(model, rows, perturbation=swaps, threshold=SPREAD_THRESHOLD, progress=False, **kw)
-    change, entropy = res.change, res.entropy
+    change, entropy, norm_entropy = res.change, res.entropy, res.normalized_entropy
     news = [int(s.replacement[0]) for s in swaps]
     per, mean = res.per_layer(), res.mean_change()
     figs = ctx.figure("perturbation_spread", lambda p: figures.spread_heatmaps(
@@ -49,17 +49,21 @@ def spread_section(ctx: ReportContext) -> Section:
         {c: per["mean_change"][i].numpy() for i, c in enumerate(CONDITIONS)}, p,
         title="Change at later positions (layer 0 = embeddings)", ylabel="mean ||h'-h|| / ||h||"))
     ent = {c: entropy[i].mean(-1).numpy() for i, c in enumerate(CONDITIONS)}
+    norm_ent = {c: norm_entropy[i].nanmean(-1).numpy() for i, c in enumerate(CONDITIONS)}
     ent_figs = ctx.figure("attention_entropy", lambda p: figures.layer_lines(
-        ent, p, title="Attention entropy of content queries", ylabel="mean entropy (nats)"))
+        norm_ent, p, title="Normalised attention entropy H / log(n_keys) of content queries",
+        ylabel="mean H / log(n_keys) (1 = uniform)"))
     last = {c: float(per["mean_change"][i, -1]) for i, c in enumerate(CONDITIONS)}
     frac = {c: float(per["spread_fraction"][i, -1]) for i, c in enumerate(CONDITIONS)}
     mean_ent = {c: float(entropy[i].mean()) for i, c in enumerate(CONDITIONS)}
+    mean_norm = {c: float(norm_entropy[i].nanmean()) for i, c in enumerate(CONDITIONS)}
     swap_text = [[ctx.token_text(r[pos]), ctx.token_text(n)] for r, n in zip(rows, news)]
     later = res.later()
     summary = {
         "n_prompts": len(rows), "max_tokens": ctx.max_tokens, "position": pos, "threshold": SPREAD_THRESHOLD, "swaps": swap_text,
         "swap_ids": [[r[pos], n] for r, n in zip(rows, news)],
         "last_layer_mean_change": last, "last_layer_spread_fraction": frac, "mean_entropy": mean_ent,
+        "mean_normalized_entropy": mean_norm, "normalized_entropy_per_layer": {c: v.tolist() for c, v in norm_ent.items()},
         "per_layer": {c: {k: v[i].tolist() for k, v in per.items()} for i, c in enumerate(CONDITIONS)},
         "entropy_per_layer": {c: v.tolist() for c, v in ent.items()},
         "last_layer_change_per_prompt": {c: [float(change[i, p, -1][later[p]].mean()) for p in range(len(rows))]
@@ -67,7 +71,8 @@ def spread_section(ctx: ReportContext) -> Section:
     }
     rows_html = [["mean change at later positions, last layer"] + [last[c] for c in CONDITIONS],
                  [f"later positions changed by > {SPREAD_THRESHOLD:g}, last layer"] + [f"{100 * frac[c]:.0f}%" for c in CONDITIONS],
-                 ["mean attention entropy (nats)"] + [mean_ent[c] for c in CONDITIONS]]
+                 ["mean normalised attention entropy H / log(n_keys)"] + [mean_norm[c] for c in CONDITIONS],
+                 ["mean raw attention entropy (nats; the <bos> run has one more key)"] + [mean_ent[c] for c in CONDITIONS]]
     body = (
         f"<p>{len(rows)} prompts of up to {ctx.max_tokens} content tokens; in each, the token at content position {pos} "
         "is swapped for another token of the corpus (one token for one, so every other position keeps its place) and "
@@ -76,12 +81,15 @@ def spread_section(ctx: ReportContext) -> Section:
         + html.escape(", ".join(f"{a!r} -> {b!r}" for a, b in swap_text)) + ".</p>"
         + table_html(["", *(CONDITION_LABELS[c] for c in CONDITIONS)], rows_html)
         + f"<p>Here the last-layer change without &lt;bos&gt; is {last['none'] / max(last['prepend'], 1e-12):.2f}x the "
-        f"change with it, and attention is {'smoother' if mean_ent['none'] > mean_ent['prepend'] else 'sharper'} without "
-        f"&lt;bos&gt; ({mean_ent['none']:.3f} vs {mean_ent['prepend']:.3f} nats; the paper reports wider spread and "
-        "smoother maps without the sink).</p>"
+        f"change with it, and attention is {'smoother' if mean_norm['none'] > mean_norm['prepend'] else 'sharper'} without "
+        f"&lt;bos&gt; (normalised entropy {mean_norm['none']:.3f} vs {mean_norm['prepend']:.3f}; the paper reports wider "
+        "spread and smoother maps without the sink). Entropy is compared normalised, H / log(n_keys) per query "
+        "(queries with one key left out): the &lt;bos&gt; run has one more key per query, which alone raises the raw "
+        f"entropy of a uniform head (raw: {mean_ent['none']:.3f} vs {mean_ent['prepend']:.3f} nats).</p>"
         + figure_html(figs, "Relative change of the residual stream, layer x content position", ctx.out)
         + figure_html(line_figs, "Mean change over the positions after the swap", ctx.out)
-        + figure_html(ent_figs, "Attention entropy per layer (smoother maps = higher)", ctx.out)
+        + figure_html(ent_figs, "Normalised attention entropy H / log(n_keys) per layer (smoother maps = higher; "
+                      "1 = uniform)", ctx.out)
     )
     return Section("perturbation", "Perturbation spread with and without <bos>", body,
                    tuple(figs + line_figs + ent_figs), summary)
@@ -96,7 +104,19 @@ def _nats(x: float | None) -> str:
 
 
 def _triggers(entry: dict, n: int = 3) -> str:
-    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f}" for t in entry["triggers"][:n]) or "none"
+    return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} ({t['n_prompts']}p)"
+                     for t in entry["triggers"][:n]) or "none"
+
+
+def _replication(rep: dict | None) -> str:
+    if rep is None:
+        return "no trigger"
+    f = lambda x: "n/a" if x is None else f"x{x:.1f}"  # noqa: E731
+    return f"{f(rep['lift_even'])} / {f(rep['lift_odd'])} ({'replicated' if rep['replicated'] else 'not replicated'})"
+
+
+def _interval(ci) -> str:
+    return "n/a" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
 def dormant_section(ctx: ReportContext) -> Section:
@@ -108,21 +128,25 @@ def dormant_section(ctx: ReportContext) -> Section:
     ranked = found or scan.ranked()
     shown = ranked[: max(6, ctx.n_heads)]
     cands = ranked[: ctx.n_heads]
+    checked = noop_heads(scan, ctx.n_heads)  # every if_else head and the closest candidates besides
     entries = {head_label(*hd): scan.head_summary(*hd) for hd in shown}
     counts = {m: sum(row.count(m) for row in scan.modes) for m in ("sink", "active", "if_else", "mixed")}
     table = table_html(
         ["head", "mode", "if-else score", "dormant frac.", "active frac.", "||v|| first token", "||v|| read when active",
-         "output norm dormant / active", "top triggers (token@where x lift)"],
+         "output norm dormant / active", "top triggers (token@where x lift, prompts)",
+         "top trigger on even / odd prompts"],
         [[name, e["mode"], e["if_else_score"], e["dormant_fraction"], e["active_fraction"], e["value_norm_first"],
-          e["value_norm_active"], _ratio(e["output_norm_dormant"], e["output_norm_active"]), _triggers(e)]
+          e["value_norm_active"], _ratio(e["output_norm_dormant"], e["output_norm_active"]), _triggers(e),
+          _replication(e["replication"])]
          for name, e in entries.items()])
     th = scan.thresholds
-    noop = noop_check(model, ctx.first(ctx.noop_prompts), cands, bos="prepend", max_tokens=ctx.max_tokens,
+    noop = noop_check(model, ctx.first(ctx.noop_prompts), checked, bos="prepend", max_tokens=ctx.max_tokens,
                       batch_size=ctx.batch_size, bos_token_id=ctx.bos_token_id, high=th.high, low=th.low, progress=False)
     noop_table = table_html(
-        ["head", "dormant queries", "active queries", "loss change per forced dormant query",
-         "loss change per forced active query"],
-        [[head_label(r.layer, r.head), r.n_dormant, r.n_active, _nats(r.per_query_dormant), _nats(r.per_query_active)]
+        ["head", "mode", "dormant queries", "active queries", "loss change per forced dormant query",
+         f"{100 * noop.ci_level:.0f}% interval", "loss change per forced active query", f"{100 * noop.ci_level:.0f}% interval"],
+        [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active, _nats(r.per_query_dormant),
+          _interval(r.per_query_dormant_ci), _nats(r.per_query_active), _interval(r.per_query_active_ci)]
          for r in noop.results])
     names = [head_label(*hd) for hd in cands]
     get = lambda t: [float(t[hd]) for hd in cands]  # noqa: E731
@@ -143,14 +167,19 @@ def dormant_section(ctx: ReportContext) -> Section:
         "n_prompts": scan.n_prompts, "max_tokens": ctx.max_tokens, "n_queries": scan.n_queries, "mode_counts": counts,
         "if_else_heads": [head_label(*hd) for hd in found], "candidates": entries,
         "noop": {"n_prompts": min(ctx.noop_prompts, ctx.n_prompts), "loss_clean": noop.loss_clean,
-                 "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
+                 "ci_level": noop.ci_level, "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
     }
     body = (
         f"<p>Every head profiled over {scan.n_prompts} prompts x {ctx.max_tokens} tokens with &lt;bos&gt; "
         f"({scan.n_queries} queries). A query is dormant when its attention on position 0 is >= {th.high:g}, active "
         f"at <= {th.low:g}. Labels: " + html.escape(", ".join(f"{v} {k}" for k, v in counts.items())) + f". {verdict}</p>"
-        + table + f"<p>No-op check on {summary['noop']['n_prompts']} prompts: the head is forced onto the first token "
-        "on its dormant queries (should cost ~nothing) and on its active ones; next-token loss change in nats "
+        + table + f"<p>A trigger counts only with active queries in >= {th.min_prompts} distinct prompts, and the "
+        f"if-else label needs the top trigger to reach lift {th.min_lift:g} on the even and on the odd prompts "
+        "separately (last column).</p>"
+        + f"<p>No-op check on {summary['noop']['n_prompts']} prompts, for every if-else head and the "
+        f"{ctx.n_heads} closest candidates besides: the head is forced onto the first token "
+        "on its dormant queries (should cost ~nothing) and on its active ones; next-token loss change in nats per "
+        f"forced query, with a {100 * noop.ci_level:.0f}% bootstrap interval over prompts "
         f"(clean loss {noop.loss_clean:.3f}).</p>" + noop_table
         + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
                       "(no bar: the head never was in that mode)", ctx.out)
@@ -166,8 +195,11 @@ def ablation_section(ctx: ReportContext) -> Section:
     prompts, T = ctx.first(ctx.ablation_prompts), min(ctx.ablation_tokens, ctx.max_tokens)
     abl = head_ablations(model, prompts, mode="mask_first", bos="prepend", max_tokens=T, bos_token_id=ctx.bos_token_id,
                          max_rows=ABLATION_ROWS, progress=ctx.progress)
-    pr = patch_resid_pre(model, bos_pair(model, prompts, max_tokens=T, bos_token_id=ctx.bos_token_id),
-                         per_position=False, source="prepend", progress=False)
+    pair = bos_pair(model, prompts, max_tokens=T, bos_token_id=ctx.bos_token_id)
+    # Content positions 1..n-1 only: content position 0 is the no-<bos> run's own sink; overwriting it
+    # with the <bos> run's (ordinary) first content token would measure destroying that sink.
+    pr = patch_resid_pre(model, pair, per_position=False, source="prepend", progress=False,
+                         positions=range(1, pair.n_content))
     heat = ctx.figure("ablation_mask_first", lambda p: figures.patching_heatmaps(
         {"mask_first, with <bos>": abl.effects.numpy()}, p, diverging=False, cbar_label="KL(clean || ablated), nats",
         title="Sink of one head masked: effect on the output"))
@@ -175,13 +207,18 @@ def ablation_section(ctx: ReportContext) -> Section:
     curve = ctx.figure("patch_resid_pre", lambda p: figures.layer_lines(
         {"resid_pre patched at this layer": pr.values.clamp(min=1e-6).numpy(),
          "unpatched no-<bos> run": np.full(n_layers, max(pr.baseline, 1e-6))}, p, logy=True,
-        title="<bos> run's residual patched into the no-<bos> run", ylabel="KL to the <bos> run (nats)"))
+        title="<bos> run's resid_pre at content positions 1..n-1 patched into the no-<bos> run "
+              "(its position 0 kept)", ylabel="KL to the <bos> run, positions 1..n-1 (nats)"))
     top = abl.top_heads(5)
     restored = pr.restored()
     summary = {
         "n_prompts": abl.n_prompts, "max_tokens": T, "mode": abl.mode, "metric": abl.metric,
         "effects": abl.effects.tolist(), "top_heads": [[head_label(l, h), e] for l, h, e in top],
-        "patch_resid_pre": {"baseline": pr.baseline, "values": pr.values.tolist(), "restored": restored.tolist()},
+        "patch_resid_pre": {"baseline": pr.baseline, "values": pr.values.tolist(), "restored": restored.tolist(),
+                            "patched_content_positions": [1, pair.n_content - 1],
+                            "definition": "resid_pre of the <bos> run at content positions 1..n-1 written into the "
+                                          "no-<bos> run at the same content positions; the no-<bos> run keeps its own "
+                                          "position 0 (its sink); KL over content positions 1..n-1"},
     }
     best = int(torch.nan_to_num(restored, nan=-1e9).argmax())
     body = (
@@ -190,11 +227,15 @@ def ablation_section(ctx: ReportContext) -> Section:
         "between the clean and ablated next-token distributions over content positions. Largest effects: "
         + html.escape(", ".join(f"{head_label(l, h)} ({e:.3g})" for l, h, e in top)) + ".</p>"
         + figure_html(heat, "mask_first ablation effect per head", ctx.out)
-        + f"<p>Removing &lt;bos&gt; moves the output by KL {pr.baseline:.3g} nats. Patching the &lt;bos&gt; run's "
-        "residual stream (all content positions) into the no-&lt;bos&gt; run before layer l closes the fraction "
+        + f"<p>Removing &lt;bos&gt; moves the output at content positions 1..{pair.n_content - 1} by KL "
+        f"{pr.baseline:.3g} nats. Patching the &lt;bos&gt; run's residual stream at content positions "
+        f"1..{pair.n_content - 1} into the no-&lt;bos&gt; run before layer l closes the fraction "
         f"1 &minus; KL/{pr.baseline:.3g} of that gap; best at layer {pr.layers[best]}: "
-        f"{float(restored[best]):.2f}. Negative values: the patch makes the no-&lt;bos&gt; run further from "
-        "the &lt;bos&gt; run.</p>"
-        + figure_html(curve, "Restoration curve: resid_pre patched per layer", ctx.out)
+        f"{float(restored[best]):.2f}. Content position 0 is not patched: without &lt;bos&gt; it is that run's own "
+        "sink, and overwriting it with the &lt;bos&gt; run's ordinary first content token would measure the damage "
+        "of destroying the sink, not the restoration. Negative values: the patch makes the no-&lt;bos&gt; run "
+        "further from the &lt;bos&gt; run.</p>"
+        + figure_html(curve, f"Restoration curve: resid_pre of content positions 1..{pair.n_content - 1} patched "
+                      "per layer (the no-<bos> run keeps its position 0, its sink)", ctx.out)
     )
     return Section("ablation", "Sink ablation and patching", body, tuple(heat + curve), summary)

@@ -1,0 +1,146 @@
+"""The measurement fixes of issue 11 seen from the commands: --bos-token is
+resolved to one token id, `perturb --sensitivity` reports the rank correlation
+of the path bound, `heads` checks every if_else head plus candidates with
+intervals, and reports trigger replication."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import TINY_BOS, make_tiny
+from sinkmech.cli.common import UsageError, bos_token_arg
+from sinkmech.cli.main import main
+
+
+class WordTokenizer:
+    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0;
+    the text '<s>' is the one special token (id 1)."""
+
+    bos_token_id = 1
+    pad_token_id = 0
+    padding_side = "right"
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 if w == "<s>" else 2 + sum(map(ord, w)) % 48 for w in text.split()]}
+
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
+
+@pytest.fixture
+def cli_model(monkeypatch):
+    model = make_tiny(7)
+    model.tokenizer = WordTokenizer()
+    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    return model
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.txt"
+    words = "the cat sat on the warm mat today and a dog ran far away from the big red barn".split()
+    lines = [" ".join(words[i:] + words[:i]) for i in range(8)]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_bos_token_resolves_to_exactly_one_token(cli_model):
+    assert bos_token_arg(cli_model, SimpleNamespace(bos_token=None)) is None
+    assert bos_token_arg(cli_model, SimpleNamespace(bos_token="<s>")) == 1
+    assert bos_token_arg(cli_model, SimpleNamespace(bos_token="cat")) == WordTokenizer()("cat")["input_ids"][0]
+    with pytest.raises(UsageError, match="exactly one token, it tokenizes to 2"):
+        bos_token_arg(cli_model, SimpleNamespace(bos_token="big dog"))
+    with pytest.raises(UsageError, match="empty"):
+        bos_token_arg(cli_model, SimpleNamespace(bos_token=""))
+    with pytest.raises(UsageError, match="tokenizer"):
+        bos_token_arg(make_tiny(0), SimpleNamespace(bos_token="<s>"))
+
+
+def test_bos_token_changes_the_first_token_of_perturb(cli_model, prompts, tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["perturb", "--noise", "0.1", "--position", "2", "--prompts", prompts, "--json", str(a)]) == 0
+    assert main(["perturb", "--noise", "0.1", "--position", "2", "--prompts", prompts, "--json", str(b),
+                 "--bos-token", "barn"]) == 0
+    da, db = json.loads(a.read_text()), json.loads(b.read_text())
+    assert da["mean_change"]["none"] == db["mean_change"]["none"]  # the no-<bos> run does not change
+    assert da["mean_change"]["prepend"] != db["mean_change"]["prepend"]
+    assert "normalized_entropy" in da and "normalised" in capsys.readouterr().out
+    assert main(["perturb", "--noise", "0.1", "--position", "2", "--prompts", prompts, "--bos-token", "big dog"]) == 2
+    assert "exactly one token" in capsys.readouterr().err
+
+
+def test_perturb_sensitivity_reports_the_rank_correlation(cli_model, prompts, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    argv = ["perturb", "--sensitivity", "--sensitivity-prompts", "2", "--sensitivity-tokens", "6", "--prompts", prompts]
+    assert main(argv + ["--json", str(out)]) == 0
+    s = json.loads(out.read_text())["sensitivity"]
+    assert s["n_prompts"] == 2 and s["max_tokens"] == 6
+    for c in ("prepend", "none"):
+        assert len(s["spearman"][c]) == 2 and all(-1 <= x <= 1 for x in s["spearman"][c])
+        assert len(s["rank_collapse_without_first"][c]) == len(s["rank_collapse_with_first"][c]) == 3
+    assert "Spearman" in capsys.readouterr().out
+    # with a swap as well: the spread's keys stay, sensitivity is added
+    assert main(["perturb", "--swap", "cat", "dog", "--sensitivity", "--sensitivity-prompts", "1", "--sensitivity-tokens",
+                 "4", "--prompts", prompts, "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert {"mean_change", "per_layer", "entropy", "normalized_entropy", "sensitivity"} <= set(d)
+    assert main(["perturb", "--prompts", prompts]) == 2
+    assert "--swap, --noise or --sensitivity" in capsys.readouterr().err
+
+
+def test_sensitivity_study_against_sensitivity(tiny_model, tiny_tokens):
+    from sinkmech.sensitivity import sensitivity, sensitivity_study
+
+    rows = tiny_tokens[:2, :5].tolist()
+    st = sensitivity_study(tiny_model, rows, max_tokens=5, bos_token_id=TINY_BOS, progress=False)
+    for c, bos in enumerate(st.conditions):
+        for p in range(2):
+            one = sensitivity(tiny_model, [rows[p]], bos=bos, max_tokens=5, bos_token_id=TINY_BOS)
+            assert st.spearman[c, p] == pytest.approx(one.rank_correlation(), abs=1e-6)
+            assert st.spearman_off_diagonal[c, p] == pytest.approx(one.rank_correlation(exclude_self=True), abs=1e-6)
+
+
+def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, tmp_path, capsys):
+    out = tmp_path / "h.json"
+    assert main(["heads", "--prompts", prompts, "--json", str(out), "--noop", "2", "--noop-prompts", "4",
+                 "--bos-token", "barn", "--min-prompts", "2"]) == 0
+    d = json.loads(out.read_text())
+    assert d["thresholds"]["min_prompts"] == 2
+    if_else = [(e["layer"], e["head"]) for e in d["heads"] if e["mode"] == "if_else"]
+    checked = [(r["layer"], r["head"]) for r in d["noop"]["heads"]]
+    assert set(checked[: len(if_else)]) == set(if_else) and len(checked) == len(if_else) + 2
+    assert all("per_query_dormant_ci" in r and "per_query_active_ci" in r for r in d["noop"]["heads"])
+    assert all("replication" in e for e in d["heads"])
+    text = capsys.readouterr().out
+    assert "held-out" in text and "bootstrap interval" in text
+
+
+def test_noop_heads_takes_all_if_else_heads_then_candidates():
+    from sinkmech.dormant.noop import noop_heads
+
+    scan = SimpleNamespace(if_else_heads=lambda: [(3, 1), (2, 0)],
+                           ranked=lambda: [(3, 1), (2, 0), (5, 5), (1, 1), (0, 0)])
+    assert noop_heads(scan, 2) == [(3, 1), (2, 0), (5, 5), (1, 1)]
+    assert noop_heads(scan, 0) == []
+
+
+def test_report_restoration_curve_keeps_the_no_bos_sink(tiny_model, tiny_tokens, tmp_path):
+    """The report's <bos> -> no-<bos> resid_pre curve patches content positions
+    1..n-1 only (the old curve also overwrote position 0, the no-<bos> run's sink)."""
+    from sinkmech.interventions.patching import bos_pair, patch_resid_pre
+    from sinkmech.report.context import ReportContext
+    from sinkmech.report.sections_interventions import ablation_section
+
+    rows = tiny_tokens[:2, :8].tolist()
+    ctx = ReportContext(model=tiny_model, out=tmp_path, prompts=rows, n_prompts=2, max_tokens=8, bos_token_id=TINY_BOS,
+                        ablation_prompts=2, ablation_tokens=8, progress=False)
+    got = ablation_section(ctx).summary["patch_resid_pre"]
+    pair = bos_pair(tiny_model, rows, max_tokens=8, bos_token_id=TINY_BOS)
+    want = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", progress=False, positions=range(1, 8))
+    old = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", progress=False)
+    assert got["patched_content_positions"] == [1, 7]
+    assert got["values"] == pytest.approx(want.values.tolist(), abs=1e-6)
+    assert max(abs(a - b) for a, b in zip(got["values"], old.values.tolist())) > 1e-4
