@@ -90,7 +90,7 @@ def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     first = next(iter(d["candidates"].values()))
     assert (first["layer"], first["head"]) == (scan.if_else_heads() or scan.ranked())[0]
     assert first["dormant_fraction"] == pytest.approx(float(scan.dormant_fraction[first["layer"], first["head"]]))
-    check = noop_check(tiny_model, prompts[:8], [(first["layer"], first["head"])], **kw)
+    check = noop_check(tiny_model, prompts[:12], [(first["layer"], first["head"])], **kw)  # noop_prompts 32, capped by n_prompts 12
     got = d["noop"]["heads"][f"L{first['layer']}.H{first['head']}"]
     assert got["delta_loss_dormant"] == pytest.approx(check.results[0].delta_loss_dormant, abs=1e-7)
     assert got["n_active"] == check.results[0].n_active
@@ -100,7 +100,7 @@ def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     np.testing.assert_allclose(a["effects"], abl.effects.numpy(), rtol=1e-5, atol=1e-7)
     assert a["top_heads"][0][0] == "L{}.H{}".format(*abl.top_heads(1)[0][:2])
     pr = patch_resid_pre(tiny_model, bos_pair(tiny_model, prompts[:4], max_tokens=16, bos_token_id=TINY_BOS),
-                         per_position=False, progress=False)
+                         per_position=False, progress=False, positions=range(1, 16))
     np.testing.assert_allclose(a["patch_resid_pre"]["values"], pr.values.numpy(), rtol=1e-5, atol=1e-7)
     # rotary model: the content tokens' embeddings are the same in both runs, so
     # patching resid_pre of layer 0 changes nothing

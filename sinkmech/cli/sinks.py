@@ -6,7 +6,7 @@ first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.key_sinks)."""
 from __future__ import annotations
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_common, conditions, prompts_arg, warn_short, write_json
+from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_json
 from sinkmech.figures import sink_heatmap
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
@@ -16,6 +16,7 @@ from sinkmech.sinks import sink_scores
 def add_sinks_parser(sub) -> None:
     p = sub.add_parser("sinks", help="sink scores, sink rates and next-token loss, with and without <bos>")
     add_common(p)
+    add_bos_token(p)
     p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--bos", choices=["prepend", "none", "both"], default="both")
     p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
@@ -98,9 +99,10 @@ def cmd_sinks(args) -> None:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     model = models.load_model(args.model)
+    bos_id = bos_token_arg(model, args)
     results, keys = {}, {}
     for bos in conditions(args.bos):
-        batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens)
+        batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens, bos_token_id=bos_id)
         warn_short(batch, args.max_tokens)
         results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
         if args.keys == "all":
