@@ -351,6 +351,22 @@ def findings(out: Path, prefix: str = "") -> dict:
             for k in ("loss_post_trigger", "loss_rest"):
                 flat[f"train.emergence.first.{k}"] = em[k][0]
                 flat[f"train.emergence.final.{k}"] = em[k][-1]
+    seeds = sorted(out.glob(f"{prefix}seed*_packing.json"))  # more seeds of Table 2: --seed N --prefix seedN_
+    if seeds and (out / f"{prefix}packing.json").exists():
+        tables = [json.loads((out / f"{prefix}packing.json").read_text())]
+        tables += [json.loads(p.read_text()) for p in seeds]
+        flat["train.table2_seeds.n_seeds"] = len(tables)
+        flat["train.table2_seeds.seeds"] = ",".join(str(t[0]["seed"]) for t in tables)
+        for i, r in enumerate(tables[0]):
+            base = (f"train.table2_seeds.{r['packing']}.{fixed(r)}."
+                    f"{'prepend' if r['inference_bos'] else 'none'}")
+            for name, get in (("sink_rate.0.3", lambda x: x["sink_rate"]["0.3"]),
+                              ("sink_rate.0.8", lambda x: x["sink_rate"]["0.8"]),
+                              ("max_head_score", lambda x: x["max_head_score"]), ("val_loss", lambda x: x["val_loss"])):
+                vals = [get(t[i]) for t in tables]
+                flat[f"{base}.{name}.mean"] = sum(vals) / len(vals)
+                flat[f"{base}.{name}.min"] = min(vals)
+                flat[f"{base}.{name}.max"] = max(vals)
     path = out / f"{prefix}bench_train.json"
     if path.exists():
         bench = json.loads(path.read_text())

@@ -257,6 +257,17 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     flat = json.loads((out / "findings_train.json").read_text())
     assert flat["train.table2.intra_doc.nofixedbos.none.sink_rate.0.3"] == rows_packing_rate(out)
     assert flat["train.context_length.score_tokens"] == 63 and "train.positional.none.prepend.val_loss" in flat
+    # A second seed of Table 2 (--seed 1 --prefix seed1_) adds the spread over seeds.
+    other = json.loads((out / "packing.json").read_text())
+    for r in other:
+        r["seed"], r["val_loss"] = 1, r["val_loss"] + 1.0
+    (out / "seed1_packing.json").write_text(json.dumps(other))
+    assert mod.main(["findings", "--out", str(out)]) == 0
+    flat = json.loads((out / "findings_train.json").read_text())
+    assert flat["train.table2_seeds.n_seeds"] == 2 and flat["train.table2_seeds.seeds"] == "0,1"
+    loss = flat["train.table2.causal.fixedbos.prepend.val_loss"]
+    assert flat["train.table2_seeds.causal.fixedbos.prepend.val_loss.min"] == loss
+    assert flat["train.table2_seeds.causal.fixedbos.prepend.val_loss.max"] == pytest.approx(loss + 1.0)
     assert mod.main(["packing", "--set", "packing=sideways", *common]) == 2
 
 
@@ -294,7 +305,8 @@ def test_config_literals_are_the_checked_choices():
 def test_run_names_match_the_committed_logs():
     logs = Path(__file__).resolve().parents[1] / "figures" / "train" / "logs"
     names = {TrainConfig(packing=p, fixed_bos=f, context_length=128).run_name for p, f in _script().RECIPES}
-    assert names == {p.stem for p in (logs / "packing").glob("*.json")}
+    # seedN_ (more seeds of Table 2) and explore_ logs sit beside the preset runs
+    assert names == {p.stem for p in (logs / "packing").glob("*.json") if not p.stem.startswith(("seed", "explore_"))}
     assert build_model(TrainConfig(fixed_bos=False), "cpu").cfg.model_name == "text-causal-nofixedbos-T128"
 
 
