@@ -200,9 +200,10 @@ def write_emergence(log: dict, name: str, out: Path, prefix: str) -> dict:
     (out / f"{prefix}emergence.json").write_text(json.dumps(em, indent=1))
     cross = em["cross_step"]["0.3"]
     emergence_plot(em, out / f"{prefix}emergence.png",
-                   title=f"Sink emergence ({name}, {log['config']['positional']} positions): "
-                         f"first-token score > 0.3 first at step {cross}")
-    print(f"emergence ({name}): alpha_0 > 0.3 first at step {cross}, > 0.8 at {em['cross_step']['0.8']}")
+                   title=f"Sink emergence ({name}, {log['config']['positional']} positions): first-token score "
+                         f"> 0.3 first at step {cross}, from step {em['stable_step']['0.3']} on")
+    print(f"emergence ({name}): alpha_0 > 0.3 first at step {cross}, from step {em['stable_step']['0.3']} on; "
+          f"> 0.8 first at {em['cross_step']['0.8']}")
     return em
 
 
@@ -343,6 +344,8 @@ def findings(out: Path, prefix: str = "") -> dict:
         em = json.loads(path.read_text())
         for eps, step in em["cross_step"].items():
             flat[f"train.emergence.cross_step.{eps}"] = step
+        for eps, step in em["stable_step"].items():
+            flat[f"train.emergence.stable_step.{eps}"] = step
         flat["train.emergence.final.first_token_score"] = em["first_token_score"][-1]
         for k in ("bos_value_norm", "other_value_norm", "bos_resid_norm", "other_resid_norm"):
             flat[f"train.emergence.first.{k}"] = em[k][0]

@@ -103,7 +103,8 @@ def context_length_plot(rows: Sequence[dict], path: str | os.PathLike, *, title:
 def emergence_plot(em: Mapping, path: str | os.PathLike, *, title: str = "") -> Path:
     """The sink forming over training (Guo et al. 2024's mutual reinforcement):
     first-token score, value norms, residual norms and the split validation
-    loss against step, with the step where the score first exceeds 0.3 marked.
+    loss against step, with the step where the score first exceeds 0.3 (and
+    the step from which it stays above) marked.
 
     Args:
         em: `sinkmech.train.emergence.Emergence.to_dict()` (or its JSON).
@@ -134,10 +135,14 @@ def emergence_plot(em: Mapping, path: str | os.PathLike, *, title: str = "") -> 
         ax.plot(steps, em["loss_post_trigger"], "o-", ms=3, color="tab:red", label="post-trigger positions (copies)")
         ax.plot(steps, em["loss_rest"], "s--", ms=2, color="tab:gray", label="other positions (bigram)")
     ax.set_ylabel("validation loss with <bos> (nats)")
+    stable = em.get("stable_step", {}).get("0.3")
     for ax in axes.flat:
         if cross is not None:
             ax.axvline(cross, color="tab:blue", ls="--", lw=1, alpha=0.7,
                        label=f"$\\alpha_0$ > 0.3 first at step {cross}" if ax is axes[0, 0] else None)
+        if stable is not None and stable != cross:
+            ax.axvline(stable, color="tab:blue", ls=":", lw=1.2, alpha=0.9,
+                       label=f"$\\alpha_0$ > 0.3 from step {stable} on" if ax is axes[0, 0] else None)
         ax.tick_params(labelsize=8)
         ax.legend(fontsize=7)
     for ax in axes[1]:

@@ -14,7 +14,7 @@ import torch
 
 from sinkmech.sinks import sink_scores
 from sinkmech.train.data import post_trigger, sink_tokens
-from sinkmech.train.emergence import emergence, first_crossing
+from sinkmech.train.emergence import emergence, first_crossing, stable_crossing
 from sinkmech.train.run import TrainConfig, TrainData, build_model, evaluate, token_losses, train
 
 TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=1, d_model=32, n_heads=2,
@@ -111,10 +111,15 @@ def test_emergence_follows_the_strongest_head_and_marks_the_crossing():
     assert (em.layer, em.head) == (0, 1)  # the strongest head at the last evaluation, not the first
     assert em.first_token_score == [0.1, 0.31, 0.9]
     assert em.cross_step == {"0.3": 200, "0.8": 300}
+    assert em.stable_step == {"0.3": 200, "0.8": 300}
     assert em.bos_value_norm == [2.0] * 3 and em.other_value_norm == [4.0] * 3
     assert em.bos_resid_norm == [105.0, 205.0, 305.0]
     assert em.loss_post_trigger == [0.01, 0.005, 1 / 300]
     assert first_crossing([1, 2], [0.3, 0.3], 0.3) is None  # strict, like the sink rate
+    # A score that dips back below the threshold restarts the stable crossing.
+    steps, vals = [1, 2, 3, 4, 5], [0.1, 0.4, 0.2, 0.5, 0.6]
+    assert first_crossing(steps, vals, 0.3) == 2 and stable_crossing(steps, vals, 0.3) == 4
+    assert stable_crossing(steps, [0.4, 0.4, 0.4, 0.4, 0.1], 0.3) is None
 
 
 def test_emergence_of_a_real_log_has_every_series(tmp_path):

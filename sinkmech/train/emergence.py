@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 class Emergence:
     """Per-evaluation series of one head (the strongest first-token head at the
     last evaluation, with `<bos>` at inference), and the first step at which
-    its first-token score exceeds each threshold (None: never)."""
+    its first-token score exceeds each threshold, and the step from which it
+    stays above (None: never)."""
 
     run: str
     layer: int
@@ -32,6 +33,7 @@ class Emergence:
     loss_post_trigger: list[float] | None  # validation loss with <bos>, copies only
     loss_rest: list[float] | None
     cross_step: dict[str, int | None]  # eps -> first evaluated step with score > eps
+    stable_step: dict[str, int | None]  # eps -> first step from which every evaluation has score > eps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,6 +42,17 @@ class Emergence:
 def first_crossing(steps: list[int], values: list[float], eps: float) -> int | None:
     """The first step whose value is strictly above `eps`, or None."""
     return next((s for s, v in zip(steps, values) if v > eps), None)
+
+
+def stable_crossing(steps: list[int], values: list[float], eps: float) -> int | None:
+    """The first step from which every value is strictly above `eps`, or None."""
+    stable = None
+    for s, v in zip(steps, values):
+        if v > eps:
+            stable = s if stable is None else stable
+        else:
+            stable = None
+    return stable
 
 
 def emergence(log: dict, *, run: str = "", eps: tuple[float, ...] = (0.3, 0.8)) -> Emergence:
@@ -75,4 +88,5 @@ def emergence(log: dict, *, run: str = "", eps: tuple[float, ...] = (0.3, 0.8)) 
         loss_post_trigger=[s["prepend"]["post_trigger"] for s in split] if has_split else None,
         loss_rest=[s["prepend"]["rest"] for s in split] if has_split else None,
         cross_step={repr(float(e)): first_crossing(steps, first, e) for e in eps},
+        stable_step={repr(float(e)): stable_crossing(steps, first, e) for e in eps},
     )
