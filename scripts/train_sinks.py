@@ -354,22 +354,33 @@ def findings(out: Path, prefix: str = "") -> dict:
             for k in ("loss_post_trigger", "loss_rest"):
                 flat[f"train.emergence.first.{k}"] = em[k][0]
                 flat[f"train.emergence.final.{k}"] = em[k][-1]
-    seeds = sorted(out.glob(f"{prefix}seed*_packing.json"))  # more seeds of Table 2: --seed N --prefix seedN_
-    if seeds and (out / f"{prefix}packing.json").exists():
-        tables = [json.loads((out / f"{prefix}packing.json").read_text())]
+    # More seeds (--seed N --prefix seedN_): the spread of each row over seeds.
+    for exp, tag, key in (("packing", "table2_seeds", lambda r: f"{r['packing']}.{fixed(r)}"),
+                          ("positional", "positional_seeds", lambda r: r["positional"]),
+                          ("context_length", "context_length_seeds", lambda r: f"T{r['context_length']}")):
+        seeds = sorted(out.glob(f"{prefix}seed*_{exp}.json"))
+        if not seeds or not (out / f"{prefix}{exp}.json").exists():
+            continue
+        tables = [json.loads((out / f"{prefix}{exp}.json").read_text())]
         tables += [json.loads(p.read_text()) for p in seeds]
-        flat["train.table2_seeds.n_seeds"] = len(tables)
-        flat["train.table2_seeds.seeds"] = ",".join(str(t[0]["seed"]) for t in tables)
+        flat[f"train.{tag}.n_seeds"] = len(tables)
+        flat[f"train.{tag}.seeds"] = ",".join(str(t[0]["seed"]) for t in tables)
         for i, r in enumerate(tables[0]):
-            base = (f"train.table2_seeds.{r['packing']}.{fixed(r)}."
-                    f"{'prepend' if r['inference_bos'] else 'none'}")
+            base = f"train.{tag}.{key(r)}.{'prepend' if r['inference_bos'] else 'none'}"
             for name, get in (("sink_rate.0.3", lambda x: x["sink_rate"]["0.3"]),
                               ("sink_rate.0.8", lambda x: x["sink_rate"]["0.8"]),
                               ("max_head_score", lambda x: x["max_head_score"]), ("val_loss", lambda x: x["val_loss"])):
-                vals = [get(t[i]) for t in tables]
+                vals = [get(t[i]) for t in tables if i < len(t) and key(t[i]) == key(r)]
                 flat[f"{base}.{name}.mean"] = sum(vals) / len(vals)
                 flat[f"{base}.{name}.min"] = min(vals)
                 flat[f"{base}.{name}.max"] = max(vals)
+    for path in sorted(out.glob(f"{prefix}seed*_emergence.json")):
+        em = json.loads(path.read_text())
+        seed = path.name[len(prefix):].split("_")[0]
+        for eps, step in em["cross_step"].items():
+            flat[f"train.emergence_seeds.{seed}.cross_step.{eps}"] = step
+        for eps, step in em["stable_step"].items():
+            flat[f"train.emergence_seeds.{seed}.stable_step.{eps}"] = step
     path = out / f"{prefix}bench_train.json"
     if path.exists():
         bench = json.loads(path.read_text())
