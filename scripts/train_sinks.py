@@ -178,7 +178,7 @@ def _save_log(log: dict, args, experiment: str, name: str) -> None:
 def _run(cfg: TrainConfig, args, logs: dict, experiment: str, name: str | None = None) -> dict:
     name = name or cfg.run_name
     t = time.perf_counter()
-    result = train(cfg, Path(args.runs_dir) / experiment / name, progress=not args.quiet)
+    result = train(cfg, Path(args.runs_dir) / experiment / f"{args.prefix}{name}", progress=not args.quiet)
     print(f"{name}: {time.perf_counter() - t:.1f} s ({result.log['n_params']} parameters, {hardware()})", flush=True)
     log = {**result.log, "hardware": hardware()}
     logs[name] = log
