@@ -3,6 +3,7 @@
     python scripts/train_sinks.py packing --preset cpu          # Table 2 + emergence
     python scripts/train_sinks.py positional --preset cpu       # token or position?
     python scripts/train_sinks.py context-length --preset cpu
+    python scripts/train_sinks.py modes                         # active/dormant attention of those runs
     python scripts/train_sinks.py findings                      # findings_train.json from the JSON above
     python scripts/train_sinks.py packing --preset gpu --steps 3   # smoke test anywhere
 
@@ -20,8 +21,9 @@ number of tokens (their context-length study).
 Outputs (under --out, default figures/train): packing.json, packing.md,
 packing_curves.png, emergence.json, emergence.png; positional.json,
 positional_curves.png; context_length.json, context_length.png,
-context_length_curves.png; findings_train.json; logs/<experiment>/<run>.json.
-Checkpoints go to --runs-dir/<experiment>/<run>/.
+context_length_curves.png; modes.json; findings_train.json;
+logs/<experiment>/<prefix><run>.json. Checkpoints go to
+--runs-dir/<experiment>/<prefix><run>/.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from sinkmech.prompts import CONDITIONS  # noqa: E402
 from sinkmech.train.config import DATA_SOURCES, PACKINGS, POSITIONALS, run_name  # noqa: E402
 from sinkmech.train.data import sink_tokens  # noqa: E402
 from sinkmech.train.emergence import emergence  # noqa: E402
-from sinkmech.train.run import TrainConfig, train  # noqa: E402
+from sinkmech.train.modes import mode_attention  # noqa: E402
+from sinkmech.train.run import TrainConfig, TrainData, load_checkpoint, train  # noqa: E402
 from sinkmech.train_figures import context_length_plot, emergence_plot, training_curves  # noqa: E402
 
 # Sizes. cpu: Guo et al.'s one-layer, one-head model with learned absolute
@@ -257,6 +260,43 @@ def cmd_positional(args) -> list[dict]:
     return rows
 
 
+def cmd_modes(args) -> list[dict]:
+    """Active and dormant attention of each positional run's head(s), from the
+    checkpoints the `positional` command saved: on trigger queries and on the
+    others, the attention on the first key and on the previous key (the copy
+    source), with `<bos>` prepended and without."""
+    out = Path(args.out)
+    path = out / f"{args.prefix}positional.json"
+    if not path.exists():
+        raise ValueError(f"no {path}: run the positional experiment first")
+    rows = []
+    for r in json.loads(path.read_text()):
+        if not r["inference_bos"]:
+            continue
+        name = f"{r['positional']}-{run_name(r['packing'], r['fixed_bos'], r['context_length'])}"
+        if "reused_from" in r:
+            experiment, run = r["reused_from"].split("/")
+            ckpt = Path(args.runs_dir) / experiment / f"{args.prefix}{run}"
+        else:
+            ckpt = Path(args.runs_dir) / "positional" / f"{args.prefix}{name}"
+        model, cfg = load_checkpoint(ckpt, device="cpu")
+        if cfg.data != "bigram_backcopy":
+            raise ValueError(f"{ckpt}: modes need bigram_backcopy data, not {cfg.data}")
+        prompts = torch.tensor(TrainData(cfg).prompts)
+        for bos in CONDITIONS:
+            tokens = torch.cat([torch.full((len(prompts), 1), cfg.bos_id), prompts], 1) if bos == "prepend" else prompts
+            m = mode_attention(model, tokens, n_triggers=cfg.bb_triggers)
+            rows.append({"positional": cfg.positional, "fixed_bos": cfg.fixed_bos, "inference_bos": bos == "prepend",
+                         "seed": cfg.seed, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, **m.to_dict()})
+    (out / f"{args.prefix}modes.json").write_text(json.dumps(rows, indent=1))
+    print(f"{'positional':>10} {'bos':>5} {'trig:first':>10} {'trig:prev':>10} {'other:first':>11} {'other:prev':>10}")
+    for r in rows:
+        print(f"{r['positional']:>10} {str(r['inference_bos']):>5} {r['trigger_first'][0][0]:>10.3f} "
+              f"{r['trigger_prev'][0][0]:>10.3f} {r['other_first'][0][0]:>11.3f} {r['other_prev'][0][0]:>10.3f}  (L0H0)")
+    print(f"wrote {out / (args.prefix + 'modes.json')}")
+    return rows
+
+
 def cmd_context_length(args) -> list[dict]:
     rows, logs = [], {}
     lengths = args.lengths or CONTEXT_LENGTHS[args.preset]
@@ -330,6 +370,14 @@ def findings(out: Path, prefix: str = "") -> dict:
     path = out / f"{prefix}positional.json"
     if path.exists():
         add_rows("positional", json.loads(path.read_text()), lambda r: r["positional"])
+    path = out / f"{prefix}modes.json"
+    if path.exists():
+        for r in json.loads(path.read_text()):
+            cond = "prepend" if r["inference_bos"] else "none"
+            for l, heads in enumerate(r["trigger_first"]):
+                for h in range(len(heads)):
+                    for k in ("trigger_first", "trigger_prev", "other_first", "other_prev"):
+                        flat[f"train.modes.{r['positional']}.{cond}.L{l}H{h}.{k}"] = r[k][l][h]
     path = out / f"{prefix}explore_positional.json"  # exploratory variants, named by their depth and width
     if path.exists():
         add_rows("explore", json.loads(path.read_text()),
@@ -424,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "positional":
             p.add_argument("--positionals", nargs="+", choices=POSITIONALS, default=list(POSITIONAL_RUNS))
         p.set_defaults(func=func)
+    p = sub.add_parser("modes", help="active/dormant attention of the positional runs' checkpoints")
+    p.add_argument("--out", default="figures/train")
+    p.add_argument("--runs-dir", default="runs/train")
+    p.add_argument("--prefix", default="")
+    p.set_defaults(func=cmd_modes)
     for name, func, help_ in (("replot", cmd_replot, "redraw figures from the JSON under --out"),
                               ("findings", cmd_findings, "write findings_train.json from the JSON under --out")):
         p = sub.add_parser(name, help=help_)

@@ -238,6 +238,11 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
         assert r["fixed_bos"] is True and set(r["sink_rate"]) == {"0.3", "0.8"}
     assert rows[0]["reused_from"] == "packing/causal-fixedbos-T128" and "reused_from" not in rows[2]
     assert rows[0]["val_loss"] == json.loads((out / "packing.json").read_text())[2]["val_loss"]
+    # modes: active/dormant attention read back from the positional checkpoints
+    assert mod.main(["modes", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]) == 0
+    modes = json.loads((out / "modes.json").read_text())
+    assert [(r["positional"], r["inference_bos"]) for r in modes] == [(r["positional"], r["inference_bos"]) for r in rows]
+    assert all(0 <= r["other_first"][0][0] <= 1 and r["n_trigger"] > 0 for r in modes)
     # The gpu preset's model (tens of millions of parameters) runs on CPU for two
     # steps, at one short context with a one-window batch to stay fast.
     assert mod.main(["context-length", "--preset", "gpu", "--steps", "2", "--lengths", "64", "128",

@@ -14,6 +14,8 @@ import torch
 
 from sinkmech.sinks import sink_scores
 from sinkmech.train.data import post_trigger, sink_tokens
+from sinkmech.hooks import act_name
+from sinkmech.train.modes import mode_attention
 from sinkmech.train.emergence import emergence, first_crossing, stable_crossing
 from sinkmech.train.run import TrainConfig, TrainData, build_model, evaluate, token_losses, train
 
@@ -150,3 +152,34 @@ def test_bench_train_prints_and_writes_the_ratio(tmp_path, capsys):
     assert bench["tokens_per_step"] == 64
     assert bench["ratio_train_causal_to_plain"] > 0 and bench["plain_steps_per_s"] > 0
     assert "ratio train/plain" in capsys.readouterr().out
+
+
+def test_mode_attention_finds_a_planted_if_else_head():
+    """Plant the ideal bigram-backcopy head (Guo et al. 2024): on a trigger
+    query all attention on the previous key (the copy source), elsewhere all on
+    key 0. mode_attention must read exactly 1 and 0 where they belong."""
+    cfg = TrainConfig(steps=1, **TINY)
+    model = build_model(cfg, "cpu")
+    data = TrainData(cfg)
+    tokens = torch.cat([torch.full((len(data.prompts), 1), cfg.bos_id), torch.tensor(data.prompts)], 1)
+    T = tokens.shape[1]
+    trig = tokens < cfg.bb_triggers  # [batch, pos]
+    ideal = torch.zeros(len(tokens), T, T)
+    ideal[:, :, 0] = 1.0
+    q = torch.arange(1, T)
+    ideal[:, q, 0] = torch.where(trig[:, q], 0.0, 1.0)
+    ideal[:, q, q - 1] += torch.where(trig[:, q], 1.0, 0.0)
+
+    def plant(pattern, hook):
+        out = pattern.clone()
+        out[:, 1] = ideal  # head 1 becomes the if-else head; head 0 is left as initialised
+        return out
+
+    with model.hooks(fwd_hooks=[(act_name("pattern", 0), plant)]):
+        m = mode_attention(model, tokens, n_triggers=cfg.bb_triggers)
+    assert m.trigger_prev[0, 1] == pytest.approx(1.0) and m.trigger_first[0, 1] == pytest.approx(0.0)
+    assert m.other_first[0, 1] == pytest.approx(1.0) and m.other_prev[0, 1] == pytest.approx(0.0)
+    assert m.n_trigger == int(trig[:, 2:].sum()) and m.n_trigger + m.n_other == len(tokens) * (T - 2)
+    assert 0 < m.other_first[0, 0] < 0.9  # the untouched random head is no sink
+    with pytest.raises(ValueError, match="both trigger"):
+        mode_attention(model, torch.full((1, 8), 10), n_triggers=cfg.bb_triggers)
