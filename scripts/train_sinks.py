@@ -370,14 +370,17 @@ def findings(out: Path, prefix: str = "") -> dict:
     path = out / f"{prefix}positional.json"
     if path.exists():
         add_rows("positional", json.loads(path.read_text()), lambda r: r["positional"])
-    path = out / f"{prefix}modes.json"
-    if path.exists():
+    for tag in ("modes", "explore_modes"):  # explore_: the exploratory variants, named by depth and width
+        path = out / f"{prefix}{tag}.json"
+        if not path.exists():
+            continue
         for r in json.loads(path.read_text()):
             cond = "prepend" if r["inference_bos"] else "none"
+            model = r["positional"] if tag == "modes" else f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}"
             for l, heads in enumerate(r["trigger_first"]):
                 for h in range(len(heads)):
                     for k in ("trigger_first", "trigger_prev", "other_first", "other_prev"):
-                        flat[f"train.modes.{r['positional']}.{cond}.L{l}H{h}.{k}"] = r[k][l][h]
+                        flat[f"train.{tag}.{model}.{cond}.L{l}H{h}.{k}"] = r[k][l][h]
     path = out / f"{prefix}explore_positional.json"  # exploratory variants, named by their depth and width
     if path.exists():
         add_rows("explore", json.loads(path.read_text()),
