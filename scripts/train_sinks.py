@@ -370,13 +370,12 @@ def findings(out: Path, prefix: str = "") -> dict:
     path = out / f"{prefix}positional.json"
     if path.exists():
         add_rows("positional", json.loads(path.read_text()), lambda r: r["positional"])
-    for tag in ("modes", "explore_modes"):  # explore_: the exploratory variants, named by depth and width
-        path = out / f"{prefix}{tag}.json"
-        if not path.exists():
-            continue
+    # modes.json, seedN_modes.json, explore_modes.json (exploratory variants, named by depth and width)
+    for path in sorted(out.glob(f"{prefix}*modes.json")):
+        tag = path.stem[len(prefix):]
         for r in json.loads(path.read_text()):
             cond = "prepend" if r["inference_bos"] else "none"
-            model = r["positional"] if tag == "modes" else f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}"
+            model = r["positional"] if "explore" not in tag else f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}"
             for l, heads in enumerate(r["trigger_first"]):
                 for h in range(len(heads)):
                     for k in ("trigger_first", "trigger_prev", "other_first", "other_prev"):
