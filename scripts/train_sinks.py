@@ -1,17 +1,29 @@
 """When do sinks form? The paper's from-scratch experiments at a chosen scale.
 
-    python scripts/train_sinks.py packing --preset cpu
+    python scripts/train_sinks.py packing --preset cpu          # Table 2 + emergence
+    python scripts/train_sinks.py positional --preset cpu       # token or position?
     python scripts/train_sinks.py context-length --preset cpu
+    python scripts/train_sinks.py modes                         # active/dormant attention of those runs
+    python scripts/train_sinks.py findings                      # findings_train.json from the JSON above
     python scripts/train_sinks.py packing --preset gpu --steps 3   # smoke test anywhere
 
 `packing` (Barbero et al. 2025, Table 2): train with and without a fixed
-`<bos>` (and with intra-document masking), evaluate each with and without
-`<bos>` at inference. `context-length`: the same model at
-several context lengths, tokens per step held constant (their context-length study).
+`<bos>`, under causal and intra-document packing (four runs), evaluate each
+with and without `<bos>` at inference; the causal fixed-`<bos>` run's log also
+gives the emergence figure (Guo et al. 2024's mutual reinforcement: first-token
+attention, the `<bos>` value and residual norms, post-trigger loss, per
+evaluation). `positional`: the same fixed-`<bos>` recipe with learned absolute
+(`standard`), `rotary` and no (`none`) positional embedding, evaluated with and
+without `<bos>` (the `standard` run is reused from `packing` when its log has
+the same config). `context-length`: the same model at several context lengths,
+tokens per step held constant, every model scored on the shortest context's
+number of tokens (their context-length study).
 Outputs (under --out, default figures/train): packing.json, packing.md,
-packing_curves.png; context_length.json, context_length.png,
-context_length_curves.png; logs/<experiment>/<run>.json. Checkpoints go to
---runs-dir/<experiment>/<run>/.
+packing_curves.png, emergence.json, emergence.png; positional.json,
+positional_curves.png; context_length.json, context_length.png,
+context_length_curves.png; modes.json; findings_train.json;
+logs/<experiment>/<prefix><run>.json. Checkpoints go to
+--runs-dir/<experiment>/<prefix><run>/.
 """
 
 from __future__ import annotations
@@ -29,28 +41,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sinkmech.prompts import CONDITIONS  # noqa: E402
 from sinkmech.train.config import DATA_SOURCES, PACKINGS, POSITIONALS, run_name  # noqa: E402
-from sinkmech.train.run import TrainConfig, TrainResult, train  # noqa: E402
-from sinkmech.train_figures import context_length_plot, training_curves  # noqa: E402
+from sinkmech.train.data import sink_tokens  # noqa: E402
+from sinkmech.train.emergence import emergence  # noqa: E402
+from sinkmech.train.modes import mode_attention  # noqa: E402
+from sinkmech.train.run import TrainConfig, TrainData, load_checkpoint, train  # noqa: E402
+from sinkmech.train_figures import context_length_plot, emergence_plot, training_curves  # noqa: E402
 
-# Sizes. cpu: ~3 minutes per run on one core of a shared 2-core machine.
-# gpu: ~10 minutes per experiment on one modern GPU (not measured: no GPU was lent).
+# Sizes. cpu: Guo et al.'s one-layer, one-head model with learned absolute
+# positions, where a thresholded sink forms: on a probe of exactly this config
+# (seed 0) the head's first-token score crossed 0.3 between steps 1,750 and
+# 2,000 and reached 0.54 at 3,000 (100 % of prompts > 0.3, none > 0.8), in
+# ~4.5 minutes on one torch thread of a shared 2-core machine.
+# gpu: the same recipe scaled up (4 layers x 8 heads, T=512, 16x the tokens
+# per step); not run: no GPU was lent. Keep `--steps 2` as a smoke test.
 PRESETS: dict[str, dict] = {
-    "cpu": dict(data="bigram_backcopy", context_length=128, tokens_per_step=4096, n_layers=2, d_model=64,
-                n_heads=4, steps=800, lr=3e-3, warmup=40, eval_every=100, threads=1),
-    "gpu": dict(data="bigram_backcopy", context_length=512, tokens_per_step=65536, n_layers=6, d_model=512,
-                n_heads=8, steps=1200, lr=1e-3, warmup=100, eval_every=100, eval_prompts=64, val_windows=64,
-                bb_vocab=128, bb_doc_max=1024),
+    "cpu": dict(data="bigram_backcopy", context_length=128, tokens_per_step=2048, n_layers=1, d_model=64,
+                n_heads=1, positional="standard", steps=3000, lr=5e-3, warmup=50, eval_every=100, threads=1),
+    "gpu": dict(data="bigram_backcopy", context_length=512, tokens_per_step=65536, n_layers=4, d_model=512,
+                n_heads=8, positional="standard", steps=4000, lr=1e-3, warmup=200, eval_every=100,
+                eval_prompts=64, val_windows=64, bb_vocab=128, bb_doc_max=1024),
 }
 CONTEXT_LENGTHS = {"cpu": [32, 64, 128, 256], "gpu": [128, 256, 512, 1024, 2048]}
-CONTEXT_STEPS = {"cpu": 600, "gpu": 1000}  # a bit fewer steps: four or five runs per experiment
-# (packing, fixed_bos) in the paper's Table 2 order.
-RECIPES = [("causal", False), ("causal", True), ("intra_doc", True)]
+# (packing, fixed_bos): the paper's Table 2, both packings.
+RECIPES = [("causal", False), ("causal", True), ("intra_doc", False), ("intra_doc", True)]
+POSITIONAL_RUNS = ("standard", "rotary", "none")
 PAPER_TABLE2 = (
     "Paper (Barbero et al. 2025, Table 2; 120M parameters, 30B tokens; the notes we have do not say which epsilon):\n\n"
     "| trained with | inference `<bos>` | sink rate % | val loss |\n|---|---|---|---|\n"
     "| no fixed `<bos>` | yes | 65.10 | - |\n| no fixed `<bos>` | no | 65.15 | - |\n"
     "| fixed `<bos>` | yes | 90.84 | 2.69 |\n| fixed `<bos>` | no | 0.05 | 7.56 |\n"
 )
+EMERGENCE_RUN = ("causal", True)  # the packing run whose log draws emergence.png
 
 
 def hardware() -> str:
@@ -97,30 +118,38 @@ def parse_sets(items: list[str] | None) -> dict:
     return out
 
 
-def summary_rows(result: TrainResult, **extra) -> list[dict]:
-    """One row per inference condition from a run's final evaluation."""
-    final = result.final_eval()
-    base = final.val_loss["prepend"]
+def summary_rows(log: dict, **extra) -> list[dict]:
+    """One row per inference condition from a run's log (its final evaluation)."""
+    cfg = TrainConfig.from_dict(log["config"])
+    final = log["evals"][-1]
+    base = final["val_loss"]["prepend"]
     rows = []
     for cond in CONDITIONS:
-        c = final.conditions[cond]
+        c = final["conditions"][cond]
         rows.append({
-            "packing": result.config.packing,
-            "fixed_bos": result.config.fixed_bos,
+            "packing": cfg.packing,
+            "fixed_bos": cfg.fixed_bos,
+            "positional": cfg.positional,
             "inference_bos": cond == "prepend",
-            "val_loss": final.val_loss[cond],
-            "loss_gap": final.val_loss[cond] - base,
-            "sink_rate": c.sink_rate,
-            "max_head_score": c.max_head_score,
-            "mean_head_score": c.mean_head_score,
-            "uniform_score": c.uniform_score,
-            "context_length": result.config.context_length,
-            "data": result.config.data,
-            "steps": result.config.steps,
-            "tokens_per_step": result.config.batch_size * result.config.context_length,
-            "n_params": result.log["n_params"],
-            "train_seconds": round(result.seconds, 1),
-            "hardware": hardware(),
+            "val_loss": final["val_loss"][cond],
+            "loss_gap": final["val_loss"][cond] - base,
+            "sink_rate": c["sink_rate"],
+            "max_head_score": c["max_head_score"],
+            "mean_head_score": c["mean_head_score"],
+            "uniform_score": c["uniform_score"],
+            "context_length": cfg.context_length,
+            "score_tokens": sink_tokens(cfg),
+            "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
+            "d_model": cfg.d_model,
+            "lr": cfg.lr,
+            "data": cfg.data,
+            "steps": cfg.steps,
+            "seed": cfg.seed,
+            "tokens_per_step": cfg.batch_size * cfg.context_length,
+            "n_params": log["n_params"],
+            "train_seconds": round(log["seconds"], 1),
+            "hardware": log.get("hardware", hardware()),
             **extra,
         })
     return rows
@@ -129,13 +158,13 @@ def summary_rows(result: TrainResult, **extra) -> list[dict]:
 def packing_table(rows: list[dict]) -> str:
     """Markdown in the shape of the paper's Table 2, plus the continuous signals."""
     lines = [
-        "| packing | trained with | inference `<bos>` | sink rate % (eps 0.3) | sink rate % (eps 0.8) "
+        "| packing | positional | trained with | inference `<bos>` | sink rate % (eps 0.3) | sink rate % (eps 0.8) "
         "| max head alpha_0 | mean head alpha_0 | uniform alpha_0 | val loss | loss gap |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['packing']} | {'fixed `<bos>`' if r['fixed_bos'] else 'no fixed `<bos>`'} "
+            f"| {r['packing']} | {r['positional']} | {'fixed `<bos>`' if r['fixed_bos'] else 'no fixed `<bos>`'} "
             f"| {'yes' if r['inference_bos'] else 'no'} | {r['sink_rate']['0.3']:.2f} | {r['sink_rate']['0.8']:.2f} "
             f"| {r['max_head_score']:.3f} | {r['mean_head_score']:.3f} | {r['uniform_score']:.3f} "
             f"| {r['val_loss']:.3f} | {r['loss_gap']:+.3f} |"
@@ -143,16 +172,42 @@ def packing_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(cfg: TrainConfig, args, logs: dict, experiment: str) -> TrainResult:
-    name = cfg.run_name
-    t = time.perf_counter()
-    result = train(cfg, Path(args.runs_dir) / experiment / name, progress=not args.quiet)
-    print(f"{name}: {time.perf_counter() - t:.1f} s ({result.log['n_params']} parameters, {hardware()})", flush=True)
-    logs[name] = result.log
+def _save_log(log: dict, args, experiment: str, name: str) -> None:
     out = Path(args.out) / "logs" / experiment
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.prefix}{name}.json").write_text(json.dumps(result.log))
-    return result
+    (out / f"{args.prefix}{name}.json").write_text(json.dumps(log))
+
+
+def _run(cfg: TrainConfig, args, logs: dict, experiment: str, name: str | None = None) -> dict:
+    name = name or cfg.run_name
+    t = time.perf_counter()
+    result = train(cfg, Path(args.runs_dir) / experiment / f"{args.prefix}{name}", progress=not args.quiet)
+    print(f"{name}: {time.perf_counter() - t:.1f} s ({result.log['n_params']} parameters, {hardware()})", flush=True)
+    log = {**result.log, "hardware": hardware()}
+    logs[name] = log
+    _save_log(log, args, experiment, name)
+    return log
+
+
+def _reusable_log(cfg: TrainConfig, args, experiment: str, name: str) -> dict | None:
+    """A committed log of a run with exactly this config, or None."""
+    path = Path(args.out) / "logs" / experiment / f"{args.prefix}{name}.json"
+    if not path.exists():
+        return None
+    log = json.loads(path.read_text())
+    return log if log.get("config") == cfg.to_dict() else None
+
+
+def write_emergence(log: dict, name: str, out: Path, prefix: str) -> dict:
+    em = emergence(log, run=name).to_dict()
+    (out / f"{prefix}emergence.json").write_text(json.dumps(em, indent=1))
+    cross = em["cross_step"]["0.3"]
+    emergence_plot(em, out / f"{prefix}emergence.png",
+                   title=f"Sink emergence ({name}, {log['config']['positional']} positions): first-token score "
+                         f"> 0.3 first at step {cross}, from step {em['stable_step']['0.3']} on")
+    print(f"emergence ({name}): alpha_0 > 0.3 first at step {cross}, from step {em['stable_step']['0.3']} on; "
+          f"> 0.8 first at {em['cross_step']['0.8']}")
+    return em
 
 
 def cmd_packing(args) -> list[dict]:
@@ -168,21 +223,91 @@ def cmd_packing(args) -> list[dict]:
     (out / f"{args.prefix}packing.md").write_text(header + table + "\n" + PAPER_TABLE2)
     training_curves(logs, out / f"{args.prefix}packing_curves.png",
                     title=f"Packing recipes ({args.preset} preset, {rows[0]['data']}): sink signals during training")
+    name = run_name(EMERGENCE_RUN[0], EMERGENCE_RUN[1], rows[0]["context_length"])
+    write_emergence(logs[name], name, out, args.prefix)
     print(table)
-    print(f"wrote {out / (args.prefix + 'packing.json')}, packing.md, packing_curves.png")
+    print(f"wrote {out / (args.prefix + 'packing.json')}, packing.md, packing_curves.png, emergence.json, emergence.png")
+    return rows
+
+
+def positional_name(cfg: TrainConfig) -> str:
+    return f"{cfg.positional}-{cfg.run_name}"
+
+
+def cmd_positional(args) -> list[dict]:
+    """Token or position? The fixed-`<bos>` recipe under each positional
+    embedding, evaluated with and without `<bos>`."""
+    rows, logs = [], {}
+    for positional in args.positionals:
+        cfg = preset_config(args, packing="causal", fixed_bos=True, positional=positional)
+        name = positional_name(cfg)
+        log = _reusable_log(cfg, args, "packing", cfg.run_name)
+        if log is not None:
+            print(f"{name}: reusing logs/packing/{args.prefix}{cfg.run_name}.json (same config)")
+            logs[name] = log
+            _save_log(log, args, "positional", name)
+            extra = {"reused_from": f"packing/{cfg.run_name}"}
+        else:
+            log = _run(cfg, args, logs, "positional", name)
+            extra = {}
+        rows += summary_rows(log, preset=args.preset, **extra)
+    out = Path(args.out)
+    (out / f"{args.prefix}positional.json").write_text(json.dumps(rows, indent=1))
+    training_curves(logs, out / f"{args.prefix}positional_curves.png",
+                    title=f"Positional embeddings, fixed <bos> ({args.preset} preset, {rows[0]['data']})")
+    print(packing_table(rows))
+    print(f"wrote {out / (args.prefix + 'positional.json')}, positional_curves.png")
+    return rows
+
+
+def cmd_modes(args) -> list[dict]:
+    """Active and dormant attention of each positional run's head(s), from the
+    checkpoints the `positional` command saved: on trigger queries and on the
+    others, the attention on the first key and on the previous key (the copy
+    source), with `<bos>` prepended and without."""
+    out = Path(args.out)
+    path = out / f"{args.prefix}positional.json"
+    if not path.exists():
+        raise ValueError(f"no {path}: run the positional experiment first")
+    rows = []
+    for r in json.loads(path.read_text()):
+        if not r["inference_bos"]:
+            continue
+        name = f"{r['positional']}-{run_name(r['packing'], r['fixed_bos'], r['context_length'])}"
+        if "reused_from" in r:
+            experiment, run = r["reused_from"].split("/")
+            ckpt = Path(args.runs_dir) / experiment / f"{args.prefix}{run}"
+        else:
+            ckpt = Path(args.runs_dir) / "positional" / f"{args.prefix}{name}"
+        model, cfg = load_checkpoint(ckpt, device="cpu")
+        if cfg.data != "bigram_backcopy":
+            raise ValueError(f"{ckpt}: modes need bigram_backcopy data, not {cfg.data}")
+        prompts = torch.tensor(TrainData(cfg).prompts)
+        for bos in CONDITIONS:
+            tokens = torch.cat([torch.full((len(prompts), 1), cfg.bos_id), prompts], 1) if bos == "prepend" else prompts
+            m = mode_attention(model, tokens, n_triggers=cfg.bb_triggers)
+            rows.append({"positional": cfg.positional, "fixed_bos": cfg.fixed_bos, "inference_bos": bos == "prepend",
+                         "seed": cfg.seed, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, **m.to_dict()})
+    (out / f"{args.prefix}modes.json").write_text(json.dumps(rows, indent=1))
+    print(f"{'positional':>10} {'bos':>5} {'trig:first':>10} {'trig:prev':>10} {'other:first':>11} {'other:prev':>10}")
+    for r in rows:
+        print(f"{r['positional']:>10} {str(r['inference_bos']):>5} {r['trigger_first'][0][0]:>10.3f} "
+              f"{r['trigger_prev'][0][0]:>10.3f} {r['other_first'][0][0]:>11.3f} {r['other_prev'][0][0]:>10.3f}  (L0H0)")
+    print(f"wrote {out / (args.prefix + 'modes.json')}")
     return rows
 
 
 def cmd_context_length(args) -> list[dict]:
     rows, logs = [], {}
     lengths = args.lengths or CONTEXT_LENGTHS[args.preset]
-    steps = args.steps if args.steps is not None else CONTEXT_STEPS[args.preset]
+    score = min(lengths) - 1  # every model is scored on the shortest context's content tokens
     for T in lengths:
-        cfg = preset_config(args, context_length=T, steps=steps, packing="causal", fixed_bos=args.fixed_bos)
+        cfg = preset_config(args, context_length=T, packing="causal", fixed_bos=args.fixed_bos, score_tokens=score)
         rows += summary_rows(_run(cfg, args, logs, "context_length"), preset=args.preset)
     out = Path(args.out)
     (out / f"{args.prefix}context_length.json").write_text(json.dumps(rows, indent=1))
-    title = f"Context length ({args.preset} preset, {rows[0]['data']}, {rows[0]['steps']} steps, equal tokens per step)"
+    title = (f"Context length ({args.preset} preset, {rows[0]['data']}, {rows[0]['steps']} steps, equal tokens "
+             f"per step, scored on {score} tokens)")
     context_length_plot(rows, out / f"{args.prefix}context_length.png", title=title)
     training_curves(logs, out / f"{args.prefix}context_length_curves.png", title=title)
     print(f"{'T':>6} {'bos':>5} {'rate.3':>7} {'rate.8':>7} {'max':>6} {'mean':>6} {'unif':>6} {'loss':>6}")
@@ -197,7 +322,7 @@ def cmd_context_length(args) -> list[dict]:
 def cmd_replot(args) -> None:
     """Redraw the figures from the JSON an experiment wrote (no training)."""
     out = Path(args.out)
-    for exp in ("packing", "context_length"):
+    for exp in ("packing", "positional", "context_length"):
         path = out / f"{args.prefix}{exp}.json"
         if not path.exists():
             continue
@@ -205,20 +330,130 @@ def cmd_replot(args) -> None:
         if exp == "packing":
             keys = [run_name(r["packing"], r["fixed_bos"], r["context_length"]) for r in rows]
             title = f"Packing recipes ({rows[0]['preset']} preset, {rows[0]['data']}): sink signals during training"
+        elif exp == "positional":
+            keys = [f"{r['positional']}-{run_name(r['packing'], r['fixed_bos'], r['context_length'])}" for r in rows]
+            title = f"Positional embeddings, fixed <bos> ({rows[0]['preset']} preset, {rows[0]['data']})"
         else:
             keys = [run_name("causal", r["fixed_bos"], r["context_length"]) for r in rows]
             title = (f"Context length ({rows[0]['preset']} preset, {rows[0]['data']}, {rows[0]['steps']} steps, "
-                     "equal tokens per step)")
+                     f"equal tokens per step, scored on {rows[0]['score_tokens']} tokens)")
             context_length_plot(rows, out / f"{args.prefix}context_length.png", title=title)
         logs = {k: json.loads((out / "logs" / exp / f"{args.prefix}{k}.json").read_text()) for k in dict.fromkeys(keys)}
         training_curves(logs, out / f"{args.prefix}{exp}_curves.png", title=title)
+        if exp == "packing":
+            name = run_name(EMERGENCE_RUN[0], EMERGENCE_RUN[1], rows[0]["context_length"])
+            write_emergence(logs[name], name, out, args.prefix)
         print(f"redrew the {exp} figures in {out}")
+
+
+def findings(out: Path, prefix: str = "") -> dict:
+    """The key numbers of every committed experiment as a flat dict of named
+    values, read from the JSON under `out` (experiments not run are absent)."""
+    flat: dict[str, float | int | None] = {}
+
+    def add_rows(tag: str, rows: list[dict], key) -> None:
+        for r in rows:
+            base = f"train.{tag}.{key(r)}.{'prepend' if r['inference_bos'] else 'none'}"
+            for eps, v in r["sink_rate"].items():
+                flat[f"{base}.sink_rate.{eps}"] = v
+            for k in ("max_head_score", "mean_head_score", "uniform_score", "val_loss"):
+                flat[f"{base}.{k}"] = r[k]
+            if r["inference_bos"]:
+                flat[f"train.{tag}.{key(r)}.train_seconds"] = r["train_seconds"]
+
+    def fixed(r: dict) -> str:
+        return "fixedbos" if r["fixed_bos"] else "nofixedbos"
+
+    path = out / f"{prefix}packing.json"
+    if path.exists():
+        add_rows("table2", json.loads(path.read_text()), lambda r: f"{r['packing']}.{fixed(r)}")
+    path = out / f"{prefix}positional.json"
+    if path.exists():
+        add_rows("positional", json.loads(path.read_text()), lambda r: r["positional"])
+    # modes.json, seedN_modes.json, explore_modes.json (exploratory variants, named by depth and width)
+    for path in sorted(out.glob(f"{prefix}*modes.json")):
+        tag = path.stem[len(prefix):]
+        for r in json.loads(path.read_text()):
+            cond = "prepend" if r["inference_bos"] else "none"
+            model = r["positional"] if "explore" not in tag else f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}"
+            for l, heads in enumerate(r["trigger_first"]):
+                for h in range(len(heads)):
+                    for k in ("trigger_first", "trigger_prev", "other_first", "other_prev"):
+                        flat[f"train.{tag}.{model}.{cond}.L{l}H{h}.{k}"] = r[k][l][h]
+    path = out / f"{prefix}explore_positional.json"  # exploratory variants, named by their depth and width
+    if path.exists():
+        add_rows("explore", json.loads(path.read_text()),
+                 lambda r: f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}.steps{r['steps']}")
+    path = out / f"{prefix}context_length.json"
+    if path.exists():
+        rows = json.loads(path.read_text())
+        add_rows("context_length", rows, lambda r: f"T{r['context_length']}")
+        flat["train.context_length.score_tokens"] = rows[0]["score_tokens"]
+    path = out / f"{prefix}emergence.json"
+    if path.exists():
+        em = json.loads(path.read_text())
+        for eps, step in em["cross_step"].items():
+            flat[f"train.emergence.cross_step.{eps}"] = step
+        for eps, step in em["stable_step"].items():
+            flat[f"train.emergence.stable_step.{eps}"] = step
+        flat["train.emergence.final.first_token_score"] = em["first_token_score"][-1]
+        for k in ("bos_value_norm", "other_value_norm", "bos_resid_norm", "other_resid_norm"):
+            flat[f"train.emergence.first.{k}"] = em[k][0]
+            flat[f"train.emergence.final.{k}"] = em[k][-1]
+        if em["loss_post_trigger"] is not None:
+            for k in ("loss_post_trigger", "loss_rest"):
+                flat[f"train.emergence.first.{k}"] = em[k][0]
+                flat[f"train.emergence.final.{k}"] = em[k][-1]
+    # More seeds (--seed N --prefix seedN_): the spread of each row over seeds.
+    for exp, tag, key in (("packing", "table2_seeds", lambda r: f"{r['packing']}.{fixed(r)}"),
+                          ("positional", "positional_seeds", lambda r: r["positional"]),
+                          ("context_length", "context_length_seeds", lambda r: f"T{r['context_length']}")):
+        seeds = sorted(out.glob(f"{prefix}seed*_{exp}.json"))
+        if not seeds or not (out / f"{prefix}{exp}.json").exists():
+            continue
+        tables = [json.loads((out / f"{prefix}{exp}.json").read_text())]
+        tables += [json.loads(p.read_text()) for p in seeds]
+        flat[f"train.{tag}.n_seeds"] = len(tables)
+        flat[f"train.{tag}.seeds"] = ",".join(str(t[0]["seed"]) for t in tables)
+        for i, r in enumerate(tables[0]):
+            base = f"train.{tag}.{key(r)}.{'prepend' if r['inference_bos'] else 'none'}"
+            for name, get in (("sink_rate.0.3", lambda x: x["sink_rate"]["0.3"]),
+                              ("sink_rate.0.8", lambda x: x["sink_rate"]["0.8"]),
+                              ("max_head_score", lambda x: x["max_head_score"]), ("val_loss", lambda x: x["val_loss"])):
+                vals = [get(t[i]) for t in tables if i < len(t) and key(t[i]) == key(r)]
+                flat[f"{base}.{name}.mean"] = sum(vals) / len(vals)
+                flat[f"{base}.{name}.min"] = min(vals)
+                flat[f"{base}.{name}.max"] = max(vals)
+    for path in sorted(out.glob(f"{prefix}seed*_emergence.json")):
+        em = json.loads(path.read_text())
+        seed = path.name[len(prefix):].split("_")[0]
+        for eps, step in em["cross_step"].items():
+            flat[f"train.emergence_seeds.{seed}.cross_step.{eps}"] = step
+        for eps, step in em["stable_step"].items():
+            flat[f"train.emergence_seeds.{seed}.stable_step.{eps}"] = step
+    path = out / f"{prefix}bench_train.json"
+    if path.exists():
+        bench = json.loads(path.read_text())
+        for k, v in bench.items():
+            if isinstance(v, (int, float)):
+                flat[f"train.bench.{k}"] = v
+    return flat
+
+
+def cmd_findings(args) -> dict:
+    out = Path(args.out)
+    flat = findings(out, args.prefix)
+    if not flat:
+        raise ValueError(f"no experiment JSON under {out}")
+    (out / f"{args.prefix}findings_train.json").write_text(json.dumps(flat, indent=1))
+    print(f"wrote {len(flat)} values to {out / (args.prefix + 'findings_train.json')}")
+    return flat
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="experiment", required=True)
-    for name, func in (("packing", cmd_packing), ("context-length", cmd_context_length)):
+    for name, func in (("packing", cmd_packing), ("positional", cmd_positional), ("context-length", cmd_context_length)):
         p = sub.add_parser(name)
         p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
         p.add_argument("--steps", type=int, default=None, help="override the preset's step count")
@@ -236,11 +471,20 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--lengths", type=int, nargs="+", default=None)
             p.add_argument("--no-fixed-bos", dest="fixed_bos", action="store_false",
                            help="train without a fixed <bos> (default: with)")
+        if name == "positional":
+            p.add_argument("--positionals", nargs="+", choices=POSITIONALS, default=list(POSITIONAL_RUNS))
         p.set_defaults(func=func)
-    p = sub.add_parser("replot", help="redraw figures from the JSON under --out")
+    p = sub.add_parser("modes", help="active/dormant attention of the positional runs' checkpoints")
     p.add_argument("--out", default="figures/train")
+    p.add_argument("--runs-dir", default="runs/train")
     p.add_argument("--prefix", default="")
-    p.set_defaults(func=cmd_replot)
+    p.set_defaults(func=cmd_modes)
+    for name, func, help_ in (("replot", cmd_replot, "redraw figures from the JSON under --out"),
+                              ("findings", cmd_findings, "write findings_train.json from the JSON under --out")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--out", default="figures/train")
+        p.add_argument("--prefix", default="")
+        p.set_defaults(func=func)
     return parser
 
 

@@ -95,3 +95,54 @@ def context_length_plot(rows: Sequence[dict], path: str | os.PathLike, *, title:
         ax.legend(fontsize=7)
     fig.suptitle(title or "Sinks against training context length", fontsize=10)
     return save(fig, path)
+
+
+def emergence_plot(em: Mapping, path: str | os.PathLike, *, title: str = "") -> Path:
+    """The sink forming over training (Guo et al. 2024's mutual reinforcement):
+    first-token score, value norms, residual norms and the split validation
+    loss against step, with the step where the score first exceeds 0.3 (and
+    the step from which it stays above) marked.
+
+    Args:
+        em: `sinkmech.train.emergence.Emergence.to_dict()` (or its JSON).
+    """
+    steps = em["steps"]
+    if not steps:
+        raise ValueError("no evaluations to plot")
+    cross = em["cross_step"].get("0.3")
+    fig, axes = plt.subplots(2, 2, figsize=(10.0, 6.4), sharex=True, constrained_layout=True)
+    ax = axes[0, 0]
+    ax.plot(steps, em["first_token_score"], "o-", ms=3, color=COND_STYLE["prepend"][1], label="with <bos>")
+    ax.plot(steps, em["first_token_score_no_bos"], "s--", ms=2, color=COND_STYLE["none"][1],
+            label="<bos> removed at inference")
+    ax.axhline(em["uniform_score"], color="k", ls=":", lw=1, label="uniform attention")
+    ax.axhline(0.3, color="0.6", ls="-", lw=0.8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(f"first-token score $\\alpha_0$ (L{em['layer']}H{em['head']})")
+    ax = axes[0, 1]
+    ax.plot(steps, em["bos_value_norm"], "o-", ms=3, color="tab:purple", label="value norm at <bos>")
+    ax.plot(steps, em["other_value_norm"], "s--", ms=2, color="tab:purple", alpha=0.6, label="value norm, other tokens")
+    ax.set_ylabel("value-vector norm")
+    ax = axes[1, 0]
+    ax.plot(steps, em["bos_resid_norm"], "o-", ms=3, color="tab:green", label="residual norm at <bos>")
+    ax.plot(steps, em["other_resid_norm"], "s--", ms=2, color="tab:green", alpha=0.6, label="residual norm, other tokens")
+    ax.set_ylabel(f"resid_post norm (layer {em['layer']})")
+    ax = axes[1, 1]
+    if em.get("loss_post_trigger") is not None:
+        ax.plot(steps, em["loss_post_trigger"], "o-", ms=3, color="tab:red", label="post-trigger positions (copies)")
+        ax.plot(steps, em["loss_rest"], "s--", ms=2, color="tab:gray", label="other positions (bigram)")
+    ax.set_ylabel("validation loss with <bos> (nats)")
+    stable = em.get("stable_step", {}).get("0.3")
+    for ax in axes.flat:
+        if cross is not None:
+            ax.axvline(cross, color="tab:blue", ls="--", lw=1, alpha=0.7,
+                       label=f"$\\alpha_0$ > 0.3 first at step {cross}" if ax is axes[0, 0] else None)
+        if stable is not None and stable != cross:
+            ax.axvline(stable, color="tab:blue", ls=":", lw=1.2, alpha=0.9,
+                       label=f"$\\alpha_0$ > 0.3 from step {stable} on" if ax is axes[0, 0] else None)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7)
+    for ax in axes[1]:
+        ax.set_xlabel("training step")
+    fig.suptitle(title or f"Sink emergence ({em['run']})", fontsize=10)
+    return save(fig, path)

@@ -215,7 +215,7 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     small = ["--set", "val_windows=2", "eval_prompts=2"]
     assert mod.main(["packing", "--preset", "cpu", "--steps", "2", *small, *common]) == 0
     rows = json.loads((out / "packing.json").read_text())
-    assert len(rows) == 6
+    assert len(rows) == 8
     assert {(r["packing"], r["fixed_bos"], r["inference_bos"]) for r in rows} == {
         (p, f, b) for p, f in mod.RECIPES for b in (True, False)}
     for r in rows:
@@ -224,19 +224,62 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
             assert isinstance(r[key], float)
     assert "| packing |" in (out / "packing.md").read_text()
     assert (out / "packing_curves.png").stat().st_size > 0
+    em = json.loads((out / "emergence.json").read_text())
+    assert em["run"] == "causal-fixedbos-T128" and em["steps"] == [2]
+    assert (out / "emergence.png").stat().st_size > 0
+    # positional: standard is reused from the packing run (same config), the others train.
+    assert mod.main(["positional", "--preset", "cpu", "--steps", "2", *small, *common]) == 0
+    rows = json.loads((out / "positional.json").read_text())
+    assert [(r["positional"], r["inference_bos"]) for r in rows] == [
+        (p, b) for p in ("standard", "rotary", "none") for b in (True, False)]
+    for r in rows:
+        assert {"positional", "fixed_bos", "inference_bos", "sink_rate", "max_head_score", "uniform_score",
+                "val_loss"} <= set(r)
+        assert r["fixed_bos"] is True and set(r["sink_rate"]) == {"0.3", "0.8"}
+    assert rows[0]["reused_from"] == "packing/causal-fixedbos-T128" and "reused_from" not in rows[2]
+    assert rows[0]["val_loss"] == json.loads((out / "packing.json").read_text())[2]["val_loss"]
+    # modes: active/dormant attention read back from the positional checkpoints
+    assert mod.main(["modes", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]) == 0
+    modes = json.loads((out / "modes.json").read_text())
+    assert [(r["positional"], r["inference_bos"]) for r in modes] == [(r["positional"], r["inference_bos"]) for r in rows]
+    assert all(0 <= r["other_first"][0][0] <= 1 and r["n_trigger"] > 0 for r in modes)
     # The gpu preset's model (tens of millions of parameters) runs on CPU for two
     # steps, at one short context with a one-window batch to stay fast.
     assert mod.main(["context-length", "--preset", "gpu", "--steps", "2", "--lengths", "64", "128",
                      *small, "tokens_per_step=128", *common]) == 0
     rows = json.loads((out / "context_length.json").read_text())
     assert sorted({r["context_length"] for r in rows}) == [64, 128]
+    assert {r["score_tokens"] for r in rows} == {63}  # the shortest context's content tokens, for every model
+    assert len({r["uniform_score"] for r in rows if r["inference_bos"]}) == 1
     assert {r["tokens_per_step"] for r in rows} == {128}  # held constant across lengths
     assert min(r["n_params"] for r in rows) > 10_000_000
     assert (out / "context_length.png").stat().st_size > 0
     (out / "context_length.png").unlink()
+    (out / "emergence.png").unlink()
     assert mod.main(["replot", "--out", str(out)]) == 0  # figures redrawn from the JSON alone
-    assert (out / "context_length.png").stat().st_size > 0
+    assert (out / "context_length.png").stat().st_size > 0 and (out / "emergence.png").stat().st_size > 0
+    assert mod.main(["findings", "--out", str(out)]) == 0
+    flat = json.loads((out / "findings_train.json").read_text())
+    assert flat["train.table2.intra_doc.nofixedbos.none.sink_rate.0.3"] == rows_packing_rate(out)
+    assert flat["train.context_length.score_tokens"] == 63 and "train.positional.none.prepend.val_loss" in flat
+    # A second seed of Table 2 (--seed 1 --prefix seed1_) adds the spread over seeds.
+    other = json.loads((out / "packing.json").read_text())
+    for r in other:
+        r["seed"], r["val_loss"] = 1, r["val_loss"] + 1.0
+    (out / "seed1_packing.json").write_text(json.dumps(other))
+    assert mod.main(["findings", "--out", str(out)]) == 0
+    flat = json.loads((out / "findings_train.json").read_text())
+    assert flat["train.table2_seeds.n_seeds"] == 2 and flat["train.table2_seeds.seeds"] == "0,1"
+    loss = flat["train.table2.causal.fixedbos.prepend.val_loss"]
+    assert flat["train.table2_seeds.causal.fixedbos.prepend.val_loss.min"] == loss
+    assert flat["train.table2_seeds.causal.fixedbos.prepend.val_loss.max"] == pytest.approx(loss + 1.0)
     assert mod.main(["packing", "--set", "packing=sideways", *common]) == 2
+
+
+def rows_packing_rate(out: Path) -> float:
+    rows = json.loads((out / "packing.json").read_text())
+    (r,) = [r for r in rows if (r["packing"], r["fixed_bos"], r["inference_bos"]) == ("intra_doc", False, False)]
+    return r["sink_rate"]["0.3"]
 
 
 def test_cli_train_writes_checkpoint_log_and_plot(tmp_path):
@@ -260,14 +303,15 @@ def test_config_literals_are_the_checked_choices():
     assert ConfigDirect is TrainConfig  # re-exported by sinkmech.train.run
     hints = {f.name: f.type for f in __import__("dataclasses").fields(TrainConfig)}
     assert hints["packing"] == "Packing" and hints["positional"] == "Positional" and hints["data"] == "DataSource"
-    assert PACKINGS == ("causal", "intra_doc") and POSITIONALS == ("rotary", "standard")
+    assert PACKINGS == ("causal", "intra_doc") and POSITIONALS == ("rotary", "standard", "none")
     assert get_args(__import__("sinkmech.train.config", fromlist=["x"]).DataSource) == ("text", "bigram_backcopy")
 
 
 def test_run_names_match_the_committed_logs():
     logs = Path(__file__).resolve().parents[1] / "figures" / "train" / "logs"
     names = {TrainConfig(packing=p, fixed_bos=f, context_length=128).run_name for p, f in _script().RECIPES}
-    assert names == {p.stem for p in (logs / "packing").glob("*.json")}
+    # seedN_ (more seeds of Table 2) and explore_ logs sit beside the preset runs
+    assert names == {p.stem for p in (logs / "packing").glob("*.json") if not p.stem.startswith(("seed", "explore_"))}
     assert build_model(TrainConfig(fixed_bos=False), "cpu").cfg.model_name == "text-causal-nofixedbos-T128"
 
 
@@ -277,9 +321,11 @@ def test_typed_evals_match_the_log(tmp_path):
     assert len(result.evals) == 2
     log = json.loads((tmp_path / "log.json").read_text())
     for ev, entry in zip(result.evals, log["evals"]):
-        assert {k: entry[k] for k in ("val_loss", "conditions")} == ev.to_dict()
-        assert list(entry) == ["step", "train_loss", "elapsed_s", "val_loss", "conditions"]
+        assert {k: entry[k] for k in ("val_loss", "split_loss", "conditions")} == ev.to_dict()
+        assert list(entry) == ["step", "train_loss", "elapsed_s", "val_loss", "split_loss", "conditions"]
         assert list(entry["conditions"]["none"]) == ["sink_rate", "head_scores", "max_head_score",
-                                                      "mean_head_score", "uniform_score"]
+                                                      "mean_head_score", "uniform_score", "value_norm_first",
+                                                      "value_norm_rest", "resid_norm_first", "resid_norm_rest"]
+        assert set(entry["split_loss"]) == {"prepend", "none"}
     assert result.final() == log["evals"][-1]
     assert result.final_eval().conditions["prepend"].max_head_score == result.final()["conditions"]["prepend"]["max_head_score"]

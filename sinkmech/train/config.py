@@ -11,7 +11,9 @@ DataSource = Literal["text", "bigram_backcopy"]
 DATA_SOURCES: tuple[DataSource, ...] = get_args(DataSource)
 Packing = Literal["causal", "intra_doc"]
 PACKINGS: tuple[Packing, ...] = get_args(Packing)
-Positional = Literal["rotary", "standard"]
+# "none": no positional embedding at all (NoPE); only the causal mask tells
+# positions apart.
+Positional = Literal["rotary", "standard", "none"]
 POSITIONALS: tuple[Positional, ...] = get_args(Positional)
 TEXT_VOCAB = 256  # the text source is byte-level
 
@@ -51,6 +53,7 @@ class TrainConfig:
     threads: int | None = None
     eval_every: int = 100
     eval_prompts: int = 32
+    score_tokens: int | None = None  # content tokens per sink-scoring prompt; default min(64, T - 1)
     val_windows: int = 32
     text_limit_bytes: int | None = None  # text: use only the first N bytes of the corpus
     bb_vocab: int = 64  # bigram_backcopy: content tokens, triggers, document lengths
@@ -76,6 +79,11 @@ class TrainConfig:
             )
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.score_tokens is not None and not 1 <= self.score_tokens <= self.context_length - 1:
+            raise ValueError(
+                f"score_tokens must lie in [1, context_length - 1 = {self.context_length - 1}] (the prompt also "
+                f"holds <bos>), got {self.score_tokens}"
+            )
         if self.warmup < 0 or self.lr <= 0:
             raise ValueError(f"need lr > 0 and warmup >= 0, got lr {self.lr}, warmup {self.warmup}")
 

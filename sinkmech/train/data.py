@@ -253,12 +253,25 @@ def same_document(
     return allowed
 
 
+def post_trigger(
+    inputs: Int[Tensor, "batch pos"], targets: Int[Tensor, "batch pos"], *, n_triggers: int, bos_id: int
+) -> Bool[Tensor, "batch pos"]:
+    """Bigram-backcopy positions whose target is a copy: the input token is a
+    trigger (ids 0..n_triggers-1) and the target is not a `<bos>` (a document
+    may end right after a trigger). Only these positions need attention."""
+    return (inputs < n_triggers) & (targets != bos_id)
+
+
 # --- a run's data ----------------------------------------------------------------------
 
 
 def sink_tokens(cfg: TrainConfig) -> int:
-    """Content tokens per sink-scoring prompt: the paper's 64, or fewer if the
-    context (which must also hold `<bos>`) is shorter."""
+    """Content tokens per sink-scoring prompt: `cfg.score_tokens` if set (the
+    context-length experiment scores every model on the shortest context's
+    count), else the paper's 64, or fewer if the context (which must also hold
+    `<bos>`) is shorter."""
+    if cfg.score_tokens is not None:
+        return cfg.score_tokens
     return min(64, cfg.context_length - 1)
 
 

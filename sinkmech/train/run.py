@@ -10,9 +10,16 @@ at document boundaries: with rotary embeddings (the default) attention depends
 only on query-key offsets, so a document sees the same geometry wherever it
 sits in the window.
 
+Positional embeddings: `standard` (learned absolute), `rotary`, or `none`
+(a `standard` model whose W_pos is zero and frozen: only the causal mask tells
+positions apart).
+
 Evaluation every `eval_every` steps: validation loss with and without `<bos>`
 (the same T-1 next-token targets in both conditions, so the numbers compare),
-and `sink_scores` on held-out documents for both conditions.
+split on bigram-backcopy data into post-trigger positions (copies, which need
+attention) and the rest (Guo et al. 2024); and `sink_scores` on held-out
+documents for both conditions, with the first token's value and residual norms
+against the other tokens' (the sink's mutual reinforcement, Guo et al. 2024).
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
 from sinkmech.sinks import format_eps, sink_scores
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
-from sinkmech.train.data import TrainData, make_inputs, same_document, sink_tokens
+from sinkmech.train.data import TrainData, make_inputs, post_trigger, same_document, sink_tokens
 
 # re-exported: `from sinkmech.train.run import TrainConfig, train` keeps working
 __all__ = ["EvalResult", "ConditionEval", "PACKINGS", "POSITIONALS", "Packing", "Positional", "TrainConfig",
-           "TrainData", "TrainResult", "build_model", "evaluate", "load_checkpoint", "save_checkpoint", "train"]
+           "TrainData", "TrainResult", "build_model", "evaluate", "load_checkpoint", "save_checkpoint", "token_losses",
+           "train"]
 
 
 def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransformer:
@@ -56,13 +64,18 @@ def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransforme
         d_vocab=cfg.vocab + 2,
         act_fn="gelu",
         normalization_type="LN",
-        positional_embedding_type=cfg.positional,
+        positional_embedding_type="standard" if cfg.positional == "none" else cfg.positional,
         default_prepend_bos=False,
         model_name=f"{cfg.data}-{cfg.run_name}",
         seed=cfg.seed,
         device=device,
     )
-    return HookedTransformer(hcfg)
+    model = HookedTransformer(hcfg)
+    if cfg.positional == "none":
+        with torch.no_grad():
+            model.pos_embed.W_pos.zero_()
+        model.pos_embed.W_pos.requires_grad_(False)
+    return model
 
 
 # --- forward passes ---------------------------------------------------------------
@@ -86,6 +99,24 @@ def packing_hooks(tokens: Tensor, *, packing: Packing, bos_id: int, fixed_bos: b
     return [(lambda name: name.endswith("attn_scores"), intra_doc_hook(allowed))]
 
 
+def token_losses(
+    model: HookedTransformer,
+    inputs: Int[Tensor, "batch pos"],
+    targets: Int[Tensor, "batch pos"],
+    *,
+    packing: Packing,
+    bos_id: int,
+    fixed_bos: bool,
+) -> Float[Tensor, "batch pos"]:
+    """Next-token cross-entropy (nats) at every position."""
+    device = model.cfg.device
+    hooks = packing_hooks(inputs, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
+    with model.hooks(fwd_hooks=hooks):
+        logits = model(inputs.to(device), return_type="logits")
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(device), reduction="none")
+    return flat.reshape(targets.shape)
+
+
 def lm_loss(
     model: HookedTransformer,
     inputs: Int[Tensor, "batch pos"],
@@ -97,12 +128,8 @@ def lm_loss(
     first: int = 0,
 ) -> Float[Tensor, ""]:
     """Mean next-token cross-entropy (nats/token) over positions >= `first`."""
-    device = model.cfg.device
-    hooks = packing_hooks(inputs, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
-    with model.hooks(fwd_hooks=hooks):
-        logits = model(inputs.to(device), return_type="logits")
-    logits = logits[:, first:]
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[:, first:].reshape(-1).to(device))
+    losses = token_losses(model, inputs, targets, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
+    return losses[:, first:].mean()
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -122,21 +149,34 @@ class ConditionEval:
     max_head_score: float
     mean_head_score: float
     uniform_score: float
+    # The sink's small value and massive activation (first token vs the others'
+    # mean), averaged over prompts.
+    value_norm_first: list[list[float]]  # [layer][head]
+    value_norm_rest: list[list[float]]  # [layer][head]
+    resid_norm_first: list[float]  # [layer], resid_post
+    resid_norm_rest: list[float]  # [layer]
 
 
 @dataclass(frozen=True)
 class EvalResult:
     """One evaluation: validation loss (nats/token) and sink statistics, with
-    `<bos>` at position 0 ("prepend") and without ("none")."""
+    `<bos>` at position 0 ("prepend") and without ("none"). `split_loss` (on
+    bigram-backcopy data only, else None): the validation loss on post-trigger
+    positions (copies) and on the rest."""
 
     val_loss: dict[Bos, float]
+    split_loss: dict[Bos, dict[str, float]] | None
     conditions: dict[Bos, ConditionEval]
 
     def to_dict(self) -> dict:
-        """{"val_loss": {cond: nats}, "conditions": {cond: {"sink_rate",
-        "head_scores", "max_head_score", "mean_head_score", "uniform_score"}}}:
-        the shape of every `log["evals"]` entry."""
-        return {"val_loss": dict(self.val_loss), "conditions": {c: asdict(e) for c, e in self.conditions.items()}}
+        """{"val_loss": {cond: nats}, "split_loss": {cond: {"post_trigger",
+        "rest"}} or None, "conditions": {cond: {"sink_rate", "head_scores",
+        "max_head_score", "mean_head_score", "uniform_score", "value_norm_first",
+        "value_norm_rest", "resid_norm_first", "resid_norm_rest"}}}: the shape
+        of every `log["evals"]` entry."""
+        return {"val_loss": dict(self.val_loss),
+                "split_loss": None if self.split_loss is None else {c: dict(v) for c, v in self.split_loss.items()},
+                "conditions": {c: asdict(e) for c, e in self.conditions.items()}}
 
 
 @torch.no_grad()
@@ -151,16 +191,21 @@ def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
     model.eval()
     chunk = data.val_chunks  # content c_0..c_{T-1}; both conditions predict c_1..c_{T-1}
     val_loss: dict[Bos, float] = {}
+    split_loss: dict[Bos, dict[str, float]] | None = None if data.bb is None else {}
     for cond in CONDITIONS:
         with_bos = cond == "prepend"
         inputs, targets = make_inputs(chunk, fixed_bos=True, bos_id=data.bos_id)
         if not with_bos:
             inputs, targets = chunk[:, :-1], chunk[:, 1:]
-        loss = lm_loss(
-            model, inputs, targets, packing=cfg.packing, bos_id=data.bos_id,
-            fixed_bos=with_bos, first=1 if with_bos else 0,
-        )
-        val_loss[cond] = float(loss)
+        first = 1 if with_bos else 0
+        losses = token_losses(
+            model, inputs, targets, packing=cfg.packing, bos_id=data.bos_id, fixed_bos=with_bos
+        )[:, first:].cpu()
+        val_loss[cond] = float(losses.mean())
+        if split_loss is not None:
+            copy = post_trigger(inputs[:, first:], targets[:, first:], n_triggers=cfg.bb_triggers, bos_id=data.bos_id)
+            split_loss[cond] = {"post_trigger": float(losses[copy].mean()) if copy.any() else float("nan"),
+                                "rest": float(losses[~copy].mean())}
     conditions: dict[Bos, ConditionEval] = {}
     for cond in CONDITIONS:
         s = sink_scores(
@@ -174,9 +219,13 @@ def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
             max_head_score=float(mean.max()),
             mean_head_score=float(mean.mean()),
             uniform_score=s.uniform_score(),
+            value_norm_first=s.value_norm_first.mean(0).tolist(),
+            value_norm_rest=s.value_norm_rest.mean(0).tolist(),
+            resid_norm_first=s.resid_norm_first.mean(0).tolist(),
+            resid_norm_rest=s.resid_norm_rest.mean(0).tolist(),
         )
     model.train(was_training)
-    return EvalResult(val_loss, conditions)
+    return EvalResult(val_loss, split_loss, conditions)
 
 
 # --- training -----------------------------------------------------------------------
@@ -218,7 +267,7 @@ def train(
     Returns:
         TrainResult with the trained model and the log: {"config", "device",
         "train_loss": [per step], "evals": [{"step", "train_loss", "val_loss",
-        "conditions", "elapsed_s"}], "seconds"}.
+        "split_loss", "conditions", "elapsed_s"}], "seconds", "eval_seconds"}.
     """
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -226,15 +275,17 @@ def train(
     data = TrainData(cfg)
     model = build_model(cfg, device)
     model.train()
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    params = [p for p in model.parameters() if p.requires_grad]  # positional "none" freezes W_pos
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.95),
     )
-    log = {"config": cfg.to_dict(), "device": str(model.cfg.device), "n_params": sum(p.numel() for p in model.parameters()),
+    log = {"config": cfg.to_dict(), "device": str(model.cfg.device), "n_params": sum(p.numel() for p in params),
            "train_loss": [], "evals": []}
     evals: list[EvalResult] = []
+    eval_seconds = 0.0
     start = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc=f"train {model.cfg.model_name}", disable=not progress)
     for step in bar:
@@ -246,18 +297,21 @@ def train(
             raise FloatingPointError(f"loss is {loss.item()} at step {step}: lower the learning rate")
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         log["train_loss"].append(loss.item())
         done = step + 1
         if done % cfg.eval_every == 0 or done == cfg.steps:
+            t_eval = time.perf_counter()
             ev = evaluate(model, data)
+            eval_seconds += time.perf_counter() - t_eval
             evals.append(ev)
             recent = log["train_loss"][-min(20, done):]
             log["evals"].append({"step": done, "train_loss": sum(recent) / len(recent),
                                  "elapsed_s": time.perf_counter() - start, **ev.to_dict()})
             bar.set_postfix(val=f"{ev.val_loss['prepend']:.3f}/{ev.val_loss['none']:.3f}")
     log["seconds"] = time.perf_counter() - start
+    log["eval_seconds"] = eval_seconds  # of `seconds`; the rest is data, forward, backward, optimiser
     model.eval()
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
