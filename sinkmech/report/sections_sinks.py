@@ -76,6 +76,8 @@ def norms_section(ctx: ReportContext) -> Section:
         "resid_norm_first": {c: res[c].resid_norm_first.mean(0).tolist() for c in CONDITIONS},
         "resid_norm_rest": {c: res[c].resid_norm_rest.mean(0).tolist() for c in CONDITIONS},
         "max_resid_ratio_with_bos": float(r.resid_norm_ratio().max()),
+        "max_resid_ratio": {c: float(res[c].resid_norm_ratio().max()) for c in CONDITIONS},
+        "max_resid_ratio_layer": {c: int(res[c].resid_norm_ratio().argmax()) for c in CONDITIONS},
         "head_value_norms": {head_label(*hd): {"first": f, "rest": s} for hd, f, s in zip(heads, first, rest)},
     }
     body = (

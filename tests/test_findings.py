@@ -1,0 +1,69 @@
+"""findings.json: written by the code that measures, and every README finding backed by it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sinkmech.findings import flatten, record
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")
+HEAD = re.compile(r"\bL\d+\.H\d+\b")
+# Written by `make demo` (compare, report) and by scripts/train_sinks.py (training).
+FINDINGS_FILES = ("figures/findings.json", "figures/train/findings_train.json")
+
+
+def test_record_merges_replaces_a_prefix_and_writes_strict_json(tmp_path):
+    f = tmp_path / "findings.json"
+    record(f, flatten("a", {"x": 1.5, "y": [1, 2], "z": {"w": float("nan")}}))
+    record(f, {"b.q": 3})
+    record(f, flatten("a", {"x": 2.0}), replace_prefix="a")
+    data = json.loads(f.read_text())
+    assert data == {"a.x": 2.0, "b.q": 3}
+    record(f, {"c": float("inf")})
+    assert json.loads(f.read_text())["c"] is None
+    f.write_text("{broken")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        record(f, {"d": 1})
+
+
+def findings_sections(readme: str) -> list[str]:
+    """Lines between <!-- findings --> and <!-- /findings --> markers."""
+    blocks = re.findall(r"<!-- findings -->(.*?)<!-- /findings -->", readme, flags=re.S)
+    return [line for block in blocks for line in block.splitlines()]
+
+
+def matches(written: str, values: list[float]) -> bool:
+    decimals = len(written.split(".")[1]) if "." in written else 0
+    x = float(written)
+    return any(abs(round(v, decimals) - x) < 10 ** -(decimals + 3) for v in values)
+
+
+def test_every_readme_finding_is_in_findings_json():
+    """Numbers in the README's findings sections must be values of the findings files at
+    the precision written; lines quoting the paper (they say "paper") are exempt."""
+    readme = (ROOT / "README.md").read_text()
+    findings = {}
+    for f in FINDINGS_FILES:
+        findings.update(json.loads((ROOT / f).read_text()))
+    numbers = [float(v) for v in findings.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    numbers += [abs(v) for v in numbers]
+    labels = {v for v in findings.values() if isinstance(v, str)}
+    labels |= {h for k in findings for h in HEAD.findall(k)}  # heads measured, e.g. "...noop.L1.H1.per_query_active"
+    lines = findings_sections(readme)
+    assert len(lines) > 10, "the README has no findings sections marked <!-- findings --> ... <!-- /findings -->"
+    missing = []
+    for line in lines:
+        if "paper" in line.lower() or line.lstrip().startswith(("![", "|---", "<!--")):
+            continue
+        for head in HEAD.findall(line):
+            if head not in labels:
+                missing.append(f"{head} in: {line.strip()[:80]}")
+        for n in NUMBER.findall(HEAD.sub(" ", line)):
+            if not matches(n, numbers):
+                missing.append(f"{n} in: {line.strip()[:80]}")
+    assert not missing, "README numbers not in findings.json:\n" + "\n".join(missing)
