@@ -15,6 +15,8 @@ explicitly, so `cfg.default_prepend_bos` is never consulted.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import dataclasses
 import gc
 import importlib
@@ -122,6 +124,12 @@ def load_model(
             cache folder (`$SINKMECH_CACHE`); a `ModelCache`: that one; False:
             convert from the GGUF every time.
     """
+    # TransformerLens prints "Moving model to device" on stdout: stdout is for results.
+    with contextlib.redirect_stdout(sys.stderr):
+        return _load(spec, device, n_ctx, cache)
+
+
+def _load(spec, device, n_ctx, cache) -> HookedTransformer:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
@@ -139,10 +147,12 @@ def load_model(
             warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
             model = HookedTransformer.from_pretrained(spec, device=device)
     except Exception as e:
+        reason = str(e).splitlines()[0] if str(e) else ""
+        reason = reason if len(reason) <= 160 else reason[:160] + " ..."
         raise ModelNotFoundError(
-            f"cannot load model {spec!r}: it is not one of {[DEFAULT_MODEL, *PACKAGED_MODELS]}, "
-            f"not an existing .gguf file, and HookedTransformer.from_pretrained failed "
-            f"({type(e).__name__}: {e})"
+            f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, or a path to a "
+            f".gguf file. Other TransformerLens names need their weights downloaded, which this machine cannot "
+            f"do (from_pretrained said: {type(e).__name__}: {reason})"
         ) from e
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "right"

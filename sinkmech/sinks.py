@@ -91,6 +91,8 @@ class SinkScores:
 
     def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
         """(layer, head, mean alpha_0) of the k strongest sink heads."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
         mean = self.mean_scores()
         vals, idx = mean.flatten().topk(min(k, mean.numel()))
         return [(int(i) // self.n_heads, int(i) % self.n_heads, float(v)) for v, i in zip(vals, idx)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from jaxtyping import TypeCheckError
 
 from conftest import TINY_BOS
 from sinkmech.prompts import load_prompts, tokenize
@@ -159,3 +160,25 @@ def test_bad_flags_fail_before_the_model_loads(argv, message, monkeypatch, capsy
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_scan_on_too_few_queries_labels_no_head(tiny_model):
+    from sinkmech.dormant.scan import scan_heads
+
+    rows = [[5, 6, 7, 8]] * 3  # 3 prompts x 5 tokens: far too few queries for any label
+    scan = scan_heads(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    assert scan.mode_counts()["insufficient"] == scan.n_layers * scan.n_heads
+    assert scan.if_else_heads() == []
+    assert f"only {scan.n_queries} queries" in scan.evidence[0][0][0]
+
+
+def test_top_heads_rejects_a_bad_k(tiny_model):
+    from sinkmech.sinks import sink_scores
+
+    scores = sink_scores(tiny_model, [[5, 6, 7]], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    for k in (-1, 0):
+        with pytest.raises(ValueError, match="positive integer"):
+            scores.top_heads(k)
+    with pytest.raises((ValueError, TypeCheckError)):  # under pytest, beartype refuses a float first
+        scores.top_heads(1.5)
+    assert len(scores.top_heads(100)) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads

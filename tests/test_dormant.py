@@ -324,7 +324,7 @@ def test_mode_counts_and_trigger_text(planted):
 
     _, _, scan = planted
     counts = scan.mode_counts()
-    assert list(counts) == ["sink", "active", "if_else", "mixed"]
+    assert list(counts) == ["sink", "active", "if_else", "mixed", "insufficient"] and counts["insufficient"] == 0
     assert sum(counts.values()) == scan.n_layers * scan.n_heads and counts["if_else"] == 1
     assert json.loads(scan.to_json())["mode_counts"] == counts
     top = scan.triggers[0][0][0]
@@ -377,7 +377,7 @@ def test_a_trigger_seen_in_one_prompt_is_not_an_if_else_trigger():
     corpus[5, 2::2] = TRIGGER  # 9 occurrences, all in prompt 5
     kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
     for min_prompts in (3, 1):  # min_prompts rejects it; without it, replication does (only one half has it)
-        scan = scan_heads(model, corpus, min_prompts=min_prompts, **kw)
+        scan = scan_heads(model, corpus, min_prompts=min_prompts, min_queries=0, **kw)
         assert float(scan.active_fraction[0, 0]) >= scan.thresholds.if_else_min_active
         assert scan.mode(0, 0) != "if_else" and scan.if_else_heads() == []
     top = scan.top_trigger(0, 0)

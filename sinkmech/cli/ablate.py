@@ -26,7 +26,10 @@ def cmd_ablate(args) -> None:
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
     prompts = prompts_arg(args)
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8, **kw)
-    print(f"{args.mode} ablation (bos={args.bos}), {exact.metric}; clean run {exact.baseline:.4f}")
+    if exact.metric == "kl":
+        print(f"{args.mode} ablation (bos={args.bos}): KL(clean || ablated) over content positions, nats (0 = no effect)")
+    else:
+        print(f"{args.mode} ablation (bos={args.bos}), {exact.metric}; the unablated run scores {exact.baseline:.4f}")
     for layer, head, value in exact.top_heads(args.top):
         print(f"  L{layer}.H{head}  {value:.4f}")
     payload = {"model": args.model, **exact.to_dict()}

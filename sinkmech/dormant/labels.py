@@ -17,8 +17,9 @@ from torch import Tensor
 
 from sinkmech.dormant.triggers import Trigger
 
-Mode = Literal["sink", "active", "if_else", "mixed"]
-MODES: tuple[Mode, ...] = ("sink", "active", "if_else", "mixed")
+Mode = Literal["sink", "active", "if_else", "mixed", "insufficient"]
+# "insufficient": too few queries for any label (see Thresholds.min_queries).
+MODES: tuple[Mode, ...] = ("sink", "active", "if_else", "mixed", "insufficient")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Thresholds:
     min_count: int = 5
     max_output_ratio: float = 0.5
     min_prompts: int = 3
+    # Below this many queries per head no label is given: the if_else rule alone
+    # needs min_count active queries at an active fraction of if_else_min_active.
+    min_queries: int = 500
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.low < self.high <= 1.0:
@@ -92,6 +96,7 @@ def classify(
     triggers: Sequence[Sequence[Sequence[Trigger]]],
     best_lift: Float[Tensor, "layer head_index"],
     th: Thresholds,
+    n_queries: int | None = None,
 ) -> Labels:
     """Label every head.
 
@@ -100,6 +105,8 @@ def classify(
         triggers: [layer][head] sequences of `Trigger`, best first.
         best_lift: each head's best trigger lift (0 if it has no trigger).
         th: the thresholds.
+        n_queries: queries per head in the scan; below `th.min_queries` every
+            head is labelled "insufficient" (with how many it had).
 
     Returns:
         Labels: modes, evidence (tuple of strings per head) and
@@ -141,7 +148,11 @@ def classify(
                 0.0 if math.isnan(r) else min(1.0, th.max_output_ratio / max(r, 1e-12)),
             ]
             score[l, h] = (1.0 - between) * math.prod(fulfil)
-            if all(ok for ok, _ in checks):
+            if n_queries is not None and n_queries < th.min_queries:
+                mode = "insufficient"
+                why = [f"only {n_queries} queries per head; a label needs >= {th.min_queries} (the if_else rule "
+                       f"needs {th.min_count} active queries at an active fraction of {th.if_else_min_active})"]
+            elif all(ok for ok, _ in checks):
                 mode, why = "if_else", [t for _, t in checks]
             elif d >= th.sink_min_dormant:
                 mode = "sink"

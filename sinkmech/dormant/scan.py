@@ -76,6 +76,7 @@ def scan_heads(
     min_count: int = 5,
     max_output_ratio: float = 0.5,
     min_prompts: int = 3,
+    min_queries: int = 500,
     top_triggers: int = 5,
     n_bins: int = 20,
     progress: bool = True,
@@ -106,7 +107,7 @@ def scan_heads(
     """
     th = Thresholds(high, low, sink_min_dormant, active_max_dormant, if_else_min_dormant,
                     if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio,
-                    int(min_prompts))
+                    int(min_prompts), int(min_queries))
     if batch_size < 1 or n_bins < 2 or top_triggers < 1:
         raise ValueError("need batch_size >= 1, n_bins >= 2 and top_triggers >= 1")
     batch, max_tokens = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -266,7 +267,7 @@ class _Accumulator:
             output_norm_dormant=div(s["out_dormant"], nd),
         )
         labels = classify(HeadStats(kw["dormant_fraction"], kw["active_fraction"], kw["output_norm_dormant"],
-                                    kw["output_norm_active"]), triggers, best, th)
+                                    kw["output_norm_active"]), triggers, best, th, n_queries=int(n))
         return HeadScan(
             **kw,
             bands=bands,

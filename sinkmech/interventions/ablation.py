@@ -66,6 +66,8 @@ class HeadAblation:
 
     def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
         """(layer, head, effect) of the k heads with the largest |effect - baseline|."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
         score = (self.effects - self.baseline).abs().flatten()
         idx = score.topk(min(k, score.numel())).indices
         return [(self.layers[int(i) // self.n_heads], self.heads[int(i) % self.n_heads], float(self.effects.flatten()[i])) for i in idx]
