@@ -27,6 +27,8 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --out figures/compare --overwrite --findings figures/findings.json
 	$(BIN)/sinkmech report --model smollm2 --out figures/smollm2 --overwrite --findings figures/findings.json
+	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first.
+	$(BIN)/sinkmech sinks --model smollm2 --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

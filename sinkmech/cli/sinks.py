@@ -5,9 +5,14 @@ first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.key_sinks)."""
 
 from __future__ import annotations
 
+import re
+import sys
+from pathlib import Path
+
 from sinkmech import models
 from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_json
 from sinkmech.figures import sink_heatmap
+from sinkmech.findings import flatten, record
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
@@ -17,6 +22,8 @@ def add_sinks_parser(sub) -> None:
     p = sub.add_parser("sinks", help="sink scores, sink rates and next-token loss, with and without <bos>")
     add_common(p)
     add_bos_token(p)
+    p.add_argument("--findings", type=Path, default=None,
+                   help="merge sink rates and losses into this findings file, named MODEL.sinks.FIRST_TOKEN...")
     p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--bos", choices=["prepend", "none", "both"], default="both")
     p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
@@ -111,6 +118,16 @@ def cmd_sinks(args) -> None:
     print_sinks_table(results, args.eps, args.top)
     if keys:
         print_flagged(keys)
+    if args.findings is not None:
+        label = args.model if "/" not in args.model else Path(args.model).stem
+        tag = "bos_" + re.sub(r"[^A-Za-z0-9]+", "_", args.bos_token).strip("_") if args.bos_token else "bos_default"
+        prefix = f"{label}.sinks.{tag}"
+        values = {c: {"sink_rate": r.summary(args.eps)["sink_rate"], "loss": r.loss, "mean_score": float(r.scores.mean()),
+                      "n_prompts": r.n_prompts} for c, r in results.items()}
+        if bos_id is not None:
+            values["first_token_id"] = bos_id
+        record(args.findings, flatten(prefix, values), replace_prefix=prefix)
+        print(f"recorded findings in {args.findings}", file=sys.stderr)
     if args.json:
         write_json(args.json, sinks_payload(results, args.eps, keys))
     if args.png:
