@@ -24,6 +24,14 @@ from sinkmech.prompts import TokenBatch
 UNEMBED_CHUNK = 16
 
 
+def _unembed(model: HookedTransformer, resid: Tensor) -> Tensor:
+    """Logits from the last block's output: the final norm (when the model has
+    one) and the unembedding, as the model's own forward pass applies them."""
+    if hasattr(model, "ln_final"):
+        resid = model.ln_final(resid)
+    return model.unembed(resid)
+
+
 def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
     """True at the positions whose next token is a scored target: positions
     offset .. length - 2 (they predict content tokens 1 .. n - 1)."""
@@ -48,7 +56,7 @@ def resid_token_losses(
             m = mask[:, a:b]
             if not m.any():
                 continue
-            logits = model.unembed(model.ln_final(resid[:, a:b]))
+            logits = _unembed(model, resid[:, a:b])
             lp = torch.log_softmax(logits.float(), dim=-1)
             nll = -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0]
             total += float(nll[m].sum())
@@ -79,3 +87,26 @@ def content_loss(model: HookedTransformer, batch: TokenBatch, *, batch_size: int
     if n == 0:
         raise ValueError("no content targets to score: every prompt needs at least 2 content tokens")
     return total / n
+
+
+def token_losses(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    fwd_hooks: list | tuple = (),
+    *,
+    chunk: int = UNEMBED_CHUNK,
+) -> Float[Tensor, "batch pos_minus_1"]:
+    """Next-token loss (nats) at every position, as TransformerLens's
+    `return_type="loss", loss_per_token=True` gives it, but unembedded a few
+    positions at a time so the full logits are never held."""
+    L = model.cfg.n_layers
+    name = act_name("resid_post", L - 1)
+    _, cache = cached_run(model, tokens, [name], fwd_hooks, stop_at_layer=L)
+    resid = cache[name]
+    out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
+    with torch.no_grad():
+        for a in range(0, tokens.shape[1] - 1, chunk):
+            b = min(a + chunk, tokens.shape[1] - 1)
+            lp = torch.log_softmax(_unembed(model, resid[:, a:b]).float(), dim=-1)
+            out[:, a:b] = -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0].cpu()
+    return out

@@ -51,3 +51,13 @@ def test_sink_scores_loss_in_the_same_pass_equals_content_loss(tiny_model):
         assert scores.loss == pytest.approx(content_loss(tiny_model, batch), abs=1e-5)
         assert scores.summary()["loss"] == scores.loss
         assert sink_scores(tiny_model, batch, progress=False).loss is None  # not asked: not computed
+
+
+def test_token_losses_equal_transformer_lens_per_token_loss(tiny_model):
+    from sinkmech.loss import token_losses
+
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(2, 50, (3, 21), generator=g)
+    want = tiny_model(tokens, return_type="loss", loss_per_token=True)
+    got = token_losses(tiny_model, tokens, chunk=4)  # chunks that do not divide the length
+    assert got.shape == want.shape and torch.allclose(got, want.detach().float(), atol=1e-5)

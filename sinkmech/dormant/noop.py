@@ -25,6 +25,7 @@ from transformer_lens import HookedTransformer
 
 from sinkmech.dormant.scan import as_token_batch
 from sinkmech.hooks import act_name, all_to_first_hook, check_head, run
+from sinkmech.loss import token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
 
 
@@ -192,7 +193,8 @@ def bootstrap_ratio_ci(
 
 
 def _loss(model: HookedTransformer, tokens: Tensor, hooks: list) -> Float[Tensor, "batch pos_minus_1"]:
-    return run(model, tokens, hooks, return_type="loss", loss_per_token=True).float()
+    # unembedded in chunks: Gemma's 262k vocabulary makes full logits ~1 GB a batch
+    return token_losses(model, tokens, hooks).to(tokens.device)
 
 
 def force_mask(first: Float[Tensor, "batch query_pos"], valid: Bool[Tensor, "batch query_pos"], *,
