@@ -50,7 +50,7 @@ def _replication(rep: dict | None) -> str:
 
 
 def print_heads_table(scan, top: int) -> None:
-    counts = {m: sum(row.count(m) for row in scan.modes) for m in ("sink", "active", "if_else", "mixed")}
+    counts = scan.mode_counts()
     print(f"\n{scan.n_layers * scan.n_heads} heads over {scan.n_prompts} prompts ({scan.n_queries} queries): "
           + ", ".join(f"{v} {k}" for k, v in counts.items()))
     ranked = scan.if_else_heads()

@@ -130,7 +130,7 @@ def dormant_section(ctx: ReportContext) -> Section:
     cands = ranked[: ctx.n_heads]
     checked = noop_heads(scan, ctx.n_heads)  # every if_else head and the closest candidates besides
     entries = {head_label(*hd): scan.head_summary(*hd) for hd in shown}
-    counts = {m: sum(row.count(m) for row in scan.modes) for m in ("sink", "active", "if_else", "mixed")}
+    counts = scan.mode_counts()
     table = table_html(
         ["head", "mode", "if-else score", "dormant frac.", "active frac.", "||v|| first token", "||v|| read when active",
          "output norm dormant / active", "top triggers (token@where x lift, prompts)",
