@@ -182,3 +182,35 @@ def test_top_heads_rejects_a_bad_k(tiny_model):
     with pytest.raises((ValueError, TypeCheckError)):  # under pytest, beartype refuses a float first
         scores.top_heads(1.5)
     assert len(scores.top_heads(100)) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads
+
+
+def test_an_output_that_fails_at_the_end_does_not_lose_the_others(tiny_model, tmp_path, monkeypatch, capsys):
+    """The figure fails to save after the run: the JSON is still written, and the error names the figure."""
+    from sinkmech import models
+    from sinkmech.cli import main
+    from sinkmech.cli import sinks as cli_sinks
+
+    class Tok:  # just enough tokenizer for the CLI on the tiny model
+        bos_token_id, pad_token_id, padding_side = 1, 0, "right"
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [2 + (ord(c) % 40) for c in text][:20]}
+
+    tiny_model.tokenizer = Tok()
+    try:
+        monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny_model)
+
+        def broken(*a, **k):
+            raise OSError("cannot write figure to x.png: disk full")
+
+        monkeypatch.setattr(cli_sinks, "sink_heatmap", broken)
+        prompts = tmp_path / "p.txt"
+        prompts.write_text("some text here\nmore text there\n")
+        out = tmp_path / "s.json"
+        assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "8", "--json", str(out),
+                     "--png", str(tmp_path / "x.png")]) == 1
+        assert json.loads(out.read_text())["n_prompts"] == 2
+        err = capsys.readouterr().err
+        assert "--png" in err and "disk full" in err and "every other output was written" in err
+    finally:
+        tiny_model.tokenizer = None

@@ -193,3 +193,16 @@ def check_writable(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: cannot write into {parent} (permission denied)")
+
+
+def write_outputs(*writers) -> None:
+    """Run every `(label, write)` even when an earlier one fails, so a run is
+    never lost to one bad path; then raise one OSError naming what failed (exit 1)."""
+    failed = []
+    for label, write in writers:
+        try:
+            write()
+        except OSError as e:
+            failed.append(f"{label} ({e})")
+    if failed:
+        raise OSError("could not write " + "; ".join(failed) + " (every other output was written)")

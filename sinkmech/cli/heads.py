@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, write_json
+from sinkmech.cli.common import write_outputs, UsageError, add_bos_token, add_common, bos_token_arg, write_json
 from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.figures import heatmap_panels, save
@@ -125,7 +126,8 @@ def cmd_heads(args) -> None:
     scan = scan_heads(model, prompts, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
                       bos_token_id=bos_id, high=args.high, low=args.low, min_lift=args.min_lift,
                       min_count=args.min_count, min_prompts=args.min_prompts)
-    print_heads_table(scan, args.top)
+    if not target:  # --head L.H prints just that head's profile
+        print_heads_table(scan, args.top)
     check_heads = [target] if target else noop_heads(scan, args.noop)
     check = None
     if check_heads and (args.noop > 0 or target):
@@ -135,16 +137,19 @@ def cmd_heads(args) -> None:
         print_head_profile(scan, *target)
     if check is not None:
         print_noop(check)
-    if args.json:
+    def json_out() -> None:
         payload = json.loads(scan.to_json())
         if target:
             payload["profile"] = scan.profile(*target)
         payload["noop"] = json.loads(check.to_json()) if check is not None else None
         write_json(args.json, payload)
-    if args.png:
+
+    def png_out() -> None:
         fig = heatmap_panels(
             [("dormant fraction", scan.dormant_fraction.numpy()), ("active fraction", scan.active_fraction.numpy()),
              ("if-else score", scan.if_else_score.numpy())],
             title=f"Dormant-head profile per head — {args.model} (bos={args.bos})",
             xlabel="head", ylabel="layer", cbar_label="fraction of queries / score", vmin=0.0, vmax=1.0)
-        print(f"wrote {save(fig, args.png)}")
+        print(f"wrote {save(fig, args.png)}", file=sys.stderr)
+
+    write_outputs(*([("--json", json_out)] if args.json else []), *([("--png", png_out)] if args.png else []))

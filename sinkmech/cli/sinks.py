@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_json
+from sinkmech.cli.common import write_outputs, UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_json
 from sinkmech.figures import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.key_sinks import key_sink_scores
@@ -118,7 +118,7 @@ def cmd_sinks(args) -> None:
     print_sinks_table(results, args.eps, args.top)
     if keys:
         print_flagged(keys)
-    if args.findings is not None:
+    def findings_out() -> None:
         label = args.model if "/" not in args.model else Path(args.model).stem
         tag = "bos_" + re.sub(r"[^A-Za-z0-9]+", "_", args.bos_token).strip("_") if args.bos_token else "bos_default"
         prefix = f"{label}.sinks.{tag}"
@@ -128,7 +128,10 @@ def cmd_sinks(args) -> None:
             values["first_token_id"] = bos_id
         record(args.findings, flatten(prefix, values), replace_prefix=prefix)
         print(f"recorded findings in {args.findings}", file=sys.stderr)
-    if args.json:
-        write_json(args.json, sinks_payload(results, args.eps, keys))
-    if args.png:
-        print(f"wrote {sink_heatmap(results, args.png, model_name=args.model)}")
+
+    def png_out() -> None:
+        print(f"wrote {sink_heatmap(results, args.png, model_name=args.model)}", file=sys.stderr)
+
+    write_outputs(*([("--findings", findings_out)] if args.findings is not None else []),
+                  *([("--json", lambda: write_json(args.json, sinks_payload(results, args.eps, keys)))] if args.json else []),
+                  *([("--png", png_out)] if args.png else []))
