@@ -8,11 +8,10 @@ Measured side by side in one run, interleaved over repeats (median time).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from benchtime import interleaved_medians
 from sinkmech.hooks import run
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.models import load_model
@@ -40,14 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
         key_sink_scores(model, batch, batch_size=bs, progress=False)
 
     phases = {"plain forward (no unembed)": plain, "key_sink_scores": keys}
-    times = {k: [] for k in phases}
     keys()  # warm-up
-    for _ in range(args.repeats):
-        for name, fn in phases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(phases, args.repeats)
     print(f"{args.model}: {args.prompts} prompts x {args.tokens} tokens (+<bos>), batch {bs}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats}")
     for k, v in med.items():

@@ -8,11 +8,10 @@ Measured side by side in one run, interleaved over repeats (median time).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from benchtime import interleaved_medians
 from sinkmech.hooks import run
 from sinkmech.models import load_model
 from sinkmech.streaming import long_tokens, stream_perplexity
@@ -38,14 +37,8 @@ def main(argv: list[str] | None = None) -> dict:
         stream_perplexity(model, batch, window=args.window, keep=(args.keep,), progress=False)
 
     phases = {"plain forward": plain, "stream_perplexity (full + 1 window)": stream}
-    times = {k: [] for k in phases}
     plain()  # warm-up
-    for _ in range(args.repeats):
-        for name, fn in phases.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(phases, args.repeats)
     print(f"{args.model}: {int(batch.lengths[0])} positions, window {args.window}, keep {args.keep}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats}")
     for k, v in med.items():
