@@ -11,7 +11,7 @@ colour bar, and stays readable at a paper's column width.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np

@@ -90,7 +90,7 @@ def staged_dir(out: str | os.PathLike, *, overwrite: bool, what: str = "output f
     try:
         yield tmp
         (tmp / OUTPUT_MARK).write_text("written whole by sinkmech; replaced only as a whole\n", encoding="utf-8")
-        with cannot(f"move the new output into", out):
+        with cannot("move the new output into", out):
             if out.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
                 os.rename(out, old / "previous")

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from sinkmech.dormant.scan import as_token_batch
-from sinkmech.hooks import act_name, all_to_first_hook, check_head, run
+from sinkmech.hooks import act_name, all_to_first_hook, check_head
 from sinkmech.loss import token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
 

@@ -15,7 +15,6 @@ write `def my_section(ctx: ReportContext) -> Section` and pass
 from __future__ import annotations
 
 import html
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path

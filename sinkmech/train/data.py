@@ -34,7 +34,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from sinkmech.train.config import DATA_SOURCES, TEXT_VOCAB, DataSource, TrainConfig, check_data_source  # noqa: F401
+from sinkmech.train.config import TEXT_VOCAB, TrainConfig
 
 VAL_EVERY = 20  # every 20th text document (by a stable hash) is held out
 
