@@ -183,6 +183,7 @@ def compare_model(
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
         scores = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True, progress=progress)
+        used = scores.max_tokens  # the longest content scored (the same in both conditions)
         rows[bos] = ConditionRow(
             bos=bos,
             sink_rate={format_eps(e): scores.sink_rate(e) for e in eps},
@@ -212,8 +213,8 @@ def compare_model(
         )
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
-        n_prompts=len(items), max_tokens=max_tokens, spread_prompts=len(content), spread_position=spread_position,
+        n_prompts=len(items), max_tokens=used, spread_prompts=len(content), spread_position=spread_position,
         conditions=rows, dormant=dormant,
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
-                  "noop_prompts": noop_prompts},
+                  "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
     )

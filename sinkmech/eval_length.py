@@ -90,7 +90,7 @@ def long_prompts(model: HookedTransformer, n_prompts: int, n_tokens: int, *, bos
                  bos_token_id: int | None = None) -> TokenBatch:
     """`n_prompts` windows of the default corpus with at least `n_tokens` content
     tokens each (cut to the model's context), for `sinks_vs_length`."""
-    n_tokens = min(n_tokens, model.cfg.n_ctx - (1 if bos == "prepend" else 0))
+    n_tokens = min(n_tokens, model.cfg.n_ctx - 1)  # room for <bos> in either condition, as in `tokenize`
     texts = default_corpus(n_prompts, words=n_tokens)  # a word is >= 1 token for BPE tokenizers
     return tokenize(model, texts, bos=bos, max_tokens=n_tokens, bos_token_id=bos_token_id)
 
@@ -98,7 +98,8 @@ def long_prompts(model: HookedTransformer, n_prompts: int, n_tokens: int, *, bos
 def truncate(batch: TokenBatch, n_content: int) -> TokenBatch:
     """The first `n_content` content tokens of every row (all rows must have them)."""
     width = batch.offset + n_content
-    return TokenBatch(batch.tokens[:, :width], batch.lengths.clamp(max=width), batch.bos, batch.bos_token_id)
+    return TokenBatch(batch.tokens[:, :width], batch.lengths.clamp(max=width), batch.bos, batch.bos_token_id,
+                      batch.context_limit)
 
 
 def sinks_vs_length(
@@ -136,8 +137,8 @@ def sinks_vs_length(
     shortest = int(batch.lengths.min()) - batch.offset
     done, skipped = [], []
     for T in lengths:
-        if T + batch.offset > model.cfg.n_ctx:
-            skipped.append((T, f"longer than the model's context ({model.cfg.n_ctx} positions)"))
+        if T > model.cfg.n_ctx - 1:
+            skipped.append((T, f"longer than the model's context allows ({model.cfg.n_ctx} positions, one kept for <bos>)"))
         elif T > shortest:
             skipped.append((T, f"the shortest prompt has {shortest} content tokens"))
         else:

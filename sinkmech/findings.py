@@ -67,7 +67,8 @@ def record(path: str | os.PathLike, values: Mapping[str, Value], *, replace_pref
 
 # Per-head grids and raw id lists are in summary.json; findings keep the numbers
 # a write-up quotes (rates, ratios, per-layer curves, top heads, losses).
-SKIP = {"effects", "scores", "swap_ids", "values", "head_value_norms", "last_layer_change_per_prompt", "swaps"}
+SKIP = {"effects", "scores", "swap_ids", "values", "head_value_norms", "last_layer_change_per_prompt", "swaps",
+        "content_lengths"}
 
 
 def _prune(value):

@@ -175,10 +175,29 @@ class TokenBatch:
     lengths: Int[Tensor, "batch"]
     bos: Bos
     bos_token_id: int | None
+    # The model's context (n_ctx) when it, not max_tokens, cut some prompt.
+    context_limit: int | None = None
 
     @property
     def offset(self) -> int:
         return 1 if self.bos == "prepend" else 0
+
+    @property
+    def max_content(self) -> int:
+        """The longest prompt's content tokens: what `max_tokens` came to."""
+        return int(self.lengths.max()) - self.offset
+
+    def used(self, requested: int | None) -> dict:
+        """What was scored, for a JSON record: `max_tokens` is the longest
+        content actually used, `max_tokens_requested` what was asked,
+        `content_lengths` each prompt's content tokens, and `context_limit`
+        the model's context where it cut a prompt (else null)."""
+        return {
+            "max_tokens": self.max_content,
+            "max_tokens_requested": requested,
+            "content_lengths": (self.lengths - self.offset).tolist(),
+            "context_limit": self.context_limit,
+        }
 
     @property
     def mask(self) -> Tensor:
@@ -197,7 +216,7 @@ class TokenBatch:
         """Rows start:stop, trimmed to their longest real length."""
         lengths = self.lengths[start:stop]
         width = int(lengths.max())
-        return TokenBatch(self.tokens[start:stop, :width], lengths, self.bos, self.bos_token_id)
+        return TokenBatch(self.tokens[start:stop, :width], lengths, self.bos, self.bos_token_id, self.context_limit)
 
 
 def tokenize(
@@ -217,7 +236,10 @@ def tokenize(
         prompts: see `load_prompts`.
         bos: "prepend" or "none"; never taken from the model's defaults.
         max_tokens: content tokens kept per prompt (shorter prompts keep
-            their own length: see `TokenBatch.lengths`).
+            their own length: see `TokenBatch.lengths`). A prompt longer than
+            the model's context is cut to n_ctx - 1 content tokens in either
+            condition (room for `<bos>`, so both see the same content), and
+            `TokenBatch.context_limit` records n_ctx.
         min_tokens: fewer content tokens than this is an error.
         bos_token_id: overrides the tokenizer's `<bos>` id.
     """
@@ -227,6 +249,9 @@ def tokenize(
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     items = load_prompts(prompts)
+    room = model.cfg.n_ctx - 1
+    keep = min(max_tokens, room)
+    cut_by_context = False
     content: list[list[int]] = []
     for i, p in enumerate(items):
         if isinstance(p, str) and not p.strip():
@@ -244,7 +269,8 @@ def tokenize(
                 f"prompt {i} ({preview!r}) has {len(ids)} content token(s); at least {min_tokens} are needed "
                 "(a one-token prompt attends only to itself and scores 1 on every head)"
             )
-        content.append(ids[:max_tokens])
+        cut_by_context |= len(ids) > keep and keep < max_tokens
+        content.append(ids[:keep])
     if bos == "prepend":
         bos_id = bos_token_id if bos_token_id is not None else model_bos(model)
         rows = [[bos_id] + ids for ids in content]
@@ -252,10 +278,6 @@ def tokenize(
         bos_id = bos_token_id
         rows = content
     width = max(len(r) for r in rows)
-    if width > model.cfg.n_ctx:
-        raise ValueError(
-            f"{width} tokens do not fit the model's context of {model.cfg.n_ctx}; lower max_tokens"
-        )
     vocab = model.cfg.d_vocab
     if any(t < 0 or t >= vocab for r in rows for t in r):
         raise ValueError(f"token ids must lie in [0, {vocab})")
@@ -267,7 +289,8 @@ def tokenize(
     for i, r in enumerate(rows):
         tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
     lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
-    return TokenBatch(tokens.to(model.cfg.device), lengths.to(model.cfg.device), bos, bos_id)
+    limit = model.cfg.n_ctx if cut_by_context else None
+    return TokenBatch(tokens.to(model.cfg.device), lengths.to(model.cfg.device), bos, bos_id, limit)
 
 
 def as_batch(

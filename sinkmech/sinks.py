@@ -36,13 +36,29 @@ class SinkScores:
     resid_norm_rest: Float[Tensor, "prompt layer"]
     lengths: Int[Tensor, "prompt"]
     bos: Bos
-    max_tokens: int
+    max_tokens: int  # the longest prompt's content tokens: what was scored
     model_name: str = ""
     loss: float | None = None  # mean next-token loss on content targets 1..n-1 (nats), when asked
+    max_tokens_requested: int | None = None  # what was asked (None: a TokenBatch was given)
+    context_limit: int | None = None  # the model's n_ctx where it cut a prompt
 
     @property
     def n_prompts(self) -> int:
         return self.scores.shape[0]
+
+    @property
+    def content_lengths(self) -> Int[Tensor, "prompt"]:
+        """Each prompt's content tokens (`lengths` less `<bos>`)."""
+        return self.lengths - (1 if self.bos == "prepend" else 0)
+
+    def token_count(self) -> str:
+        """The content tokens scored, in words: "64 content tokens each",
+        "12 to 64 content tokens", with the context limit where it cut."""
+        lo, hi = int(self.content_lengths.min()), int(self.content_lengths.max())
+        text = f"{hi} content tokens each" if lo == hi else f"{lo} to {hi} content tokens"
+        if self.context_limit is not None:
+            text += f" (cut to fit the model's context of {self.context_limit})"
+        return text
 
     @property
     def n_layers(self) -> int:
@@ -138,6 +154,8 @@ class SinkScores:
                 "n_layers": self.n_layers,
                 "n_heads": self.n_heads,
                 "max_tokens": self.max_tokens,
+                "max_tokens_requested": self.max_tokens_requested,
+                "context_limit": self.context_limit,
                 "n_prompts": self.n_prompts,
                 **self.summary(eps),
             }
@@ -173,7 +191,8 @@ def sink_scores(
         bos: "prepend" puts `<bos>` at position 0; "none" scores the same content
             tokens without it. Default: a TokenBatch's own, "prepend" for prompts.
         max_tokens: content tokens per prompt (default 64, as in the paper); for
-            a TokenBatch, only recorded (default: its longest content).
+            a TokenBatch, only recorded as requested. `SinkScores.max_tokens`
+            is always the longest content actually scored.
         batch_size: prompts per forward pass.
         bos_token_id: override for models whose tokenizer lacks one.
         loss: also the mean next-token loss on content targets 1..n-1 (the
@@ -186,8 +205,6 @@ def sink_scores(
     if max_tokens is None and not isinstance(tokens, TokenBatch):
         max_tokens = 64
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
-    if max_tokens is None:
-        max_tokens = int(batch.lengths.max()) - batch.offset
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     cfg = model.cfg
@@ -255,7 +272,9 @@ def sink_scores(
         resid_norm_rest=resid_rest,
         lengths=batch.lengths.cpu(),
         bos=batch.bos,
-        max_tokens=max_tokens,
+        max_tokens=batch.max_content,
+        max_tokens_requested=max_tokens,
+        context_limit=batch.context_limit,
         model_name=cfg.model_name,
         loss=(loss_sum / loss_n if loss_n else None) if loss else None,
     )

@@ -64,6 +64,9 @@ def long_text(n_words: int) -> str:
 
 def long_tokens(model: HookedTransformer, n_tokens: int, *, bos: Bos = "prepend", bos_token_id: int | None = None) -> TokenBatch:
     """One row of exactly `n_tokens` content tokens from `long_text`."""
+    if n_tokens > model.cfg.n_ctx - 1:
+        raise ValueError(f"{n_tokens} content tokens do not fit the model's context of {model.cfg.n_ctx} positions "
+                         f"(at most {model.cfg.n_ctx - 1} beside <bos>)")
     batch = tokenize(model, [long_text(n_tokens)], bos=bos, max_tokens=n_tokens, bos_token_id=bos_token_id)
     if int(batch.lengths[0]) - batch.offset < n_tokens:
         raise ValueError(f"the text gave fewer than {n_tokens} tokens")

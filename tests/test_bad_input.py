@@ -184,33 +184,136 @@ def test_top_heads_rejects_a_bad_k(tiny_model):
     assert len(scores.top_heads(100)) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads
 
 
-def test_an_output_that_fails_at_the_end_does_not_lose_the_others(tiny_model, tmp_path, monkeypatch, capsys):
-    """The figure fails to save after the run: the JSON is still written, and the error names the figure."""
+class CharTokenizer:
+    """Just enough tokenizer for the CLI on the tiny model: one id per character."""
+
+    bos_token_id, pad_token_id, padding_side = 1, 0, "right"
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [2 + (ord(c) % 40) for c in text][:200]}
+
+
+@pytest.fixture
+def cli_tiny(tiny_model, monkeypatch):
+    """`sinkmech ...` runs on the tiny model, whatever --model says."""
     from sinkmech import models
+
+    tiny_model.tokenizer = CharTokenizer()
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny_model)
+    yield tiny_model
+    tiny_model.tokenizer = None
+
+
+def test_an_output_that_fails_at_the_end_does_not_lose_the_others(cli_tiny, tmp_path, monkeypatch, capsys):
+    """The figure fails to save after the run: the JSON is still written, and the error names the figure."""
     from sinkmech.cli import main
     from sinkmech.cli import sinks as cli_sinks
 
-    class Tok:  # just enough tokenizer for the CLI on the tiny model
-        bos_token_id, pad_token_id, padding_side = 1, 0, "right"
+    def broken(*a, **k):
+        raise OSError("cannot write figure to x.png: disk full")
 
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [2 + (ord(c) % 40) for c in text][:20]}
+    monkeypatch.setattr(cli_sinks, "sink_heatmap", broken)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("some text here\nmore text there\n")
+    out = tmp_path / "s.json"
+    assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "8", "--json", str(out),
+                 "--png", str(tmp_path / "x.png")]) == 1
+    assert json.loads(out.read_text())["n_prompts"] == 2
+    err = capsys.readouterr().err
+    assert "--png" in err and "disk full" in err and "every other output was written" in err
 
-    tiny_model.tokenizer = Tok()
-    try:
-        monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny_model)
 
-        def broken(*a, **k):
-            raise OSError("cannot write figure to x.png: disk full")
+COMMANDS = [
+    (["patch"], "save"),
+    (["ablate", "--mode", "mask_first"], "save"),
+    (["perturb", "--noise", "0.1", "--position", "1"], "save"),
+    (["massive"], "massive_figure"),
+]
 
-        monkeypatch.setattr(cli_sinks, "sink_heatmap", broken)
-        prompts = tmp_path / "p.txt"
-        prompts.write_text("some text here\nmore text there\n")
-        out = tmp_path / "s.json"
-        assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "8", "--json", str(out),
-                     "--png", str(tmp_path / "x.png")]) == 1
-        assert json.loads(out.read_text())["n_prompts"] == 2
-        err = capsys.readouterr().err
-        assert "--png" in err and "disk full" in err and "every other output was written" in err
-    finally:
-        tiny_model.tokenizer = None
+
+@pytest.mark.parametrize("command, figure", COMMANDS)
+def test_every_command_keeps_its_json_when_the_figure_fails(cli_tiny, tmp_path, monkeypatch, capsys, command, figure):
+    import importlib
+
+    from sinkmech.cli import main
+
+    def broken(*a, **k):
+        raise OSError("cannot write figure: disk full")
+
+    monkeypatch.setattr(importlib.import_module(f"sinkmech.cli.{command[0]}"), figure, broken)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("some text here\nmore text there\n")
+    out = tmp_path / "r.json"
+    assert main([*command, "--prompts", str(prompts), "--max-tokens", "8", "--json", str(out),
+                 "--png", str(tmp_path / "x.png")]) == 1
+    assert json.loads(out.read_text())["model"]
+    err = capsys.readouterr().err
+    assert "--png" in err and "disk full" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [c for c, _ in COMMANDS])
+def test_every_command_keeps_its_figure_when_the_json_fails(cli_tiny, tmp_path, monkeypatch, capsys, command):
+    from sinkmech.cli import common, main
+
+    def broken(path, text):
+        raise OSError(f"cannot write {path}: disk full")
+
+    monkeypatch.setattr(common, "write_text", broken)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("some text here\nmore text there\n")
+    png = tmp_path / "x.png"
+    assert main([*command, "--prompts", str(prompts), "--max-tokens", "8", "--json", str(tmp_path / "r.json"),
+                 "--png", str(png)]) == 1
+    assert png.stat().st_size > 0
+    err = capsys.readouterr().err
+    assert "--json" in err and "disk full" in err and "Traceback" not in err
+
+
+def test_max_tokens_beyond_the_prompts_records_what_was_used(cli_tiny, tmp_path, capsys):
+    from sinkmech.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("some text here\nmore text there!\n")  # 14 and 16 content tokens
+    out = tmp_path / "s.json"
+    assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "100000", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["max_tokens"] == 16 and data["max_tokens_requested"] == 100000 and data["context_limit"] is None
+    assert data["conditions"]["none"]["lengths"] == [14, 16]
+    assert "2 of 2 prompts have fewer than 100000 content tokens" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_context_is_cut_the_same_in_both_conditions(cli_tiny, tmp_path, capsys):
+    """The tiny model's context is 64 positions: a 100-token prompt keeps 63 content
+    tokens with and without <bos>, and the JSON says the context cut it."""
+    from sinkmech.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("x" * 100 + "\n" + "y" * 30 + "\n")
+    out = tmp_path / "s.json"
+    assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "1000", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["max_tokens"] == 63 and data["max_tokens_requested"] == 1000 and data["context_limit"] == 64
+    assert data["conditions"]["prepend"]["lengths"] == [64, 31] and data["conditions"]["none"]["lengths"] == [63, 30]
+    assert "context of 64" in capsys.readouterr().err
+
+
+def test_tokenize_records_the_context_only_where_it_cut(tiny_model):
+    long = list(range(2, 40)) * 3  # 114 content tokens; the tiny model holds 64 positions
+    for bos in ("prepend", "none"):
+        cut = tokenize(tiny_model, [long, [5, 6]], bos=bos, max_tokens=1000, bos_token_id=TINY_BOS)
+        assert cut.context_limit == 64 and cut.max_content == 63 and cut.content()[0] == long[:63]
+        assert cut.used(1000) == {"max_tokens": 63, "max_tokens_requested": 1000, "content_lengths": [63, 2],
+                                  "context_limit": 64}
+        asked = tokenize(tiny_model, [long], bos=bos, max_tokens=50, bos_token_id=TINY_BOS)
+        assert asked.context_limit is None and asked.max_content == 50  # max_tokens cut it, not the context
+
+
+def test_json_to_stdout_leaves_stdout_to_the_json_alone(cli_tiny, tmp_path, capsys):
+    from sinkmech.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("some text here\nmore text there\n")
+    assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "8", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["n_prompts"] == 2  # the whole of stdout is one JSON document
+    assert "sink rate" in captured.err  # the table went to stderr

@@ -19,8 +19,10 @@ def test_sinks_cli_end_to_end(tmp_path, capsys):
                  "--bos", "both", "--eps", "0.3", "0.8", "--json", str(out_json), "--png", str(out_png)])
     assert code == 0
     data = json.loads(out_json.read_text())
-    assert (data["model"], data["n_layers"], data["n_heads"], data["max_tokens"], data["n_prompts"]) == (
-        "smollm2", 30, 9, 12, 3)
+    assert (data["model"], data["n_layers"], data["n_heads"], data["n_prompts"]) == ("smollm2", 30, 9, 3)
+    lengths = data["conditions"]["none"]["lengths"]
+    assert data["max_tokens"] == max(lengths) <= 12 and data["max_tokens_requested"] == 12  # what was scored, and asked
+    assert data["conditions"]["prepend"]["lengths"] == [n + 1 for n in lengths]
     for cond in ("prepend", "none"):
         c = data["conditions"][cond]
         assert len(c["scores"]) == 30 and all(len(row) == 9 for row in c["scores"])

@@ -158,7 +158,6 @@ def test_prompt_files(tmp_path):
         (dict(prompts=[]), "empty"),
         (dict(prompts=["ok", "   "]), "prompt 1 is empty"),
         (dict(prompts=[[3, 4]], max_tokens=0), "max_tokens"),
-        (dict(prompts=[list(range(2, 40)) * 2], max_tokens=70), "context"),
         (dict(prompts=[[3, 400]]), "token ids"),
         (dict(prompts=[[3, 4]], batch_size=0), "batch_size"),
         (dict(prompts="just one string"), "ambiguous"),
@@ -169,6 +168,15 @@ def test_bad_input_raises_specific_errors(tiny_model, kwargs, match):
     prompts = kwargs.pop("prompts")
     with pytest.raises(ValueError, match=match):
         sink_scores(tiny_model, prompts, **kwargs)
+
+
+def test_a_prompt_beyond_the_context_is_cut_and_recorded(tiny_model):
+    """No error: the prompt keeps n_ctx - 1 content tokens in both conditions, and says so."""
+    long = list(range(2, 40)) * 2  # 76 content tokens; the tiny model holds 64 positions
+    for bos in ("prepend", "none"):
+        r = sink_scores(tiny_model, [long], bos=bos, bos_token_id=TINY_BOS, max_tokens=70, progress=False)
+        assert (r.max_tokens, r.max_tokens_requested, r.context_limit) == (63, 70, 64)
+        assert r.content_lengths.tolist() == [63] and "context of 64" in r.token_count()
 
 
 def test_unknown_bos_choice_is_a_value_error():

@@ -44,7 +44,8 @@ def test_sink_scores_on_a_batch_equal_the_prompt_form(tiny_model, rows):
             assert r.bos == bos and torch.equal(a.lengths, r.lengths)
             assert torch.allclose(a.scores, r.scores, atol=1e-6)
             assert torch.allclose(a.value_norm_rest, r.value_norm_rest, atol=1e-5)
-        assert a.max_tokens == 64 and b.max_tokens == 9  # a batch records its own content length
+        assert a.max_tokens == b.max_tokens == 9  # the longest content scored, not what was asked
+        assert a.max_tokens_requested == 64 and b.max_tokens_requested is None
     with pytest.raises(ValueError, match="built with"):
         sink_scores(tiny_model, batch, bos="prepend", progress=False)
 

@@ -4,7 +4,7 @@ optionally, estimated by attribution patching."""
 from __future__ import annotations
 
 from sinkmech import models
-from sinkmech.cli.common import add_intervention_common, add_metric, answers, prompts_arg, write_json
+from sinkmech.cli.common import add_intervention_common, add_metric, answers, prompts_arg, write_results
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
@@ -40,9 +40,9 @@ def cmd_ablate(args) -> None:
         print(f"attribution patching: Pearson r = {r:.3f} with the exact effects")
         payload["attribution"] = {"effects": approx.effects.tolist(), "pearson": r}
         panels.append((f"attribution (r = {r:.2f})", approx.effects.numpy()))
-    if args.json:
-        write_json(args.json, payload)
-    if args.png:
+    def png_out() -> None:
         fig = heatmap_panels(panels, title=f"Per-head {args.mode} ablation (bos={args.bos}) — {args.model}",
                              xlabel="head", ylabel="layer", cbar_label=f"{exact.metric} vs clean run", **shared_limits(panels, args.metric != "kl"))
         print(f"wrote {save(fig, args.png)}")
+
+    write_results(args, payload, png_out)

@@ -19,8 +19,9 @@ Either way one line `error: ...` goes to stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
@@ -40,7 +41,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: 170 windows of the Python docs")
     p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout, everything else then goes to stderr)")
     p.add_argument("--png", type=Path, default=None, help="write a figure here (.png or .svg)")
 
 
@@ -97,6 +98,11 @@ def warn_short(batch, max_tokens: int) -> None:
     """Say on stderr how many prompts are shorter than --max-tokens (they are
     scored at their own length, recorded as `lengths` in the JSON)."""
     content = batch.lengths - batch.offset
+    if batch.context_limit is not None:
+        print(f"warning: --max-tokens {max_tokens} does not fit the model's context of {batch.context_limit} "
+              f"positions: longer prompts were cut to {batch.max_content} content tokens (recorded as "
+              "context_limit in the JSON)", file=sys.stderr)
+        max_tokens = batch.max_content
     short = int((content < max_tokens).sum())
     if short:
         print(f"warning: {short} of {len(batch)} prompts have fewer than {max_tokens} content tokens "
@@ -116,12 +122,30 @@ def answers(model, args) -> tuple[int, int] | None:
     return tuple(ids)
 
 
+_json_stdout: list = []  # the real stdout while `--json -` sends everything else to stderr
+
+
+@contextlib.contextmanager
+def json_only_stdout(active: bool):
+    """With `--json -`, stdout holds the JSON alone: tables and messages go to stderr."""
+    if not active:
+        yield
+        return
+    _json_stdout.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _json_stdout.pop()
+
+
 def write_json(path: Path, payload: dict) -> None:
     """Write `payload` as strict JSON (NaN and infinities as null) and say so on
-    stderr; `-` prints it to stdout instead. An OSError says which path failed."""
+    stderr; `-` prints it to stdout instead (see `json_only_stdout`). An OSError
+    says which path failed."""
     text = json_text(payload)
     if str(path) == "-":
-        print(text)
+        print(text, file=_json_stdout[-1] if _json_stdout else sys.stdout)
         return
     write_text(path, text)
     print(f"wrote {path}", file=sys.stderr)
@@ -193,6 +217,16 @@ def check_writable(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: cannot write into {parent} (permission denied)")
+
+
+def write_results(args, payload=None, png=None, *, extra: Sequence = ()) -> None:
+    """The usual end of a command: `payload` (a dict, or a callable giving one)
+    to --json and `png()` for --png, each only if asked, through `write_outputs`."""
+    def json_out() -> None:
+        write_json(args.json, payload() if callable(payload) else payload)
+
+    write_outputs(*extra, *([("--json", json_out)] if getattr(args, "json", None) and payload is not None else []),
+                  *([("--png", png)] if getattr(args, "png", None) and png is not None else []))
 
 
 def write_outputs(*writers) -> None:

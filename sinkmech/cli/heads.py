@@ -6,7 +6,7 @@ import json
 import sys
 
 from sinkmech import models
-from sinkmech.cli.common import write_outputs, UsageError, add_bos_token, add_common, bos_token_arg, write_json
+from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, write_results
 from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.figures import heatmap_panels, save
@@ -137,12 +137,13 @@ def cmd_heads(args) -> None:
         print_head_profile(scan, *target)
     if check is not None:
         print_noop(check)
-    def json_out() -> None:
-        payload = json.loads(scan.to_json())
+
+    def payload() -> dict:
+        out = json.loads(scan.to_json())
         if target:
-            payload["profile"] = scan.profile(*target)
-        payload["noop"] = json.loads(check.to_json()) if check is not None else None
-        write_json(args.json, payload)
+            out["profile"] = scan.profile(*target)
+        out["noop"] = json.loads(check.to_json()) if check is not None else None
+        return out
 
     def png_out() -> None:
         fig = heatmap_panels(
@@ -152,4 +153,4 @@ def cmd_heads(args) -> None:
             xlabel="head", ylabel="layer", cbar_label="fraction of queries / score", vmin=0.0, vmax=1.0)
         print(f"wrote {save(fig, args.png)}", file=sys.stderr)
 
-    write_outputs(*([("--json", json_out)] if args.json else []), *([("--png", png_out)] if args.png else []))
+    write_results(args, payload, png_out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import MODEL_HELP, UsageError, write_json
+from sinkmech.cli.common import MODEL_HELP, UsageError, write_results
 from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
 from sinkmech.figures_beyond import length_lines
 from sinkmech.models import DEFAULT_MODEL
@@ -52,9 +52,10 @@ def cmd_length(args) -> None:
     batch = long_prompts(model, args.n_prompts, max(lengths), bos=args.bos)
     sweep = sinks_vs_length(model, batch, lengths=lengths, top_k=args.top, eps=DEFAULT_EPS, batch_size=args.batch_size)
     print_length_table(sweep)
-    if args.json:
-        write_json(args.json, sweep.to_dict())
-    if args.png:
+
+    def png_out() -> None:
         if not sweep.lengths:
             raise UsageError("every length was skipped: nothing to draw")
         print(f"wrote {length_lines(sweep, args.png, model_name=args.model)}")
+
+    write_results(args, sweep.to_dict(), png_out)

@@ -6,7 +6,8 @@ error policy of `sinkmech.cli.common`: a usage error (argparse's, a
 `error: ...` on stderr and exits 2; a runtime error (an output that cannot be
 written, any other `OSError`, a `RuntimeError`) prints `error: ...` and exits 1;
 Ctrl-C prints one line and exits 130 (outputs written whole-or-nothing are not
-left half-written: see `sinkmech.files.staged_dir`).
+left half-written: see `sinkmech.files.staged_dir`). With `--json -` the JSON
+is all that reaches stdout.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import sys
 
 from sinkmech.cli.ablate import add_ablate_parser
-from sinkmech.cli.common import UsageError, check_args
+from sinkmech.cli.common import UsageError, check_args, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.heads import add_heads_parser
 from sinkmech.cli.length import add_length_parser
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
-        args.func(args)
+        with json_only_stdout(str(getattr(args, "json", None)) == "-"):
+            args.func(args)
     except (UsageError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR

@@ -5,7 +5,7 @@ dimensions reset at position 0 from the onset layer on."""
 from __future__ import annotations
 
 from sinkmech import models
-from sinkmech.cli.common import add_common, prompts_arg, warn_short, write_json
+from sinkmech.cli.common import add_common, prompts_arg, warn_short, write_results
 from sinkmech.figures_beyond import massive_figure
 from sinkmech.massive import massive_dims, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
@@ -55,9 +55,6 @@ def cmd_massive(args) -> None:
         reset = reset_massive_dims(model, batch, dims=md.massive_dims, from_layer=md.onset_layer,
                                    batch_size=args.batch_size)
     print_massive_table(md, reset)
-    if args.json:
-        payload = {**md.to_dict(), "n_prompts": len(batch), "max_tokens": args.max_tokens,
-                   "reset": None if reset is None else reset.to_dict()}
-        write_json(args.json, payload)
-    if args.png:
-        print(f"wrote {massive_figure(md, args.png, model_name=args.model)}")
+    payload = {**md.to_dict(), "n_prompts": len(batch), **batch.used(args.max_tokens),
+               "reset": None if reset is None else reset.to_dict()}
+    write_results(args, payload, lambda: print(f"wrote {massive_figure(md, args.png, model_name=args.model)}"))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from sinkmech import models
-from sinkmech.cli.common import add_intervention_common, add_metric, answers, conditions, prompts_arg, write_json
+from sinkmech.cli.common import (
+    add_intervention_common, add_metric, answers, conditions, prompts_arg, warn_short, write_results,
+)
 from sinkmech.figures import heatmap_grid, heatmap_panels, save, shared_limits
 from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
 
@@ -28,6 +30,7 @@ def cmd_patch(args) -> None:
     model = models.load_model(args.model)
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
     pair = bos_pair(model, prompts_arg(args), max_tokens=args.max_tokens)
+    warn_short(pair.without_bos, args.max_tokens)
     results = {}
     for source in conditions(args.source):
         r = patch(model, pair, act=args.act, by=by, source=source, metric=args.metric,
@@ -35,16 +38,20 @@ def cmd_patch(args) -> None:
         results[source] = r
         print(f"{BOS_LABEL[source]} -> {BOS_LABEL[r.target]}: unpatched {r.metric} {r.baseline:.4f}, "
               f"patched min {float(r.values.min()):.4f} max {float(r.values.max()):.4f}")
-    if args.json:
-        write_json(args.json, {
+
+    def payload() -> dict:
+        return {
             "model": args.model, "act": args.act, "by": by, "metric": args.metric,
             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "n_prompts": len(pair.with_bos),
-            "max_tokens": args.max_tokens, "results": {k: json.loads(r.to_json()) for k, r in results.items()},
-        })
-    if args.png:
+            **pair.without_bos.used(args.max_tokens), "results": {k: json.loads(r.to_json()) for k, r in results.items()},
+        }
+
+    def png_out() -> None:
         first = next(iter(results.values()))
         panels = [(f"{BOS_LABEL[k]} into {BOS_LABEL[r.target]}", heatmap_grid(r.values.float())) for k, r in results.items()]
         xlabel = {"layer_pos": "content position", "layer": "", "head": "head", "head_pos": "head (mean over positions)"}[by]
         fig = heatmap_panels(panels, title=f"Patching {args.act} across <bos> / no-<bos> — {args.model}",
                              xlabel=xlabel, ylabel="layer", cbar_label=f"{first.metric} vs source run", **shared_limits(panels, args.metric != "kl"))
         print(f"wrote {save(fig, args.png)}")
+
+    write_results(args, payload, png_out)

@@ -4,11 +4,13 @@ positions, with and without `<bos>` (Barbero et al. 2025, Fig. 2); with
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from sinkmech import models
 from sinkmech.cli.common import (
-    UsageError, add_bos_token, add_intervention_common, bos_token_arg, prompts_arg, write_json,
+    UsageError, add_bos_token, add_intervention_common, bos_token_arg, prompts_arg, write_results,
 )
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
@@ -38,18 +40,20 @@ def cmd_perturb(args) -> None:
         raise UsageError("--noise needs --position")
     if args.swap is None and args.noise is None and not args.sensitivity:
         raise UsageError("give --swap, --noise or --sensitivity")
+    if args.png and args.swap is None and args.noise is None:
+        raise UsageError("--png draws the spread of --swap or --noise; --sensitivity alone has no figure")
     if args.sensitivity_prompts < 1 or args.sensitivity_tokens < 2:
         raise UsageError("--sensitivity-prompts must be >= 1 and --sensitivity-tokens >= 2")
     prompts = prompts_arg(args)
     model = models.load_model(args.model)
     bos_id = bos_token_arg(model, args)
-    payload = {"model": args.model}
+    payload, png_out = {"model": args.model}, None
     if args.swap is not None or args.noise is not None:
-        payload.update(_spread(model, prompts, bos_id, args))
+        spread, png_out = _spread(model, prompts, bos_id, args)
+        payload.update(spread)
     if args.sensitivity:
         payload["sensitivity"] = _sensitivity(model, prompts, bos_id, args)
-    if args.json:
-        write_json(args.json, payload)
+    write_results(args, payload, png_out)
 
 
 def _sensitivity(model, prompts, bos_id, args) -> dict:
@@ -67,7 +71,8 @@ def _sensitivity(model, prompts, bos_id, args) -> dict:
     return d
 
 
-def _spread(model, prompts, bos_id, args) -> dict:
+def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
+    """The spread study printed; its JSON part and a writer for --png."""
     pert = TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
     r = perturbation_spread(model, prompts, perturbation=pert, max_tokens=args.max_tokens, bos_token_id=bos_id,
                             threshold=args.threshold, batch_size=args.batch_size)
@@ -81,10 +86,12 @@ def _spread(model, prompts, bos_id, args) -> dict:
           "(1 = uniform; queries with >= 2 keys)")
     print(f"mean raw attention entropy: with <bos> {float(ent[0]):.3f} nats, without {float(ent[1]):.3f} nats "
           "(not comparable: the <bos> run has one more key per query)")
-    if args.png:
+
+    def png_out() -> None:
         mean = r.mean_change()
         panels = [(CONDITION_LABELS[c], np.nan_to_num(mean[i].numpy())) for i, c in enumerate(r.conditions)]
         fig = heatmap_panels(panels, title=f"Relative residual change, {r.kind} — {args.model}", xlabel="content position",
                              ylabel="layer (0 = embeddings)", cbar_label="||h' - h|| / ||h||", **shared_limits(panels))
         print(f"wrote {save(fig, args.png)}")
-    return r.to_dict()
+
+    return r.to_dict(), png_out

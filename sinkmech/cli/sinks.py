@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import write_outputs, UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_json
+from sinkmech.cli.common import (
+    UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_results,
+)
 from sinkmech.figures import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.key_sinks import key_sink_scores
@@ -49,7 +51,9 @@ def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> di
         "model": first.model_name,
         "n_layers": first.n_layers,
         "n_heads": first.n_heads,
-        "max_tokens": first.max_tokens,
+        "max_tokens": max(r.max_tokens for r in results.values()),
+        "max_tokens_requested": first.max_tokens_requested,
+        "context_limit": first.context_limit,
         "n_prompts": first.n_prompts,
         "conditions": conditions,
     }
@@ -132,6 +136,5 @@ def cmd_sinks(args) -> None:
     def png_out() -> None:
         print(f"wrote {sink_heatmap(results, args.png, model_name=args.model)}", file=sys.stderr)
 
-    write_outputs(*([("--findings", findings_out)] if args.findings is not None else []),
-                  *([("--json", lambda: write_json(args.json, sinks_payload(results, args.eps, keys)))] if args.json else []),
-                  *([("--png", png_out)] if args.png else []))
+    write_results(args, lambda: sinks_payload(results, args.eps, keys), png_out,
+                  extra=[("--findings", findings_out)] if args.findings is not None else [])

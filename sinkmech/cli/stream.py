@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import MODEL_HELP, UsageError, write_json
+from sinkmech.cli.common import MODEL_HELP, UsageError, write_results
 from sinkmech.figures_beyond import stream_bars
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.streaming import long_tokens, stream_perplexity
@@ -57,14 +57,10 @@ def print_stream_table(result) -> None:
 def cmd_stream(args) -> None:
     check_stream_args(args.window, args.keep, args.max_tokens, args.bos)
     model = models.load_model(args.model)
-    n_pos = args.max_tokens + (1 if args.bos == "prepend" else 0)
-    if n_pos > model.cfg.n_ctx:
-        raise UsageError(f"--max-tokens {args.max_tokens} needs {n_pos} positions; {args.model} has a context of "
-                         f"{model.cfg.n_ctx}")
+    if args.max_tokens > model.cfg.n_ctx - 1:
+        raise UsageError(f"--max-tokens {args.max_tokens} does not fit: {args.model} has a context of {model.cfg.n_ctx} "
+                         f"positions, at most {model.cfg.n_ctx - 1} content tokens beside <bos>")
     batch = long_tokens(model, args.max_tokens, bos=args.bos)
     result = stream_perplexity(model, batch, window=args.window, keep=args.keep)
     print_stream_table(result)
-    if args.json:
-        write_json(args.json, result.to_dict())
-    if args.png:
-        print(f"wrote {stream_bars(result, args.png, model_name=args.model)}")
+    write_results(args, result.to_dict(), lambda: print(f"wrote {stream_bars(result, args.png, model_name=args.model)}"))

@@ -36,7 +36,8 @@ def as_token_batch(
     max_tokens: int | None,
     bos_token_id: int | None,
 ) -> tuple[TokenBatch, int]:
-    """The batch an analysis runs on, and its content tokens per prompt.
+    """The batch an analysis runs on, and the longest content it holds (what
+    `max_tokens` came to: shorter prompts keep their length).
 
     A `TokenBatch` is used as it is (`bos`, if given, must match it; `max_tokens`
     may not cut it); anything else is tokenized once with `bos` (default
@@ -51,11 +52,11 @@ def as_token_batch(
         if max_tokens is not None and max_tokens < width:
             raise ValueError(f"the TokenBatch holds {width} content tokens per prompt, more than max_tokens={max_tokens}: "
                              "tokenize with the max_tokens you want")
-        return tokens, max_tokens if max_tokens is not None else width
+        return tokens, width
     max_tokens = 64 if max_tokens is None else max_tokens
     batch = tokenize(model, tokens, bos="prepend" if bos is None else bos, max_tokens=max_tokens,
                      bos_token_id=bos_token_id)
-    return batch, max_tokens
+    return batch, batch.max_content
 
 def scan_heads(
     model: HookedTransformer,

@@ -60,7 +60,7 @@ def spread_section(ctx: ReportContext) -> Section:
     swap_text = [[ctx.token_text(r[pos]), ctx.token_text(n)] for r, n in zip(rows, news)]
     later = res.later()
     summary = {
-        "n_prompts": len(rows), "max_tokens": ctx.max_tokens, "position": pos, "threshold": SPREAD_THRESHOLD, "swaps": swap_text,
+        "n_prompts": len(rows), "max_tokens": plain.max_content, "position": pos, "threshold": SPREAD_THRESHOLD, "swaps": swap_text,
         "swap_ids": [[r[pos], n] for r, n in zip(rows, news)],
         "last_layer_mean_change": last, "last_layer_spread_fraction": frac, "mean_entropy": mean_ent,
         "mean_normalized_entropy": mean_norm, "normalized_entropy_per_layer": {c: v.tolist() for c, v in norm_ent.items()},
@@ -164,7 +164,7 @@ def dormant_section(ctx: ReportContext) -> Section:
                "No head passes the if-else rule on these prompts: the table shows the closest candidates "
                "(ranked by how much of the rule they fulfil), not confirmed if-else heads.")
     summary = {
-        "n_prompts": scan.n_prompts, "max_tokens": ctx.max_tokens, "n_queries": scan.n_queries, "mode_counts": counts,
+        "n_prompts": scan.n_prompts, "max_tokens": scan.max_tokens, "n_queries": scan.n_queries, "mode_counts": counts,
         "if_else_heads": [head_label(*hd) for hd in found], "candidates": entries,
         "noop": {"n_prompts": min(ctx.noop_prompts, ctx.n_prompts), "loss_clean": noop.loss_clean,
                  "ci_level": noop.ci_level, "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
@@ -212,7 +212,7 @@ def ablation_section(ctx: ReportContext) -> Section:
     top = abl.top_heads(5)
     restored = pr.restored()
     summary = {
-        "n_prompts": abl.n_prompts, "max_tokens": T, "mode": abl.mode, "metric": abl.metric,
+        "n_prompts": abl.n_prompts, "max_tokens": pair.n_content, "mode": abl.mode, "metric": abl.metric,
         "effects": abl.effects.tolist(), "top_heads": [[head_label(l, h), e] for l, h, e in top],
         "patch_resid_pre": {"baseline": pr.baseline, "values": pr.values.tolist(), "restored": restored.tolist(),
                             "patched_content_positions": [1, pair.n_content - 1],

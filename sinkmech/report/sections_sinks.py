@@ -27,7 +27,7 @@ def sink_section(ctx: ReportContext) -> Section:
     rows.append(["alpha_0 of uniform attention"] + [res[c].uniform_score() for c in CONDITIONS])
     top = {c: [[head_label(l, h), s] for l, h, s in res[c].top_heads(5)] for c in CONDITIONS}
     body = (
-        f"<p>{res['prepend'].n_prompts} prompts, {ctx.max_tokens} content tokens each. alpha_0 of a head is "
+        f"<p>{res['prepend'].n_prompts} prompts, {res['prepend'].token_count()}. alpha_0 of a head is "
         "its mean attention on position 0 over all queries; the sink rate is the % of (prompt, head) pairs "
         "with alpha_0 above epsilon.</p>"
         + table_html(["", *(CONDITION_LABELS[c] for c in CONDITIONS)], rows)
@@ -39,7 +39,10 @@ def sink_section(ctx: ReportContext) -> Section:
     )
     summary = {
         "n_prompts": res["prepend"].n_prompts,
-        "max_tokens": ctx.max_tokens,
+        "max_tokens": res["prepend"].max_tokens,
+        "max_tokens_requested": ctx.max_tokens,
+        "context_limit": res["prepend"].context_limit,
+        "content_lengths": res["prepend"].content_lengths.tolist(),
         "sink_rate": {c: {f"{e:g}": res[c].sink_rate(e) for e in DEFAULT_EPS} for c in CONDITIONS},
         "sink_rate_per_layer": {f"{DEFAULT_EPS[0]:g}": per_layer_rate},
         "per_layer_score": {c: res[c].per_layer().tolist() for c in CONDITIONS},
