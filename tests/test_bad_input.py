@@ -317,3 +317,19 @@ def test_json_to_stdout_leaves_stdout_to_the_json_alone(cli_tiny, tmp_path, caps
     captured = capsys.readouterr()
     assert json.loads(captured.out)["n_prompts"] == 2  # the whole of stdout is one JSON document
     assert "sink rate" in captured.err  # the table went to stderr
+
+
+def test_every_flag_of_every_command_says_what_it_does():
+    import argparse
+
+    from sinkmech.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    silent, png = [], []
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            if action.option_strings and not action.help:
+                silent.append(f"{name} {action.option_strings[0]}")
+            if "--png" in action.option_strings and ".pdf" not in action.help:
+                png.append(name)
+    assert silent == [] and png == []

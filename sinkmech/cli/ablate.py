@@ -4,7 +4,7 @@ optionally, estimated by attribution patching."""
 from __future__ import annotations
 
 from sinkmech import models
-from sinkmech.cli.common import add_intervention_common, add_metric, answers, prompts_arg, write_results
+from sinkmech.cli.common import BOS_HELP, add_intervention_common, add_metric, answers, prompts_arg, write_results
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
@@ -13,10 +13,12 @@ from sinkmech.interventions.attribution import attribute_ablations, pearson
 def add_ablate_parser(sub) -> None:
     p = sub.add_parser("ablate", help="per-head sink ablations over every (layer, head)")
     add_intervention_common(p)
-    p.add_argument("--mode", choices=["mask_first", "all_to_first", "zero", "mean"], required=True)
-    p.add_argument("--bos", choices=["prepend", "none"], default="prepend")
+    p.add_argument("--mode", choices=["mask_first", "all_to_first", "zero", "mean"], required=True,
+                   help="mask_first: the head may not attend to position 0; all_to_first: it attends only there; "
+                        "zero / mean: its output replaced by 0 / its mean output")
+    p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
-    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--top", type=int, default=10, help="heads listed, by effect (default 10)")
     add_metric(p)
     p.set_defaults(func=cmd_ablate)
 

@@ -35,14 +35,21 @@ class UsageError(Exception):
     """A flag value the command rejects: `main` prints `error: ...` and exits 2."""
 
 
+PROMPTS_HELP = ("text file (one prompt per line), .jsonl/.ndjson with a 'text' field per line, or a .json list of "
+                "strings or such objects; default: 170 windows of the Python docs")
+BATCH_HELP = "prompts per forward pass (default 16; lower it if memory runs out)"
+PNG_HELP = "write a figure here (.png, .svg or .pdf)"
+BOS_HELP = "prepend: <bos> at position 0 of every prompt; none: the same content tokens without it (default prepend)"
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     """--model, --prompts, --max-tokens, --batch-size, --json, --png."""
     p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: 170 windows of the Python docs")
+    p.add_argument("--prompts", default=None, help=PROMPTS_HELP)
     p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help=BATCH_HELP)
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout, everything else then goes to stderr)")
-    p.add_argument("--png", type=Path, default=None, help="write a figure here (.png or .svg)")
+    p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
 
 
 def add_intervention_common(p: argparse.ArgumentParser) -> None:

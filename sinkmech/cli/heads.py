@@ -6,7 +6,7 @@ import json
 import sys
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, add_bos_token, add_common, bos_token_arg, write_results
+from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
 from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.figures import heatmap_panels, save
@@ -18,7 +18,7 @@ def add_heads_parser(sub) -> None:
     p = sub.add_parser("heads", help="dormant (if-else) head detector: profiles, triggers, labels, no-op check")
     add_common(p)
     add_bos_token(p)
-    p.add_argument("--bos", choices=["prepend", "none"], default="prepend")
+    p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--top", type=int, default=20, help="rows of the if-else table")
     p.add_argument("--head", default=None, help="print one head's full profile, e.g. 20.4")
     p.add_argument("--high", type=float, default=0.8, help="a query is dormant at first-token attention >= HIGH")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import MODEL_HELP, UsageError, write_results
+from sinkmech.cli.common import MODEL_HELP, PNG_HELP, UsageError, write_results
 from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
 from sinkmech.figures_beyond import length_lines
 from sinkmech.models import DEFAULT_MODEL
@@ -23,9 +23,9 @@ def add_length_parser(sub) -> None:
     p.add_argument("--n-prompts", type=int, default=8, help="texts of the Python docs, cut to each length (default 8)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each text (default prepend)")
     p.add_argument("--top", type=int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass (default 8)")
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout)")
-    p.add_argument("--png", type=Path, default=None, help="write a figure here (.png or .svg)")
+    p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
     p.set_defaults(func=cmd_length)
 
 

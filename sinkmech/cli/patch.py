@@ -18,10 +18,11 @@ BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 def add_patch_parser(sub) -> None:
     p = sub.add_parser("patch", help="activation patching between the <bos> and no-<bos> runs")
     add_intervention_common(p)
-    p.add_argument("--act", choices=["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"], default="resid_pre")
+    p.add_argument("--act", choices=["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"], default="resid_pre",
+                   help="activation patched from one run into the other (default resid_pre)")
     p.add_argument("--by", choices=["layer_pos", "layer", "head", "head_pos"], default=None, help="default: layer_pos for residual activations, head for z/q/k/v")
     p.add_argument("--source", choices=["prepend", "none", "both"], default="both", help="run the activations come from (patched into the other)")
-    p.add_argument("--layers", type=int, nargs="+", default=None)
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="patch only these layers (default: all)")
     add_metric(p)
     p.set_defaults(func=cmd_patch)
 

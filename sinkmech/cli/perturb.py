@@ -27,7 +27,7 @@ def add_perturb_parser(sub) -> None:
     g.add_argument("--noise", type=float, metavar="SCALE", help="add noise of this relative norm to one input embedding")
     p.add_argument("--position", type=int, default=None, help="content position (required with --noise)")
     p.add_argument("--threshold", type=float, default=0.1, help="relative change counted as reached")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the --noise direction (default 0)")
     p.add_argument("--sensitivity", action="store_true",
                    help="also (or only) compare Jacobian norms with path weights, with and without <bos> (JSON key 'sensitivity')")
     p.add_argument("--sensitivity-prompts", type=int, default=4, help="prompts for --sensitivity (default 4)")

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import MODEL_HELP, UsageError
+from sinkmech.cli.common import BATCH_HELP, MODEL_HELP, UsageError
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
 from sinkmech.models import DEFAULT_MODEL
@@ -26,7 +26,7 @@ def add_report_parser(sub) -> None:
     p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: the Python docs corpus")
     p.add_argument("--n-prompts", type=int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
     p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=16, help=BATCH_HELP)
     p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
     p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
     p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")

@@ -27,7 +27,8 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--findings", type=Path, default=None,
                    help="merge sink rates and losses into this findings file, named MODEL.sinks.FIRST_TOKEN...")
     p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
-    p.add_argument("--bos", choices=["prepend", "none", "both"], default="both")
+    p.add_argument("--bos", choices=["prepend", "none", "both"], default="both",
+                   help="prepend: <bos> at position 0; none: the same content without it; both (default): each, side by side")
     p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
     p.add_argument("--top", type=int, default=10, help="how many top sink heads to list")
     p.add_argument("--keys", choices=["first", "all"], default="first",

@@ -22,7 +22,7 @@ def add_stream_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=512, help="content tokens of the long text (default 512)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before the text (default prepend)")
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout)")
-    p.add_argument("--png", type=Path, default=None, help="write a bar chart here (.png or .svg)")
+    p.add_argument("--png", type=Path, default=None, help="write a bar chart here (.png, .svg or .pdf)")
     p.set_defaults(func=cmd_stream)
 
 
