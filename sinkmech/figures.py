@@ -139,7 +139,7 @@ def sink_heatmap(results: dict, path: str | os.PathLike, *, model_name: str = ""
         results: condition name ("prepend" / "none") -> SinkScores.
     """
     panels = [
-        (f"{CONDITION_LABELS.get(k, k)} (rate>0.3: {r.sink_rate(0.3):.0f}%; uniform: {r.uniform_score():.2f})",
+        (f"{CONDITION_LABELS.get(k, k)}\nrate>0.3: {r.sink_rate(0.3):.0f}%; uniform: {r.uniform_score():.2f}",
          r.mean_scores().numpy())
         for k, r in results.items()
     ]
@@ -147,7 +147,7 @@ def sink_heatmap(results: dict, path: str | os.PathLike, *, model_name: str = ""
     fig = heatmap_panels(
         panels,
         title=f"First-token attention score per head{' — ' + model_name if model_name else ''} "
-              f"({first.n_prompts} prompts, up to {first.max_tokens} tokens)",
+              f"\n{first.n_prompts} prompts, {first.token_count()}",
         xlabel="head",
         ylabel="layer",
         cbar_label="mean first-token score $\\alpha_0$",

@@ -51,8 +51,8 @@ def spread_section(ctx: ReportContext) -> Section:
     ent = {c: entropy[i].mean(-1).numpy() for i, c in enumerate(CONDITIONS)}
     norm_ent = {c: norm_entropy[i].nanmean(-1).numpy() for i, c in enumerate(CONDITIONS)}
     ent_figs = ctx.figure("attention_entropy", lambda p: figures.layer_lines(
-        norm_ent, p, title="Normalised attention entropy H / log(n_keys) of content queries",
-        ylabel="mean H / log(n_keys) (1 = uniform)"))
+        norm_ent, p, title="Normalised attention entropy of content queries",
+        ylabel="H / log(n_keys) (1 = uniform)"))
     last = {c: float(per["mean_change"][i, -1]) for i, c in enumerate(CONDITIONS)}
     frac = {c: float(per["spread_fraction"][i, -1]) for i, c in enumerate(CONDITIONS)}
     mean_ent = {c: float(entropy[i].mean()) for i, c in enumerate(CONDITIONS)}
@@ -207,8 +207,8 @@ def ablation_section(ctx: ReportContext) -> Section:
     curve = ctx.figure("patch_resid_pre", lambda p: figures.layer_lines(
         {"resid_pre patched at this layer": pr.values.clamp(min=1e-6).numpy(),
          "unpatched no-<bos> run": np.full(n_layers, max(pr.baseline, 1e-6))}, p, logy=True,
-        title="<bos> run's resid_pre at content positions 1..n-1 patched into the no-<bos> run "
-              "(its position 0 kept)", ylabel="KL to the <bos> run, positions 1..n-1 (nats)"))
+        title="<bos> run's resid_pre patched into the no-<bos> run\n(content positions 1..n-1; its position 0 kept)",
+        ylabel="KL to the <bos> run (nats)"))
     top = abl.top_heads(5)
     restored = pr.restored()
     summary = {
