@@ -167,18 +167,14 @@ def key_sink_scores(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if min_queries < 1:
         raise ValueError(f"min_queries must be >= 1, got {min_queries}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if len(batch) == 0:
-        raise ValueError("the batch holds no prompts")
+    chunks = batch.batches(batch_size)
     cfg = model.cfg
     P, L, H, T = len(batch), cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
     # Running top-k per layer: values [H, k] and flat indices prompt * T + position.
     state = {"v": [torch.zeros(H, 0)] * L, "i": [torch.zeros(H, 0, dtype=torch.long)] * L}
     pos_sum, pos_cnt = torch.zeros(L, H, T), torch.zeros(T)
     off_first = torch.zeros(L, H)
-    for start in tqdm(range(0, P, batch_size), desc=f"key sinks (bos={batch.bos})", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, P))
+    for rows, part in tqdm(chunks, desc=f"key sinks (bos={batch.bos})", disable=not progress, unit="batch"):
         b, t = part.tokens.shape
         lengths = part.lengths
 
@@ -189,7 +185,7 @@ def key_sink_scores(
             pos_sum[l, :, :t] += torch.nan_to_num(alpha, nan=0.0).sum(0)
             off_first[l] += (torch.nan_to_num(alpha, nan=-1.0).argmax(-1) != 0).float().sum(0)
             flat = torch.nan_to_num(alpha, nan=float("-inf")).permute(1, 0, 2).reshape(H, b * t)
-            prompt = torch.arange(b)[:, None] + start
+            prompt = torch.arange(b)[:, None] + rows.start
             index = (prompt * T + torch.arange(t)[None, :]).reshape(-1)  # [b * t]
             cand_v = torch.cat([state["v"][l], flat], -1)
             cand_i = torch.cat([state["i"][l], index[None].expand(H, -1)], -1)

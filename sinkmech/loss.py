@@ -74,13 +74,10 @@ def content_loss(model: HookedTransformer, batch: TokenBatch, *, batch_size: int
     Returns:
         The mean over all scored targets (the same targets in both conditions).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     L = model.cfg.n_layers
     name = act_name("resid_post", L - 1)
     total, n = 0.0, 0
-    for start in range(0, len(batch), batch_size):
-        part = batch.slice(start, min(start + batch_size, len(batch)))
+    for _, part in batch.batches(batch_size):
         _, cache = cached_run(model, part.tokens, [name], stop_at_layer=L)
         t, k = resid_token_losses(model, cache[name], part.tokens, target_mask(part))
         total, n = total + t, n + k

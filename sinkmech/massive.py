@@ -85,10 +85,7 @@ class MassiveDims:
 
 
 def _check(batch: TokenBatch, batch_size: int) -> None:
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if len(batch) == 0:
-        raise ValueError("the batch holds no prompts")
+    batch.batches(batch_size)  # checks batch_size and that there are prompts
     if int(batch.lengths.min()) < 2:
         raise ValueError("every prompt needs at least 2 positions (position 0 against the rest)")
 
@@ -135,8 +132,7 @@ def massive_dims(
     L, D, P = model.cfg.n_layers, model.cfg.d_model, len(batch)
     first, med = torch.zeros(L + 1, D), torch.zeros(L + 1, D)
     n0, nr = torch.zeros(L + 1), torch.zeros(L + 1)
-    for start in tqdm(range(0, P, batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, P))
+    for _, part in tqdm(batch.batches(batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
 
         def make(i: int):
             def hook(resid, hook):
@@ -210,14 +206,13 @@ def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer
     L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(batch)
     scores = torch.zeros(P, L, H)
     total, n = 0.0, 0
-    for start in tqdm(range(0, P, batch_size), desc="massive reset" if dims else "clean", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, P))
+    for rows, part in tqdm(batch.batches(batch_size), desc="massive reset" if dims else "clean", disable=not progress, unit="batch"):
         valid = part.mask.float()
         store: dict[str, Tensor] = {}
 
         def pattern_hook(pattern, hook):
             first = torch.einsum("bhq,bq->bh", pattern[..., 0].float(), valid) / part.lengths[:, None].float()
-            scores[start : start + len(part), hook.layer()] = first.cpu()
+            scores[rows, hook.layer()] = first.cpu()
 
         def final_hook(resid, hook):
             store["resid"] = resid

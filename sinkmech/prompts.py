@@ -212,6 +212,17 @@ class TokenBatch:
         """Each prompt's content token ids: no `<bos>`, no padding."""
         return [row[self.offset : n].tolist() for row, n in zip(self.tokens.cpu(), self.lengths.cpu())]
 
+    def batches(self, batch_size: int) -> list[tuple[slice, "TokenBatch"]]:
+        """The prompts in chunks of `batch_size` for streamed forward passes:
+        `(rows, part)` pairs, `rows` the chunk's place in this batch and `part`
+        trimmed to its longest prompt. Checks `batch_size` and that there are prompts."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(self) == 0:
+            raise ValueError("the batch holds no prompts")
+        spans = [slice(s, min(s + batch_size, len(self))) for s in range(0, len(self), batch_size)]
+        return [(rows, self.slice(rows.start, rows.stop)) for rows in spans]
+
     def slice(self, start: int, stop: int) -> "TokenBatch":
         """Rows start:stop, trimmed to their longest real length."""
         lengths = self.lengths[start:stop]

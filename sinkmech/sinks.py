@@ -205,8 +205,7 @@ def sink_scores(
     if max_tokens is None and not isinstance(tokens, TokenBatch):
         max_tokens = 64
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    chunks = batch.batches(batch_size)  # before any work: checks batch_size
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -215,10 +214,7 @@ def sink_scores(
     }
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
     loss_sum, loss_n = 0.0, 0
-    starts = range(0, P, batch_size)
-    for start in tqdm(starts, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, P))
-        rows = slice(start, start + len(part))
+    for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
         valid = part.mask.float()  # [batch, pos]
         n_real = part.lengths.float()
         n_rest = (n_real - 1).clamp(min=1)

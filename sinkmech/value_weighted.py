@@ -113,16 +113,10 @@ def value_weighted_first(
     """
     if vector not in VECTORS:
         raise ValueError(f"vector must be one of {VECTORS}, got {vector!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if len(batch) == 0:
-        raise ValueError("the batch holds no prompts")
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     attn_first, output_first = torch.zeros(P, L, H), torch.zeros(P, L, H)
-    for start in tqdm(range(0, P, batch_size), desc=f"value-weighted (bos={batch.bos})", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, P))
-        rows = slice(start, start + len(part))
+    for rows, part in tqdm(batch.batches(batch_size), desc=f"value-weighted (bos={batch.bos})", disable=not progress, unit="batch"):
         valid = part.mask.float()  # [batch, pos]
         norms: dict[int, Tensor] = {}
 

@@ -130,8 +130,7 @@ def noop_check(
     per_prompt = {lh: {m: (torch.zeros(len(batch)), torch.zeros(len(batch))) for m in ("dormant", "active")} for lh in heads}
     loss_sum, n_tokens = 0.0, 0
     layers = sorted({l for l, _ in heads})
-    for start in tqdm(range(0, len(batch), batch_size), desc="no-op check", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, len(batch)))
+    for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not progress, unit="batch"):
         first: dict[int, Tensor] = {}
 
         def keep(pattern, hook):
@@ -155,8 +154,8 @@ def noop_check(
                 sums[lh][mode] += float(delta.sum())
                 sums[lh]["n_" + mode] += n
                 d_sum, q_sum = per_prompt[lh][mode]
-                d_sum[start : start + len(part)] += delta.float().cpu()
-                q_sum[start : start + len(part)] += queries.sum(1).float().cpu()
+                d_sum[rows] += delta.float().cpu()
+                q_sum[rows] += queries.sum(1).float().cpu()
     if n_tokens == 0:
         raise ValueError("no next-token predictions: every prompt has a single token")
     g = torch.Generator().manual_seed(seed)

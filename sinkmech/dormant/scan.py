@@ -115,8 +115,7 @@ def scan_heads(
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
     acc = _Accumulator(model, batch, th, n_bins)
-    for start in tqdm(range(0, len(batch), batch_size), desc="scan heads", disable=not progress, unit="batch"):
-        part = batch.slice(start, min(start + batch_size, len(batch)))
+    for _, part in tqdm(batch.batches(batch_size), desc="scan heads", disable=not progress, unit="batch"):
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
     return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens)
 
