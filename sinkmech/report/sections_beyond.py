@@ -86,7 +86,7 @@ def massive_section(ctx: ReportContext) -> Section:
     figs = ctx.figure("massive_dims", lambda p: figures_beyond.massive_figure(md, p, model_name=name))
     summary = {"n_prompts": len(batch), **md.to_dict()}
     body = (
-        f"<p>{len(batch)} prompts with &lt;bos&gt;, {ctx.max_tokens} content tokens each. For each residual layer "
+        f"<p>{len(batch)} prompts with &lt;bos&gt;, up to {batch.max_content} content tokens. For each residual layer "
         "(0 = embeddings), the first token's norm against the mean norm of the other positions, and per dimension "
         "|h_0[d]| against the median |h_t[d]| of the other positions. ")
     if md.onset_layer is None:
