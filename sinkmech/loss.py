@@ -5,7 +5,7 @@ Both conditions score the same targets: content tokens 1 .. n-1 of each prompt,
 each predicted from the content token before it (at position offset + j - 1).
 The `<bos>` position predicts content token 0, which the no-`<bos>` run cannot
 predict at all, so it never counts. Logits are never held whole: the final
-residual stream is unembedded a few positions at a time, which keeps memory
+residual stream is unembedded a few hundred rows at a time, which keeps memory
 flat for a 262k-token vocabulary (Gemma 3).
 """
 
@@ -19,9 +19,10 @@ from transformer_lens import HookedTransformer
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.prompts import TokenBatch
 
-# Positions unembedded at once: rows x chunk x d_vocab floats stay well under
-# 1 GB for a 262k vocabulary and a batch of 16.
-UNEMBED_CHUNK = 16
+# (prompt, position) rows unembedded at once: 256 x 262k vocabulary floats is
+# about 270 MB (Gemma 3). Far fewer rows re-read the whole unembedding for
+# little work: 16 rows at a time made one 513-token sequence 11x slower.
+UNEMBED_ROWS = 256
 
 
 def _unembed(model: HookedTransformer, resid: Tensor) -> Tensor:
@@ -39,28 +40,37 @@ def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
     return (pos[None, :] >= batch.offset) & (pos[None, :] < batch.lengths[:, None] - 1)
 
 
+def _nll_chunks(model: HookedTransformer, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):
+    """Next-token losses, a few positions at a time: yields `(a, b, nll)` with
+    nll [batch, b - a] for positions a .. b-1 predicting a+1 .. b. `chunk`
+    positions per step (default: UNEMBED_ROWS rows over the batch); with
+    `needed`, a step where it is all False is skipped."""
+    last = resid.shape[1] - 1
+    step = chunk or max(1, UNEMBED_ROWS // max(1, resid.shape[0]))
+    with torch.no_grad():
+        for a in range(0, last, step):
+            b = min(a + step, last)
+            if needed is not None and not needed[:, a:b].any():
+                continue
+            lp = torch.log_softmax(_unembed(model, resid[:, a:b]).float(), dim=-1)
+            yield a, b, -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0]
+
+
 def resid_token_losses(
     model: HookedTransformer,
     resid: Float[Tensor, "batch pos d_model"],
     tokens: Int[Tensor, "batch pos"],
     mask: Bool[Tensor, "batch pos"],
     *,
-    chunk: int = UNEMBED_CHUNK,
+    chunk: int | None = None,
 ) -> tuple[float, int]:
     """Sum of next-token losses (nats) at the masked positions, from the last
     block's residual output, and how many positions were scored."""
     total, n = 0.0, 0
-    with torch.no_grad():
-        for a in range(0, resid.shape[1] - 1, chunk):
-            b = min(a + chunk, resid.shape[1] - 1)
-            m = mask[:, a:b]
-            if not m.any():
-                continue
-            logits = _unembed(model, resid[:, a:b])
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            nll = -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0]
-            total += float(nll[m].sum())
-            n += int(m.sum())
+    for a, b, nll in _nll_chunks(model, resid, tokens, chunk, mask):
+        m = mask[:, a:b]
+        total += float(nll[m].sum())
+        n += int(m.sum())
     return total, n
 
 
@@ -91,19 +101,15 @@ def token_losses(
     tokens: Int[Tensor, "batch pos"],
     fwd_hooks: list | tuple = (),
     *,
-    chunk: int = UNEMBED_CHUNK,
+    chunk: int | None = None,
 ) -> Float[Tensor, "batch pos_minus_1"]:
     """Next-token loss (nats) at every position, as TransformerLens's
     `return_type="loss", loss_per_token=True` gives it, but unembedded a few
-    positions at a time so the full logits are never held."""
+    rows at a time so the full logits are never held."""
     L = model.cfg.n_layers
     name = act_name("resid_post", L - 1)
     _, cache = cached_run(model, tokens, [name], fwd_hooks, stop_at_layer=L)
-    resid = cache[name]
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
-    with torch.no_grad():
-        for a in range(0, tokens.shape[1] - 1, chunk):
-            b = min(a + chunk, tokens.shape[1] - 1)
-            lp = torch.log_softmax(_unembed(model, resid[:, a:b]).float(), dim=-1)
-            out[:, a:b] = -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0].cpu()
+    for a, b, nll in _nll_chunks(model, cache[name], tokens, chunk):
+        out[:, a:b] = nll.cpu()
     return out
