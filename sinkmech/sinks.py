@@ -41,6 +41,8 @@ class SinkScores:
     loss: float | None = None  # mean next-token loss on content targets 1..n-1 (nats), when asked
     max_tokens_requested: int | None = None  # what was asked (None: a TokenBatch was given)
     context_limit: int | None = None  # the model's n_ctx where it cut a prompt
+    loss_sum: float | None = None  # the summed next-token loss behind `loss` (nats), for merging shards
+    loss_count: int = 0  # the targets it sums over
 
     @property
     def n_prompts(self) -> int:
@@ -273,6 +275,8 @@ def sink_scores(
         context_limit=batch.context_limit,
         model_name=cfg.model_name,
         loss=(loss_sum / loss_n if loss_n else None) if loss else None,
+        loss_sum=loss_sum if loss else None,
+        loss_count=loss_n if loss else 0,
     )
 
 

@@ -21,6 +21,7 @@ from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.heads import add_heads_parser
 from sinkmech.cli.length import add_length_parser
 from sinkmech.cli.massive import add_massive_parser
+from sinkmech.cli.merge import add_merge_parser
 from sinkmech.cli.patch import add_patch_parser
 from sinkmech.cli.perturb import add_perturb_parser
 from sinkmech.cli.report import add_report_parser
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,
                 add_report_parser, add_compare_parser, add_train_parser, add_stream_parser, add_massive_parser,
-                add_length_parser):
+                add_length_parser, add_merge_parser):
         add(sub)
     return parser
 

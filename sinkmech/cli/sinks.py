@@ -13,10 +13,13 @@ from sinkmech import models
 from sinkmech.cli.common import (
     UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_results,
 )
+from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, shard_run
 from sinkmech.figures import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.key_sinks import key_sink_scores
+from sinkmech.partial import write_partial
 from sinkmech.prompts import tokenize
+from sinkmech.shards import sinks_partial
 from sinkmech.sinks import sink_scores
 
 
@@ -37,7 +40,26 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--top-keys", type=int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
     p.add_argument("--min-queries", type=int, default=8,
                    help="with --keys all: score a key only when at least this many queries follow it (default 8)")
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_sinks)
+
+
+def sinks_settings(args) -> dict:
+    """What every part of one `sinks` run must share beyond the common settings."""
+    return {"bos": args.bos, "eps": list(args.eps), "keys": args.keys}
+
+
+def merged_sinks(part, args) -> None:
+    """`sinkmech merge` for sinks parts: the table, then --json / --png as `sinks` writes them."""
+    from sinkmech.shards import sinks_result
+
+    results, eps = sinks_result(part), part.settings["eps"]
+    print_sinks_table(results, eps, args.top)
+
+    def png_out() -> None:
+        print(f"wrote {sink_heatmap(results, args.png, model_name=part.settings['model'])}", file=sys.stderr)
+
+    write_results(args, lambda: sinks_payload(results, eps), png_out)
 
 
 def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> dict:
@@ -110,13 +132,34 @@ def cmd_sinks(args) -> None:
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
+    shard = shard_run(args, prompts, **sinks_settings(args))
+    if (shard is not None or args.ray is not None) and args.keys == "all":
+        raise UsageError("--keys all is not sharded yet: run it without --shard / --ray")
+    if args.ray is not None:
+        from sinkmech.cli.ray_engine import run_sinks_on_ray
+
+        return run_sinks_on_ray(args, prompts)
+    if shard is not None:
+        if args.resume and already_done(args.json, shard, "sinks"):
+            print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
+            return
+        prompts = [prompts[i] for i in shard.index]
+        print(f"shard {shard.i}/{shard.n}: prompts {shard.index.start}..{shard.index.stop - 1} of {shard.n_total}",
+              file=sys.stderr)
     model = models.load_model(args.model)
     bos_id = bos_token_arg(model, args)
-    results, keys = {}, {}
+    results, keys, batches = {}, {}, {}
     for bos in conditions(args.bos):
-        batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens, bos_token_id=bos_id)
+        batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens, bos_token_id=bos_id)
         warn_short(batch, args.max_tokens)
         results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
+    if shard is not None:
+        part = sinks_partial(results, {**shard.settings, **model_settings(model), "bos_token_id": bos_id},
+                             prompt_index=shard.index, shard=(shard.i, shard.n), n_prompts_total=shard.n_total,
+                             n_ctx=model.cfg.n_ctx)
+        print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
+        return
+    for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
                                         batch_size=args.batch_size)

@@ -1,0 +1,39 @@
+"""`sinkmech merge PARTS... --json OUT [--png OUT]`: join the partial results of a
+sharded run (`--shard I/N`, see `sinkmech.partial`) and write exactly what the
+unsharded command writes. Refused, one line each: a missing or duplicate shard,
+parts whose settings differ (the setting is named), a corrupt or truncated
+part, a part of a newer format version."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sinkmech.cli.common import PNG_HELP
+from sinkmech.partial import read_parts
+
+
+def add_merge_parser(sub) -> None:
+    p = sub.add_parser("merge", help="merge the partial results of a sharded run (--shard I/N) into the full result")
+    p.add_argument("parts", nargs="+", type=Path, metavar="PART", help="the .partial.json files, in any order")
+    p.add_argument("--json", type=Path, default=None,
+                   help="write the merged result as JSON here ('-': stdout, everything else then goes to stderr)")
+    p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
+    p.add_argument("--top", type=int, default=10, help="rows of the printed table")
+    p.set_defaults(func=cmd_merge)
+
+
+def mergers() -> dict:
+    """Analysis kind -> the function that prints and writes its merged result."""
+    from sinkmech.cli.sinks import merged_sinks
+
+    return {"sinks": merged_sinks}
+
+
+def cmd_merge(args) -> None:
+    part = read_parts(args.parts)
+    finish = mergers().get(part.kind)
+    if finish is None:
+        raise ValueError(f"this sinkmech cannot merge '{part.kind}' parts")
+    print(f"merged {len(part.shards)} shards, {part.n_prompts_total} prompts ({part.kind})", file=sys.stderr)
+    finish(part, args)

@@ -1,0 +1,145 @@
+"""What the sharded forms of the corpus-level commands share: `--shard I/N`,
+`--resume`, `--ray [ADDRESS]`, `--workers K`, `--num-gpus-per-worker G`, and the
+settings a part records so that `sinkmech merge` only merges like with like.
+
+`--shard I/N` runs the command on shard I (1-based) of N contiguous shards of
+the prompts and writes a partial (`--json NAME.partial.json`, see
+`sinkmech.partial`) instead of the result; `sinkmech merge` writes the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sinkmech.cli.common import UsageError
+from sinkmech.partial import (
+    SUFFIX,
+    PartialError,
+    differing_setting,
+    parse_shard,
+    read_partial,
+    shard_span,
+)
+
+
+def add_shard_flags(p: argparse.ArgumentParser, *, ray: bool = False) -> None:
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run on shard I (1-based) of N contiguous shards of the prompts and write a partial result "
+                        f"to --json (a name ending in {SUFFIX}); `sinkmech merge` joins the parts")
+    p.add_argument("--resume", action="store_true",
+                   help="skip the work whose partial is already on disk with the same settings")
+    if ray:
+        p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="run the shards on a Ray cluster (ADDRESS, or 'auto'; a local one when no address is "
+                            "given); needs `pip install \"sinkmech[ray]\"`")
+        p.add_argument("--workers", type=int, default=2, help="with --ray: model workers (one model each; default 2)")
+        p.add_argument("--num-gpus-per-worker", type=float, default=0.0, help="with --ray: GPUs per worker (default 0)")
+        p.add_argument("--shards", type=int, default=None,
+                       help="with --ray: how many shards the prompts are cut into (default 4 per worker); each "
+                            "finished shard is written to OUT.shards/ as it finishes, so --resume loses at most one")
+
+
+@dataclass(frozen=True)
+class ShardRun:
+    """Shard I of N: the global indices of its prompts and the settings known before the model loads."""
+
+    i: int
+    n: int
+    index: range
+    n_total: int
+    settings: dict
+
+
+def sinkmech_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sinkmech")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def model_sha256(spec: str) -> str | None:
+    """sha256 of the model's file (memoized by the model cache), None for a model
+    known by name only (a TransformerLens download or a packaged model)."""
+    from sinkmech.model_cache import ModelCache
+    from sinkmech.models import DEFAULT_MODEL, smollm2_path
+
+    path = smollm2_path() if spec == DEFAULT_MODEL else Path(spec)
+    return ModelCache().file_sha256(path) if path.is_file() else None
+
+
+def prompts_sha256(prompts) -> str:
+    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def base_settings(args, prompts, **extra) -> dict:
+    """The settings every part of one run shares, known before the model loads."""
+    return {
+        "command": args.command,
+        "model": args.model,
+        "model_sha256": model_sha256(args.model),
+        "prompts_sha256": prompts_sha256(prompts),
+        "max_tokens": args.max_tokens,
+        "bos_token": getattr(args, "bos_token", None),
+        "sinkmech_version": sinkmech_version(),
+        **extra,
+    }
+
+
+def model_settings(model) -> dict:
+    """The settings that need the model: its backend and dtype."""
+    return {"backend": type(model).__name__, "dtype": str(getattr(model.cfg, "dtype", None))}
+
+
+def shard_run(args, prompts, **extra) -> ShardRun | None:
+    """`--shard I/N` checked and resolved (None without it); checks the flags it
+    cannot be combined with, before any model loads."""
+    if getattr(args, "ray", None) is not None:
+        return None
+    if args.shard is None:
+        if args.resume:
+            raise UsageError("--resume needs --shard I/N or --ray")
+        return None
+    try:
+        i, n = parse_shard(args.shard)
+        span = shard_span(len(prompts), i, n)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_part_output(args)
+    return ShardRun(i, n, span, len(prompts), base_settings(args, prompts, **extra))
+
+
+def check_part_output(args) -> None:
+    if args.json is None or str(args.json) == "-" or not str(args.json).endswith(SUFFIX):
+        raise UsageError(f"--shard writes a partial result: give --json a file name ending in {SUFFIX}")
+    if getattr(args, "png", None) is not None:
+        raise UsageError("a shard draws no figure: pass --png to `sinkmech merge`")
+    if getattr(args, "findings", None) is not None:
+        raise UsageError("--findings needs the whole corpus: not with --shard")
+
+
+def already_done(path: Path, run: ShardRun, kind: str) -> bool:
+    """With --resume: the part at `path` is whole, of this analysis and shard, and
+    shares every setting known before the model loads."""
+    if not path.exists():
+        return False
+    try:
+        part = read_partial(path)
+    except PartialError as e:
+        print(f"resume: {e}; running the shard again", file=sys.stderr)
+        return False
+    if part.kind != kind or part.shards != (run.i,) or part.n_shards != run.n:
+        print(f"resume: {path} holds another shard or analysis; running the shard again", file=sys.stderr)
+        return False
+    have = {k: part.settings.get(k) for k in run.settings}
+    diff = differing_setting(run.settings, have)
+    if diff is not None:
+        print(f"resume: {path} was run with another '{diff[0]}'; running the shard again", file=sys.stderr)
+        return False
+    return True

@@ -1,0 +1,134 @@
+"""`--shard I/N` then `sinkmech merge` writes what the unsharded command writes;
+`--resume` skips finished shards; bad merges fail with one `error:` line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import make_tiny
+
+from sinkmech.cli.main import main
+
+
+class WordTokenizer:
+    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0."""
+
+    bos_token_id = 1
+    pad_token_id = 0
+    padding_side = "right"
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
+
+
+WORDS = ["the", "cat", "sat", "on", "a", "warm", "mat", "while", "dogs", "ran", "far", "away", "from", "big", "red", "barns", "and", "quiet", "old", "mills"]
+
+
+@pytest.fixture
+def cli_model(monkeypatch):
+    model = make_tiny(5)
+    model.tokenizer = WordTokenizer()
+    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    return model
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    lines = [" ".join(WORDS[(3 * i + j) % len(WORDS)] for j in range(5 + (7 * i) % 11)) for i in range(9)]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def assert_same_json(a, b, path="$"):
+    """Equal keys and values, floats to 1e-6 (relative or absolute)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), (path, set(a) ^ set(b))
+        for k in a:
+            assert_same_json(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_json(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+SINKS = ["sinks", "--max-tokens", "12", "--bos", "both", "--eps", "0.3", "0.5", "--batch-size", "2"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_sinks_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
+    full = tmp_path / "full.json"
+    assert main([*SINKS, "--prompts", prompts, "--json", str(full)]) == 0
+    parts = [tmp_path / f"s{i}.partial.json" for i in range(1, n + 1)]
+    for i, p in enumerate(parts, 1):
+        assert main([*SINKS, "--prompts", prompts, "--shard", f"{i}/{n}", "--json", str(p)]) == 0
+    out, png = tmp_path / "merged.json", tmp_path / "merged.png"
+    assert main(["merge", *map(str, reversed(parts)), "--json", str(out), "--png", str(png)]) == 0
+    assert_same_json(json.loads(full.read_text()), json.loads(out.read_text()))
+    assert png.stat().st_size > 0
+
+
+def test_resume_skips_a_finished_shard_and_reruns_a_changed_one(cli_model, prompts, tmp_path, capsys):
+    part = tmp_path / "s1.partial.json"
+    assert main([*SINKS, "--prompts", prompts, "--shard", "1/2", "--json", str(part)]) == 0
+    before = part.read_text()
+    capsys.readouterr()
+    assert main([*SINKS, "--prompts", prompts, "--shard", "1/2", "--json", str(part), "--resume"]) == 0
+    assert "skipped" in capsys.readouterr().err and part.read_text() == before
+    # another max-tokens: the part on disk is not this shard's result, so it is run again
+    assert main([*SINKS[:2], "10", *SINKS[3:], "--prompts", prompts, "--shard", "1/2", "--json", str(part),
+                 "--resume"]) == 0
+    assert "max_tokens" in capsys.readouterr().err and part.read_text() != before
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def test_bad_merges_fail_with_one_error_line(cli_model, prompts, tmp_path, capsys):
+    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2, 3)]
+    for i, p in enumerate(parts, 1):
+        assert main([*SINKS, "--prompts", prompts, "--shard", f"{i}/3", "--json", str(p)]) == 0
+    other = tmp_path / "eps.partial.json"
+    assert main([*SINKS[:6], "0.4", *SINKS[7:], "--prompts", prompts, "--shard", "2/3", "--json", str(other)]) == 0
+    capsys.readouterr()
+    out = str(tmp_path / "m.json")
+    assert main(["merge", str(parts[0]), str(parts[2]), "--json", out]) == 2
+    assert "missing shard 2/3" in error_line(capsys)
+    assert main(["merge", str(parts[0]), str(parts[1]), str(parts[1]), str(parts[2]), "--json", out]) == 2
+    assert "duplicate shard 2/3" in error_line(capsys)
+    assert main(["merge", str(parts[0]), str(other), str(parts[2]), "--json", out]) == 2
+    assert "setting 'eps'" in error_line(capsys)
+    text = parts[1].read_text()
+    parts[1].write_text(text[:-40])
+    assert main(["merge", *map(str, parts), "--json", out]) == 2
+    assert "truncated" in error_line(capsys)
+    d = json.loads(text)
+    d["format_version"] += 1
+    parts[1].write_text(json.dumps(d))
+    assert main(["merge", *map(str, parts), "--json", out]) == 2
+    assert "upgrade sinkmech" in error_line(capsys)
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_shard_flags_are_checked_before_the_model_loads(prompts, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sinkmech.models.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    base = [*SINKS, "--prompts", prompts]
+    cases = [
+        (["--shard", "4/3", "--json", str(tmp_path / "a.partial.json")], "1 <= I <= N"),
+        (["--shard", "1/3", "--json", str(tmp_path / "a.json")], ".partial.json"),
+        (["--shard", "1/3", "--json", str(tmp_path / "a.partial.json"), "--png", str(tmp_path / "a.png")], "merge"),
+        (["--shard", "1/30", "--json", str(tmp_path / "a.partial.json")], "at least one prompt"),
+        (["--resume", "--json", str(tmp_path / "a.json")], "--resume needs"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2
+        assert message in error_line(capsys)

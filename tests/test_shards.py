@@ -1,0 +1,167 @@
+"""Partial results: shards of 1, 2 and 3 merged in any order equal the one-pass
+result; the partial file format round-trips float64 exactly; bad merges are refused."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_tiny
+
+from sinkmech.partial import (
+    FORMAT_VERSION,
+    PartialError,
+    merge,
+    parse_shard,
+    read_partial,
+    read_parts,
+    shard_span,
+    split,
+    write_partial,
+)
+from sinkmech.prompts import tokenize
+from sinkmech.shards import sinks_partial, sinks_result
+from sinkmech.sinks import sink_scores
+
+N_PROMPTS = 10
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny(3)
+
+
+@pytest.fixture(scope="module")
+def ragged():
+    """10 prompts of 5 to 19 content tokens (ids in [2, 50): none is <bos>)."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(2, 50, (int(n),), generator=g).tolist() for n in torch.randint(5, 20, (N_PROMPTS,), generator=g)]
+
+
+def run_sinks(model, prompts, idx, batch_size):
+    out = {}
+    for bos in ("prepend", "none"):
+        batch = tokenize(model, [prompts[i] for i in idx], bos=bos, max_tokens=16, bos_token_id=1)
+        out[bos] = sink_scores(model, batch, batch_size=batch_size, max_tokens=16, loss=True, progress=False)
+    return out
+
+
+def sharded(model, prompts, n, batch_size, settings=None):
+    spans = [shard_span(len(prompts), i, n) for i in range(1, n + 1)]
+    return [sinks_partial(run_sinks(model, prompts, s, batch_size), settings or {"run": "test"}, prompt_index=s,
+                          shard=(i, n), n_prompts_total=len(prompts), n_ctx=model.cfg.n_ctx)
+            for i, s in enumerate(spans, 1)]
+
+
+ROWS = ("scores", "value_norm_first", "value_norm_rest", "resid_norm_first", "resid_norm_rest", "lengths")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_sink_shards_merged_in_any_order_equal_the_one_pass_result(model, ragged, n):
+    # batch_size 1: every prompt is its own forward pass in both runs, so each
+    # per-prompt row must be bitwise equal and the loss sums equal to float64 rounding
+    one = run_sinks(model, ragged, range(N_PROMPTS), batch_size=1)
+    parts = sharded(model, ragged, n, batch_size=1)
+    for perm in itertools.permutations(parts):
+        merged = merge(perm)
+        merged.check_complete()
+        got = sinks_result(merged)
+        for c in ("prepend", "none"):
+            for k in ROWS:
+                assert torch.equal(getattr(got[c], k), getattr(one[c], k)), (n, c, k)
+            assert got[c].loss_count == one[c].loss_count
+            assert got[c].loss == pytest.approx(one[c].loss, rel=1e-9)
+            assert got[c].max_tokens == one[c].max_tokens
+            assert got[c].summary(["0.3", "0.8"])["sink_rate"] == one[c].summary(["0.3", "0.8"])["sink_rate"]
+
+
+def test_ragged_batches_agree_to_float32_rounding(model, ragged):
+    """Batches of 4: a shard pads its prompts to another width than the one-pass
+    run, so float32 matmuls may round differently (never by more than 1e-6)."""
+    one = run_sinks(model, ragged, range(N_PROMPTS), batch_size=4)
+    got = sinks_result(merge(sharded(model, ragged, 3, batch_size=4)))
+    for c in ("prepend", "none"):
+        for k in ROWS:
+            torch.testing.assert_close(getattr(got[c], k), getattr(one[c], k), rtol=1e-6, atol=1e-6)
+        assert got[c].loss == pytest.approx(one[c].loss, rel=1e-6)
+
+
+def test_merge_is_order_free_and_associative(model, ragged):
+    one = sinks_partial(run_sinks(model, ragged, range(N_PROMPTS), 4), {"run": "test"},
+                        prompt_index=range(N_PROMPTS), n_ctx=64)
+    rows_only = type(one)(**{**one.__dict__, "sums": {}})
+    a, b, c = split(rows_only, [range(3), range(3, 7), range(7, 10)])
+    left, right = merge([merge([a, b]), c]), merge([a, merge([c, b])])
+    for m in (left, right, merge([c, a, b])):
+        assert m.complete and np.array_equal(m.prompt_index, np.arange(N_PROMPTS))
+        for k in one.rows:
+            assert np.array_equal(m.rows[k], one.rows[k])
+    # sums: added in the order of the parts' first prompt, whatever the order given
+    s = sharded(model, ragged, 3, batch_size=4)
+    sums = [merge(p).sums for p in itertools.permutations(s)]
+    assert all(all(np.array_equal(x[k], sums[0][k]) for k in x) for x in sums)
+    assoc = merge([merge(s[:2]), s[2]]).sums
+    for k in assoc:
+        np.testing.assert_allclose(assoc[k], sums[0][k], rtol=1e-12)
+
+
+def test_partial_file_round_trips_float64_exactly(tmp_path, model, ragged):
+    part = sharded(model, ragged, 2, batch_size=4)[1]
+    odd = dict(part.sums, odd=np.array([0.1 + 0.2, 1e-300, -2.5e300, 1 / 3, np.nan, np.inf]))
+    part = type(part)(**{**part.__dict__, "sums": odd})
+    path = write_partial(tmp_path / "p.partial.json", part)
+    json.loads(path.read_text())  # strict JSON: no bare NaN
+    assert "NaN" not in path.read_text()
+    back = read_partial(path)
+    for k, v in part.rows.items():
+        assert back.rows[k].dtype == v.dtype and np.array_equal(back.rows[k], v)
+    for k, v in part.sums.items():
+        assert np.array_equal(back.sums[k], v, equal_nan=True)
+    assert back.settings == part.settings and back.shards == (2,) and back.n_shards == 2
+
+
+def test_bad_merges_are_refused_with_one_line_each(tmp_path, model, ragged):
+    parts = sharded(model, ragged, 3, batch_size=4)
+    paths = [write_partial(tmp_path / f"s{i}.partial.json", p) for i, p in enumerate(parts, 1)]
+    with pytest.raises(PartialError, match=r"missing shard 2/3"):
+        read_parts([paths[0], paths[2]])
+    with pytest.raises(PartialError, match=r"duplicate shard 1/3"):
+        read_parts([paths[0], paths[0], paths[1], paths[2]])
+    other = sharded(model, ragged, 3, batch_size=4, settings={"run": "test", "max_tokens": 32})
+    odd = write_partial(tmp_path / "other.partial.json", other[1])
+    with pytest.raises(PartialError, match=r"differ in setting 'max_tokens'"):
+        read_parts([paths[0], odd, paths[2]])
+    text = paths[1].read_text()
+    (tmp_path / "cut.partial.json").write_text(text[: len(text) // 2])
+    with pytest.raises(PartialError, match="corrupt or truncated"):
+        read_parts([paths[0], tmp_path / "cut.partial.json", paths[2]])
+    d = json.loads(text)
+    d["rows"]["prepend.scores"]["values"][0] += 0.25  # a changed value: the checksum no longer fits
+    (tmp_path / "flip.partial.json").write_text(json.dumps(d))
+    with pytest.raises(PartialError, match="checksum"):
+        read_partial(tmp_path / "flip.partial.json")
+    d = json.loads(text)
+    d["format_version"] = FORMAT_VERSION + 1
+    (tmp_path / "new.partial.json").write_text(json.dumps(d))
+    with pytest.raises(PartialError, match=f"format version {FORMAT_VERSION + 1}"):
+        read_partial(tmp_path / "new.partial.json")
+    two = sharded(model, ragged, 2, batch_size=4)
+    with pytest.raises(PartialError, match="different splits"):
+        merge([parts[0], two[1]])
+
+
+def test_shard_spans_cover_the_corpus_once():
+    for n_prompts in (1, 7, 10, 170):
+        for n in range(1, min(n_prompts, 9) + 1):
+            spans = [shard_span(n_prompts, i, n) for i in range(1, n + 1)]
+            assert [i for s in spans for i in s] == list(range(n_prompts))
+            assert max(map(len, spans)) - min(map(len, spans)) <= 1
+    assert parse_shard("2/8") == (2, 8)
+    for bad in ("0/3", "4/3", "1", "a/b", "1/0"):
+        with pytest.raises(ValueError):
+            parse_shard(bad)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        shard_span(2, 1, 3)
