@@ -40,7 +40,7 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--top-keys", type=int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
     p.add_argument("--min-queries", type=int, default=8,
                    help="with --keys all: score a key only when at least this many queries follow it (default 8)")
-    add_shard_flags(p, ray=True)
+    add_shard_flags(p)
     p.set_defaults(func=cmd_sinks)
 
 
@@ -133,12 +133,8 @@ def cmd_sinks(args) -> None:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     shard = shard_run(args, prompts, **sinks_settings(args))
-    if (shard is not None or args.ray is not None) and args.keys == "all":
+    if (shard is not None or getattr(args, "ray", None) is not None) and args.keys == "all":
         raise UsageError("--keys all is not sharded yet: run it without --shard / --ray")
-    if args.ray is not None:
-        from sinkmech.cli.ray_engine import run_sinks_on_ray
-
-        return run_sinks_on_ray(args, prompts)
     if shard is not None:
         if args.resume and already_done(args.json, shard, "sinks"):
             print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
