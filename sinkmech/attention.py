@@ -15,8 +15,8 @@ from typing import Literal
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, check_head, parse_head, run
 from sinkmech.prompts import CONDITIONS, TokenStr, token_text, tokenize
 
@@ -75,7 +75,7 @@ class HeadAttention:
 
 
 def head_attention(
-    model: HookedTransformer,
+    model: Model,
     prompt: str | Sequence[int],
     heads: Sequence[HeadSpec],
     *,
@@ -86,7 +86,7 @@ def head_attention(
     """Attention patterns of `heads` on `prompt`, with and without `<bos>`.
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         prompt: a string, or a list of token ids (models without tokenizer).
         heads: "L.H" strings or (layer, head) pairs.
         max_tokens: content tokens kept.

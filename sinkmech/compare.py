@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.dormant.noop import noop_check
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.perturb import corpus_swaps, perturbation_spread
@@ -134,7 +134,7 @@ def _head(l: int, h: int) -> str:
 
 
 def compare_model(
-    model: HookedTransformer,
+    model: Model,
     prompts: PromptSource = None,
     *,
     name: str | None = None,

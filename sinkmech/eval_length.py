@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
 from sinkmech.sinks import format_eps, sink_scores_from_tokens
@@ -86,7 +86,7 @@ class LengthSweep:
         return json.dumps(self.to_dict())
 
 
-def long_prompts(model: HookedTransformer, n_prompts: int, n_tokens: int, *, bos: Bos = "prepend",
+def long_prompts(model: Model, n_prompts: int, n_tokens: int, *, bos: Bos = "prepend",
                  bos_token_id: int | None = None) -> TokenBatch:
     """`n_prompts` windows of the default corpus with at least `n_tokens` content
     tokens each (cut to the model's context), for `sinks_vs_length`."""
@@ -103,7 +103,7 @@ def truncate(batch: TokenBatch, n_content: int) -> TokenBatch:
 
 
 def sinks_vs_length(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     lengths: Sequence[int] = DEFAULT_LENGTHS,

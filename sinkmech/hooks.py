@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
+from sinkmech.backend import Model, forward
 from transformer_lens.utilities import get_act_name
 
 Hook = tuple[str, Callable]
@@ -23,14 +23,14 @@ def act_name(name: str, layer: int | None = None) -> str:
     return get_act_name(name, layer)
 
 
-def check_head(model: HookedTransformer, layer: int, head: int) -> None:
+def check_head(model: Model, layer: int, head: int) -> None:
     if not 0 <= layer < model.cfg.n_layers:
         raise ValueError(f"layer {layer} out of range: the model has {model.cfg.n_layers} layers")
     if not 0 <= head < model.cfg.n_heads:
         raise ValueError(f"head {head} out of range: the model has {model.cfg.n_heads} heads per layer")
 
 
-def parse_head(text: str, model: HookedTransformer | None = None) -> tuple[int, int]:
+def parse_head(text: str, model: Model | None = None) -> tuple[int, int]:
     """'L.H' -> (L, H), checked against the model when given."""
     try:
         layer, head = (int(x) for x in text.split("."))
@@ -42,7 +42,7 @@ def parse_head(text: str, model: HookedTransformer | None = None) -> tuple[int, 
 
 
 @contextmanager
-def right_padding(model: HookedTransformer) -> Iterator[None]:
+def right_padding(model: Model) -> Iterator[None]:
     """Make TransformerLens treat our right-padded batches as plain causal input
     (a left-padding tokenizer would make it build its own attention mask)."""
     tok = model.tokenizer
@@ -57,17 +57,18 @@ def right_padding(model: HookedTransformer) -> Iterator[None]:
 
 
 def run(
-    model: HookedTransformer,
+    model: Model,
     tokens: Tensor,
     fwd_hooks: Sequence[Hook] = (),
     **kwargs,
 ) -> Tensor:
-    """One forward pass with hooks that are removed afterwards, no grad."""
-    with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=list(fwd_hooks)):
-        return model(tokens, **kwargs)
+    """One forward pass with hooks that are removed afterwards, no grad
+    (`start_at_layer` / `stop_at_layer` as `sinkmech.backend.forward` takes them)."""
+    with torch.no_grad(), right_padding(model):
+        return forward(model, tokens, fwd_hooks=fwd_hooks, **kwargs)
 
 
-def kv_head_index(model: HookedTransformer) -> Tensor:
+def kv_head_index(model: Model) -> Tensor:
     """For each query head, the key/value head it reads (grouped-query attention)."""
     n_kv = model.cfg.n_key_value_heads or model.cfg.n_heads
     return torch.arange(model.cfg.n_heads) // (model.cfg.n_heads // n_kv)
@@ -149,7 +150,7 @@ def row_queries(rows: slice, n_rows: int, n_pos: int, device=None) -> Bool[Tenso
 # One copy each of what several analyses need from a forward pass.
 
 
-def expand_kv(model: HookedTransformer, x: Float[Tensor, "... kv_head d"]) -> Float[Tensor, "... head_index d"]:
+def expand_kv(model: Model, x: Float[Tensor, "... kv_head d"]) -> Float[Tensor, "... head_index d"]:
     """Per-key/value-head tensor (axis -2) -> per-query-head (grouped-query
     attention: query head h reads key/value head `kv_head_index(model)[h]`).
     Already per-query-head tensors pass through."""
@@ -159,7 +160,7 @@ def expand_kv(model: HookedTransformer, x: Float[Tensor, "... kv_head d"]) -> Fl
 
 
 def cached_run(
-    model: HookedTransformer,
+    model: Model,
     tokens: Tensor,
     names: Sequence[str],
     fwd_hooks: Sequence[Hook] = (),
@@ -168,14 +169,23 @@ def cached_run(
     """One no-grad forward pass caching only `names` (with extra hooks, removed
     afterwards). Returns (logits, {name: activation}); logits is None when the
     pass stops early (`stop_at_layer`)."""
-    wanted = set(names)
-    with torch.no_grad(), right_padding(model), model.hooks(fwd_hooks=list(fwd_hooks)):
-        out, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted, **kwargs)
-    return (out if kwargs.get("stop_at_layer") is None else None), {n: cache[n] for n in wanted}
+    cache: dict[str, Tensor] = {}
+
+    def keep(name: str) -> Callable:
+        def hook(x, hook):  # after `fwd_hooks` on the same point: it sees their result
+            cache[name] = x
+        return hook
+
+    wanted = list(dict.fromkeys(names))
+    out = run(model, tokens, [*fwd_hooks, *((n, keep(n)) for n in wanted)], **kwargs)
+    missing = [n for n in wanted if n not in cache]
+    if missing:
+        raise RuntimeError(f"hooks never ran: {missing[:3]} (the pass stopped before them, or the model has no such hook)")
+    return (out if kwargs.get("stop_at_layer") is None else None), cache
 
 
 def residual_stack(
-    model: HookedTransformer, tokens: Tensor, fwd_hooks: Sequence[Hook] = ()
+    model: Model, tokens: Tensor, fwd_hooks: Sequence[Hook] = ()
 ) -> Float[Tensor, "batch resid_layer pos d_model"]:
     """The residual stream entering every layer, then the last layer's output
     (resid_layer 0 = embeddings, n_layers = output of the last layer)."""

@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, run
 from sinkmech.prompts import Bos, TokenBatch, token_text
 
@@ -141,7 +141,7 @@ def key_alpha(
 
 
 def key_sink_scores(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     top_k: int = 5,
@@ -152,7 +152,7 @@ def key_sink_scores(
     """Score every key position of every head, streamed.
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         batch: right-padded tokens (one `<bos>` condition).
         top_k: (prompt, position) entries kept per head.
         min_queries: a key k of a prompt of length n is scored only when

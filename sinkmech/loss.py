@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model, unembed
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.prompts import TokenBatch
 
@@ -25,12 +25,9 @@ from sinkmech.prompts import TokenBatch
 UNEMBED_ROWS = 256
 
 
-def _unembed(model: HookedTransformer, resid: Tensor) -> Tensor:
-    """Logits from the last block's output: the final norm (when the model has
-    one) and the unembedding, as the model's own forward pass applies them."""
-    if hasattr(model, "ln_final"):
-        resid = model.ln_final(resid)
-    return model.unembed(resid)
+def _unembed(model: Model, resid: Tensor) -> Tensor:
+    """Logits from the last block's output (`sinkmech.backend.unembed`)."""
+    return unembed(model, resid)
 
 
 def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
@@ -40,7 +37,7 @@ def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
     return (pos[None, :] >= batch.offset) & (pos[None, :] < batch.lengths[:, None] - 1)
 
 
-def _nll_chunks(model: HookedTransformer, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):
+def _nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):
     """Next-token losses, a few positions at a time: yields `(a, b, nll)` with
     nll [batch, b - a] for positions a .. b-1 predicting a+1 .. b. `chunk`
     positions per step (default: UNEMBED_ROWS rows over the batch); with
@@ -57,7 +54,7 @@ def _nll_chunks(model: HookedTransformer, resid: Tensor, tokens: Tensor, chunk: 
 
 
 def resid_token_losses(
-    model: HookedTransformer,
+    model: Model,
     resid: Float[Tensor, "batch pos d_model"],
     tokens: Int[Tensor, "batch pos"],
     mask: Bool[Tensor, "batch pos"],
@@ -74,7 +71,7 @@ def resid_token_losses(
     return total, n
 
 
-def content_loss(model: HookedTransformer, batch: TokenBatch, *, batch_size: int = 16) -> float:
+def content_loss(model: Model, batch: TokenBatch, *, batch_size: int = 16) -> float:
     """Mean next-token loss (nats) over content targets 1 .. n-1 of every prompt.
 
     Args:
@@ -97,7 +94,7 @@ def content_loss(model: HookedTransformer, batch: TokenBatch, *, batch_size: int
 
 
 def token_losses(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[Tensor, "batch pos"],
     fwd_hooks: list | tuple = (),
     *,

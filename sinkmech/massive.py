@@ -24,8 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, run
 from sinkmech.loss import resid_token_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
@@ -106,7 +106,7 @@ def dim_stats(
 
 
 def massive_dims(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     top_k: int = 4,
@@ -229,7 +229,7 @@ def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer
 
 
 def reset_massive_dims(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     dims: Sequence[int],

@@ -19,8 +19,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, residual_stack
 from sinkmech.interventions.patching import BosPair
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, tokenize
@@ -205,7 +205,7 @@ def _content_rows(model, tokens, max_tokens: int, bos_token_id: int | None) -> t
 
 
 def perturbation_spread(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch | BosPair,
     *,
     perturbation: Perturbation,

@@ -24,8 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model, forward
 from sinkmech.hooks import act_name, cached_run, residual_stack, right_padding
 from sinkmech.prompts import CONDITIONS, Bos, PromptSource, TokenBatch, as_batch, check_bos, tokenize
 
@@ -57,7 +57,7 @@ def _ranks(x: Tensor) -> Tensor:
     return ranks
 
 
-def _check_layers(model: HookedTransformer, n_layers: int | None) -> int:
+def _check_layers(model: Model, n_layers: int | None) -> int:
     L = model.cfg.n_layers if n_layers is None else n_layers
     if not 1 <= L <= model.cfg.n_layers:
         raise ValueError(f"n_layers must lie in [1, {model.cfg.n_layers}], got {n_layers}")
@@ -65,7 +65,7 @@ def _check_layers(model: HookedTransformer, n_layers: int | None) -> int:
 
 
 def jacobian_norms(
-    model: HookedTransformer, tokens: Int[Tensor, "pos"], *, n_layers: int | None = None, chunk_size: int = 256
+    model: Model, tokens: Int[Tensor, "pos"], *, n_layers: int | None = None, chunk_size: int = 256
 ) -> Float[Tensor, "query_pos key_pos"]:
     """||d h_j^(L) / d h_i^(0)||_F for every output position j and input position i.
 
@@ -81,7 +81,7 @@ def jacobian_norms(
     h0 = cache[act_name("resid_pre", 0)][0].detach()
 
     def f(x: Tensor) -> Tensor:
-        return model(x[None], start_at_layer=0, stop_at_layer=L)[0]
+        return forward(model, x[None], start_at_layer=0, stop_at_layer=L)[0]
 
     # Gradients w.r.t. the input only: with parameters requiring grad, the
     # vmapped backward also builds per-cotangent weight gradients (chunk x
@@ -98,7 +98,7 @@ def jacobian_norms(
     return jac.detach().pow(2).sum((1, 3)).sqrt()
 
 
-def attention_patterns(model: HookedTransformer, tokens: Int[Tensor, "pos"], n_layers: int) -> Float[Tensor, "layer head_index query_pos key_pos"]:
+def attention_patterns(model: Model, tokens: Int[Tensor, "pos"], n_layers: int) -> Float[Tensor, "layer head_index query_pos key_pos"]:
     """The attention patterns of the first `n_layers` layers on one sequence."""
     names = [act_name("pattern", l) for l in range(n_layers)]
     _, cache = cached_run(model, tokens[None], names, stop_at_layer=n_layers)
@@ -151,7 +151,7 @@ class Sensitivity:
 
 
 def sensitivity(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     bos: Bos | None = None,
@@ -172,7 +172,7 @@ def sensitivity(
 
 
 def rank_collapse(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     bos: Bos | None = None,
@@ -204,7 +204,7 @@ def rank_collapse(
 
 
 def representational_collapse(
-    model: HookedTransformer,
+    model: Model,
     *,
     token: int,
     lengths: Sequence[int],
@@ -233,7 +233,7 @@ def representational_collapse(
 
 
 def repeat_collapse(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     repeats: Sequence[int],
@@ -309,7 +309,7 @@ class SensitivityStudy:
 
 
 def sensitivity_study(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource,
     *,
     max_tokens: int = 16,

@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.loss import resid_token_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
@@ -170,7 +170,7 @@ def format_eps(eps: float | str) -> str:
 
 
 def sink_scores(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     bos: Bos | None = None,
@@ -187,7 +187,7 @@ def sink_scores(
     positions never enter any mean.
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         tokens: a ready TokenBatch, or prompts (strings, a .txt / .jsonl path,
             token-id lists, or None for the default corpus), tokenized once.
         bos: "prepend" puts `<bos>` at position 0; "none" scores the same content
@@ -281,7 +281,7 @@ def sink_scores(
 
 
 def sink_scores_from_tokens(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     batch_size: int = 16,

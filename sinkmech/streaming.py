@@ -23,8 +23,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.loss import resid_token_losses
 from sinkmech.prompts import Bos, TokenBatch, tokenize
@@ -62,7 +62,7 @@ def long_text(n_words: int) -> str:
     return " ".join(words[:n_words])
 
 
-def long_tokens(model: HookedTransformer, n_tokens: int, *, bos: Bos = "prepend", bos_token_id: int | None = None) -> TokenBatch:
+def long_tokens(model: Model, n_tokens: int, *, bos: Bos = "prepend", bos_token_id: int | None = None) -> TokenBatch:
     """One row of exactly `n_tokens` content tokens from `long_text`."""
     if n_tokens > model.cfg.n_ctx - 1:
         raise ValueError(f"{n_tokens} content tokens do not fit the model's context of {model.cfg.n_ctx} positions "
@@ -108,7 +108,7 @@ class StreamResult:
         return pd.DataFrame(rows)
 
 
-def _ppl(model: HookedTransformer, tokens: Tensor, mask: Tensor, hooks) -> float:
+def _ppl(model: Model, tokens: Tensor, mask: Tensor, hooks) -> float:
     L = model.cfg.n_layers
     name = act_name("resid_post", L - 1)
     _, cache = cached_run(model, tokens, [name], fwd_hooks=hooks, stop_at_layer=L)
@@ -117,7 +117,7 @@ def _ppl(model: HookedTransformer, tokens: Tensor, mask: Tensor, hooks) -> float
 
 
 def stream_perplexity(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     window: int,
@@ -129,7 +129,7 @@ def stream_perplexity(
     the first `keep` keys or not, and under full attention.
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         batch: a TokenBatch of exactly one sequence (e.g. `long_tokens`).
         window: keys (t - window, t] visible to query t.
         keep: numbers of leading keys kept visible (0 = none), one run each.

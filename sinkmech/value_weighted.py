@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import W_O, Model
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, TokenBatch
 
@@ -82,18 +82,18 @@ class ValueWeighted:
 
 
 def vector_norms(
-    model: HookedTransformer, v: Float[Tensor, "batch pos kv_head d_head"], layer: int, vector: VectorKind
+    model: Model, v: Float[Tensor, "batch pos kv_head d_head"], layer: int, vector: VectorKind
 ) -> Float[Tensor, "batch pos head_index"]:
     """||f(x_k)|| per key and query head: ||v_k W_O|| ("output") or ||v_k|| ("value")."""
     v = expand_kv(model, v)
     if vector == "value":
         return v.float().norm(dim=-1)
-    out = einops.einsum(v.float(), model.W_O[layer].float(), "b p h d, h d m -> b p h m")
+    out = einops.einsum(v.float(), W_O(model, layer).float(), "b p h d, h d m -> b p h m")
     return out.norm(dim=-1)
 
 
 def value_weighted_first(
-    model: HookedTransformer,
+    model: Model,
     batch: TokenBatch,
     *,
     vector: VectorKind = "output",
@@ -103,7 +103,7 @@ def value_weighted_first(
     """alpha_0 and the first token's share of the value-weighted output, per head.
 
     Args:
-        model: any HookedTransformer (grouped-query attention included).
+        model: a HookedTransformer or TransformerBridge (grouped-query attention included).
         batch: right-padded tokens (one `<bos>` condition).
         vector: "output" (||v W_O||, Kobayashi's f) or "value" (||v||).
         batch_size: prompts per forward pass.

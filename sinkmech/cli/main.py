@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sinkmech.backend import version_text
 from sinkmech.cli.ablate import add_ablate_parser
 from sinkmech.cli.common import UsageError, check_args, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sinkmech", description="Attention-sink instruments (Barbero et al. 2025) for TransformerLens models."
     )
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print sinkmech, TransformerLens, torch, the backend and the device, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,
                 add_report_parser, add_compare_parser, add_train_parser, add_stream_parser, add_massive_parser,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
+from sinkmech.backend import Model
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class BandLayout:
         return names + (["unrotated"] if self.rotary_dim < self.d_head else [])
 
 
-def band_layout(model: HookedTransformer) -> BandLayout:
+def band_layout(model: Model) -> BandLayout:
     """The chunk layout of the model's q/k vectors (see the module docstring)."""
     cfg = model.cfg
     if cfg.positional_embedding_type != "rotary":

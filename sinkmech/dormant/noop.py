@@ -21,8 +21,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.dormant.scan import as_token_batch
 from sinkmech.hooks import act_name, all_to_first_hook, check_head
 from sinkmech.loss import token_losses
@@ -86,7 +86,7 @@ def noop_heads(scan, n_candidates: int) -> list[tuple[int, int]]:
 
 
 def noop_check(
-    model: HookedTransformer,
+    model: Model,
     tokens: TokenBatch | PromptSource,
     heads: Sequence[tuple[int, int]],
     *,
@@ -105,7 +105,7 @@ def noop_check(
     (first-token attention >= high) and on its active (<= low) queries.
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         tokens: a `TokenBatch`, or prompts (`sinkmech.prompts.load_prompts`)
             tokenized once with `bos` (default "prepend"), `max_tokens`
             (default 64) and `bos_token_id`; see `scan.as_token_batch`.
@@ -191,7 +191,7 @@ def bootstrap_ratio_ci(
     return (lo, hi)
 
 
-def _loss(model: HookedTransformer, tokens: Tensor, hooks: list) -> Float[Tensor, "batch pos_minus_1"]:
+def _loss(model: Model, tokens: Tensor, hooks: list) -> Float[Tensor, "batch pos_minus_1"]:
     # unembedded in chunks: Gemma's 262k vocabulary makes full logits ~1 GB a batch
     return token_losses(model, tokens, hooks).to(tokens.device)
 

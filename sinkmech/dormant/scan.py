@@ -16,8 +16,8 @@ import einops
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
 from sinkmech.dormant.result import HeadScan
@@ -29,7 +29,7 @@ __all__ = ["HeadScan", "as_token_batch", "scan_heads"]
 
 
 def as_token_batch(
-    model: HookedTransformer,
+    model: Model,
     tokens: TokenBatch | PromptSource,
     *,
     bos: Bos | None,
@@ -59,7 +59,7 @@ def as_token_batch(
     return batch, batch.max_content
 
 def scan_heads(
-    model: HookedTransformer,
+    model: Model,
     tokens: TokenBatch | PromptSource,
     *,
     bos: Bos | None = None,
@@ -85,7 +85,7 @@ def scan_heads(
     """Profile every head in one streamed pass and label it (see `Thresholds`).
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         tokens: a `TokenBatch` (`sinkmech.prompts.tokenize`), or prompts to
             tokenize once: strings, a .txt/.jsonl path, token-id lists or None
             (default corpus).
@@ -123,16 +123,17 @@ def scan_heads(
 class _Accumulator:
     """Running sums for `scan_heads`; each layer is reduced in its `z` hook."""
 
-    def __init__(self, model: HookedTransformer, batch: TokenBatch, th: Thresholds, n_bins: int) -> None:
+    def __init__(self, model: Model, batch: TokenBatch, th: Thresholds, n_bins: int) -> None:
         cfg = model.cfg
         L, H, P = cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
         dev = cfg.device
         self.model, self.th, self.n_bins, self.batch = model, th, n_bins, batch
         self.layout = band_layout(model)
         C = self.layout.n_bands
-        self.scale = [float(model.blocks[l].attn.attn_scale) for l in range(L)]
+        self.scale = [attn_scale(model, l) for l in range(L)]
         # ||z W_O||^2 = z G z with G = W_O W_O^T: d_head^2 work instead of d_head * d_model
-        self.gram = [einops.einsum(b.attn.W_O, b.attn.W_O, "h d m, h e m -> h d e").detach() for b in model.blocks]
+        w_o = W_O(model).detach().float()
+        self.gram = [einops.einsum(w_o[l], w_o[l], "h d m, h e m -> h d e") for l in range(L)]
         z = lambda *s: torch.zeros(*s, device=dev, dtype=torch.float64)  # noqa: E731
         self.sums = {k: z(L, H) for k in ("f", "f2", "f3", "f4", "n_dormant", "n_active", "v_first", "v_rest",
                                           "read_active", "read_dormant", "out_active", "out_dormant")}

@@ -19,8 +19,8 @@ from typing import Callable, Literal, Sequence
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import (
     act_name, all_to_first_hook, cached_run, check_head, mask_first_hook, mean_head_hook, row_queries, zero_head_hook,
 )
@@ -91,7 +91,7 @@ class HeadAblation:
         return json.dumps(self.to_dict())
 
 
-def mean_head_outputs(model: HookedTransformer, batch: TokenBatch) -> Float[Tensor, "layer head_index d_head"]:
+def mean_head_outputs(model: Model, batch: TokenBatch) -> Float[Tensor, "layer head_index d_head"]:
     """Each head's output z averaged over all real (prompt, position) pairs."""
     names = [act_name("z", l) for l in range(model.cfg.n_layers)]
     _, cache = cached_run(model, batch.tokens, names, stop_at_layer=model.cfg.n_layers)
@@ -137,7 +137,7 @@ class AblationSetup:
 
 
 def ablation_setup(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     mode: AblationMode,
@@ -190,7 +190,7 @@ def ablation_hooks(mode: AblationMode, layer: int, head: int, means: Tensor | No
 
 
 def head_ablations(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     mode: AblationMode,

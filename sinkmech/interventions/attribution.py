@@ -17,8 +17,8 @@ from typing import Sequence
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, expand_kv, right_padding
 from sinkmech.interventions.ablation import AblationMode, HeadAblation, ablation_setup
 from sinkmech.interventions.metrics import KL, MetricSpec, content_logits
@@ -53,7 +53,7 @@ def pearson(a: Tensor, b: Tensor) -> float:
 
 
 def attribute_ablations(
-    model: HookedTransformer,
+    model: Model,
     tokens: PromptSource | TokenBatch,
     *,
     mode: AblationMode,

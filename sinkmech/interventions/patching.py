@@ -18,8 +18,8 @@ from typing import Literal, Sequence
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
@@ -60,7 +60,7 @@ class BosPair:
 
 
 def bos_pair(
-    model: HookedTransformer, prompts: PromptSource, *, max_tokens: int = 64, bos_token_id: int | None = None
+    model: Model, prompts: PromptSource, *, max_tokens: int = 64, bos_token_id: int | None = None
 ) -> BosPair:
     """Tokenize `prompts` once, then run the same content tokens with and without `<bos>`."""
     without = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -133,7 +133,7 @@ def _patcher(name: str, source_act: Tensor, t_pos: Tensor, s_pos: Tensor, head: 
 
 
 def patch(
-    model: HookedTransformer,
+    model: Model,
     pair: BosPair,
     *,
     act: PatchAct,
@@ -242,48 +242,48 @@ def patch(
 # Named front-ends ---------------------------------------------------------
 
 
-def patch_resid_pre(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_resid_pre(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
     """Patch the residual stream entering each layer, per (layer, content position)
     or per layer over all content positions. Options as in `patch`."""
     return patch(model, pair, act="resid_pre", by="layer_pos" if per_position else "layer", **options)
 
 
-def patch_resid_mid(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_resid_mid(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
     """Patch the residual stream between attention and MLP of each layer."""
     return patch(model, pair, act="resid_mid", by="layer_pos" if per_position else "layer", **options)
 
 
-def patch_resid_post(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_resid_post(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
     """Patch the residual stream leaving each layer."""
     return patch(model, pair, act="resid_post", by="layer_pos" if per_position else "layer", **options)
 
 
-def patch_attn_out(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_attn_out(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
     """Patch each layer's attention output (all heads together)."""
     return patch(model, pair, act="attn_out", by="layer_pos" if per_position else "layer", **options)
 
 
-def patch_mlp_out(model: HookedTransformer, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_mlp_out(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
     """Patch each layer's MLP output."""
     return patch(model, pair, act="mlp_out", by="layer_pos" if per_position else "layer", **options)
 
 
-def patch_head_out(model: HookedTransformer, pair: BosPair, *, per_position: bool = False, **options) -> PatchResult:
+def patch_head_out(model: Model, pair: BosPair, *, per_position: bool = False, **options) -> PatchResult:
     """Patch one head's output `z`, per (layer, head) over all content positions,
     or per (layer, head, content position)."""
     return patch(model, pair, act="z", by="head_pos" if per_position else "head", **options)
 
 
-def patch_head_q(model: HookedTransformer, pair: BosPair, **options) -> PatchResult:
+def patch_head_q(model: Model, pair: BosPair, **options) -> PatchResult:
     """Patch one head's queries (before rotary), per (layer, head)."""
     return patch(model, pair, act="q", by="head", **options)
 
 
-def patch_head_k(model: HookedTransformer, pair: BosPair, **options) -> PatchResult:
+def patch_head_k(model: Model, pair: BosPair, **options) -> PatchResult:
     """Patch one key head's keys (before rotary), per (layer, key/value head)."""
     return patch(model, pair, act="k", by="head", **options)
 
 
-def patch_head_v(model: HookedTransformer, pair: BosPair, **options) -> PatchResult:
+def patch_head_v(model: Model, pair: BosPair, **options) -> PatchResult:
     """Patch one key/value head's values, per (layer, key/value head)."""
     return patch(model, pair, act="v", by="head", **options)

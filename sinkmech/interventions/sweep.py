@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.hooks import Hook, act_name, cached_run, right_padding, run
 from sinkmech.interventions.metrics import Bound, content_logits
 
@@ -35,7 +35,7 @@ class Intervention:
     hooks: HookMaker
 
 
-def clean_resid(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> list[Tensor]:
+def clean_resid(model: Model, tokens: Int[Tensor, "batch pos"]) -> list[Tensor]:
     """The residual stream entering every layer, [batch pos d_model] each."""
     names = [act_name("resid_pre", l) for l in range(model.cfg.n_layers)]
     _, cache = cached_run(model, tokens, names, stop_at_layer=model.cfg.n_layers)
@@ -47,13 +47,13 @@ def clean_resid(model: HookedTransformer, tokens: Int[Tensor, "batch pos"]) -> l
 LOGIT_BYTES = 1 << 30
 
 
-def logit_rows(model: HookedTransformer, n_pos: int, budget: int = LOGIT_BYTES) -> int:
+def logit_rows(model: Model, n_pos: int, budget: int = LOGIT_BYTES) -> int:
     """How many rows of `n_pos` positions keep one fp32 logits tensor within `budget` bytes."""
     return max(1, budget // (n_pos * model.cfg.d_vocab * 4))
 
 
 def sweep(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[Tensor, "batch pos"],
     interventions: Sequence[Intervention],
     *,
@@ -107,7 +107,7 @@ def sweep(
 
 
 def loop(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[Tensor, "batch pos"],
     interventions: Sequence[Intervention],
     *,
@@ -129,7 +129,7 @@ def loop(
 
 
 def reference_logits(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], offset: int, n_content: int
+    model: Model, tokens: Int[Tensor, "batch pos"], offset: int, n_content: int
 ) -> Float[Tensor, "batch content_pos d_vocab"]:
     """Plain forward pass, content positions only."""
     return content_logits(run(model, tokens), offset, n_content)

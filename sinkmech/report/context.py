@@ -15,8 +15,8 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 import torch
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import Model
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
 from sinkmech.render import View
 from sinkmech.sinks import SinkScores, sink_scores
@@ -27,7 +27,7 @@ class ReportContext:
     """What every section sees: the model, the settings, the output folder, and
     results shared between sections (computed once, on first use)."""
 
-    model: HookedTransformer
+    model: Model
     out: Path
     prompts: PromptSource = None
     n_prompts: int = 170

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
-from transformer_lens import HookedTransformer
 
 from sinkmech import render
+from sinkmech.backend import Model
 from sinkmech.files import json_text, make_dir, staged_dir, write_text
 from sinkmech.report.context import SETTINGS, ReportContext, Section
 from sinkmech.report.sections import SECTIONS
@@ -54,7 +54,7 @@ class Report:
 
 
 def build_report(
-    model: HookedTransformer,
+    model: Model,
     out: str | Path,
     *,
     sections: Sequence[Callable[[ReportContext], Section]] | None = None,
@@ -65,7 +65,7 @@ def build_report(
     """Run the sections and write out/index.html, out/summary.json, out/figures/.
 
     Args:
-        model: any HookedTransformer.
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         out: output folder, written whole or not at all: the report is built in
             a temporary folder beside it and moved into place at the end.
         overwrite: replace an earlier report in `out` (as a whole); without

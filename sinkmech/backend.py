@@ -1,0 +1,197 @@
+"""The model seam: the little sinkmech needs from a model, for both TransformerLens lines.
+
+TransformerLens 3.x gives a `HookedTransformer`; TransformerLens 4.x removed it
+and gives a `TransformerBridge` around a Hugging Face model. The installed
+TransformerLens decides which (`BACKEND`); every analysis, the report and the
+CLI go through this module and never ask which one it is. What they use:
+
+- hooks by name (`blocks.{l}.attn.hook_pattern`, `hook_z`, `hook_v`,
+  `hook_resid_pre`, ...), attached through `model.hooks(...)`;
+- `cfg` fields: n_layers, n_heads, n_key_value_heads, d_model, d_head,
+  d_vocab, n_ctx, device, model_name, positional_embedding_type;
+- weights `W_O` [layer head_index d_head d_model] and `W_V` (key/value heads
+  not expanded), `b_V` (zeros when the model has no value bias), the attention
+  scale of each layer;
+- the unembedding with the final norm (`unembed`);
+- a forward pass that starts at a layer from a residual stream and stops
+  after one (`forward`);
+- a tokenizer; sinkmech always places `<bos>` itself (see `sinkmech.prompts`).
+
+The Bridge runs the Hugging Face model's own (eager) attention, without
+TransformerLens 4's compatibility mode: its hook names are already the
+legacy ones, and its logits are transformers' own. HookedTransformer folds
+and centres weights, so raw logits differ between backends by a constant per
+position: compare log-probabilities, never raw logits.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+try:  # TransformerLens 3.x
+    from transformer_lens import HookedTransformer as Model
+
+    BACKEND = "HookedTransformer"
+except ImportError:  # TransformerLens 4.x removed it (its ImportError carries a migration note)
+    from transformer_lens.model_bridge import TransformerBridge as Model
+
+    BACKEND = "TransformerBridge"
+
+IS_BRIDGE = BACKEND == "TransformerBridge"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "unembed", "W_O", "W_V", "b_V", "attn_scale",
+           "versions", "version_text", "move"]
+
+
+class _Stopped(Exception):
+    """Raised by the hook that ends a Bridge forward pass after the last block."""
+
+    def __init__(self, resid: Tensor) -> None:
+        self.resid = resid
+
+
+def forward(
+    model: Model,
+    input: Tensor,
+    *,
+    start_at_layer: int | None = None,
+    stop_at_layer: int | None = None,
+    fwd_hooks: Sequence[tuple[str, Callable]] = (),
+) -> Tensor:
+    """One forward pass with hooks (removed afterwards), as HookedTransformer runs it.
+
+    Args:
+        input: tokens [batch pos], or with `start_at_layer` the residual
+            stream entering that layer [batch pos d_model].
+        start_at_layer: the first block to run.
+        stop_at_layer: stop before this block and return the residual stream
+            entering it; n_layers returns the last block's output (no final
+            norm, no unembedding: a 262k vocabulary is never computed for it).
+    Returns:
+        Logits [batch pos d_vocab], or the residual stream when stopped early.
+    """
+    hooks = list(fwd_hooks)
+    kwargs = {}
+    if start_at_layer is not None:
+        kwargs["start_at_layer"] = start_at_layer
+    L = model.cfg.n_layers
+    if IS_BRIDGE and stop_at_layer is not None and stop_at_layer >= L:
+        # The Bridge only stops *before* a block; after the last one it would
+        # run the final norm and the unembedding. A hook ends the pass there.
+        def stop(resid, hook):
+            raise _Stopped(resid)
+
+        hooks.append((f"blocks.{L - 1}.hook_resid_post", stop))
+        try:
+            with model.hooks(fwd_hooks=hooks):
+                model(input, **kwargs)
+        except _Stopped as done:
+            return done.resid
+        raise RuntimeError("the forward pass ended without reaching the last block's output")
+    if stop_at_layer is not None:
+        kwargs["stop_at_layer"] = stop_at_layer
+    with model.hooks(fwd_hooks=hooks):
+        return model(input, **kwargs)
+
+
+def unembed(model: Model, resid: Tensor) -> Tensor:
+    """Logits from the last block's output: the final norm (when the model has
+    one) and the unembedding, as the model's own forward pass applies them
+    (Gemma's final logit soft-cap, when set, too)."""
+    if getattr(model, "ln_final", None) is not None:
+        resid = model.ln_final(resid)
+    logits = model.unembed(resid)
+    cap = getattr(model.cfg, "output_logits_soft_cap", None)
+    if cap is not None and cap > 0:
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
+def W_O(model: Model, layer: int | None = None) -> Tensor:
+    """Output weights [layer head_index d_head d_model] (one layer: [head_index d_head d_model])."""
+    w = model.W_O
+    return w if layer is None else w[layer]
+
+
+def W_V(model: Model, layer: int | None = None) -> Tensor:
+    """Value weights [layer kv_head d_model d_head]: key/value heads not expanded
+    (grouped-query attention; `sinkmech.hooks.expand_kv` maps query heads to them)."""
+    if IS_BRIDGE:
+        w = model.W_V
+    else:
+        w = torch.stack([b.attn._W_V if model.cfg.n_key_value_heads else b.attn.W_V for b in model.blocks])
+    return w if layer is None else w[layer]
+
+
+def b_V(model: Model, layer: int | None = None) -> Tensor:
+    """Value biases [layer kv_head d_head]: zeros for a model without them."""
+    if IS_BRIDGE:
+        try:
+            b = model.b_V
+        except AttributeError:  # bias-free value projections (Llama, Gemma, ...)
+            w = W_V(model)
+            b = torch.zeros(w.shape[0], w.shape[1], w.shape[-1], dtype=w.dtype, device=w.device)
+    else:
+        b = torch.stack([bl.attn._b_V if model.cfg.n_key_value_heads else bl.attn.b_V for bl in model.blocks])
+    return b if layer is None else b[layer]
+
+
+def attn_scale(model: Model, layer: int) -> float:
+    """What attention scores are divided by in `layer` (sqrt(d_head) unless the
+    architecture says otherwise, e.g. Gemma's query_pre_attn_scalar)."""
+    attn = model.blocks[layer].attn
+    if IS_BRIDGE:
+        hf = getattr(attn, "original_component", None)
+        scaling = getattr(hf, "scaling", None)
+        if scaling:
+            return float(1.0 / scaling)
+        return float(model.cfg.attn_scale)
+    return float(attn.attn_scale)
+
+
+def move(model: Model, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Model:
+    """The model on `device` in `dtype` (each only when given and different)."""
+    if device is not None and str(model.cfg.device) != str(device):
+        if IS_BRIDGE:
+            model.to(device)
+        else:
+            model.to(device, print_details=False)
+    if dtype is not None and next(model.parameters()).dtype != dtype:
+        model.to(dtype)
+        if hasattr(model.cfg, "dtype"):
+            model.cfg.dtype = dtype
+    return model
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def versions(device: str | None = None) -> dict[str, str]:
+    """sinkmech, TransformerLens, torch, the backend and the default device."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {
+        "sinkmech": _version("sinkmech"),
+        "transformer_lens": _version("transformer-lens"),
+        "torch": torch.__version__,
+        "backend": BACKEND,
+        "device": device,
+        "python": sys.version.split()[0],
+    }
+
+
+def version_text() -> str:
+    """What `sinkmech --version` prints."""
+    v = versions()
+    return (f"sinkmech {v['sinkmech']} (TransformerLens {v['transformer_lens']}, torch {v['torch']}, "
+            f"backend {v['backend']}, device {v['device']})")
