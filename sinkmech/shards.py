@@ -75,3 +75,71 @@ def sinks_result(part: Partial) -> dict[str, SinkScores]:
             loss_sum=loss_sum if s["loss"] else None, loss_count=loss_count,
         )
     return out
+
+
+# heads: the scan's running sums (moments, histograms, per-position rates, band
+# norms, trigger counts by the parity of each prompt's global index) are all
+# additive; labels and triggers are drawn from the merged sums. Every part keeps
+# the same position width (`n_pos`), cut to the corpus' longest prompt at the end.
+
+HEAD_STATE = ("sums", "hist", "pos", "pos_total", "band")
+
+
+def _tensors(obj, names=None, prefix: str = "") -> dict[str, torch.Tensor]:
+    out = {}
+    for k in names or vars(obj):
+        v = getattr(obj, k)
+        if isinstance(v, torch.Tensor):
+            out[prefix + k] = v
+        elif isinstance(v, dict) and all(isinstance(x, torch.Tensor) for x in v.values()):
+            out.update({f"{prefix}{k}.{kk}": x for kk, x in v.items()})
+    return out
+
+
+def scan_state(acc) -> dict[str, torch.Tensor]:
+    """The additive tensors of a head-scan accumulator (`sinkmech.dormant.scan`), by name."""
+    return {**_tensors(acc, HEAD_STATE), **_tensors(acc.triggers, prefix="triggers.")}
+
+
+def heads_partial(acc, batch, settings: dict, *, prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
+                  n_prompts_total: int | None = None) -> Partial:
+    """A head-scan accumulator (`sinkmech.dormant.scan.accumulate`) of one shard as a part."""
+    sums = {k: v.detach().cpu().numpy() for k, v in scan_state(acc).items()}
+    sums = {k: v if v.dtype == np.float32 else v.astype(np.float64) for k, v in sums.items()}
+    sums["n_prompts"] = np.array([float(acc.n_prompts)])
+    cfg = acc.model.cfg
+    settings = {**settings, "model_name": cfg.model_name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                "d_vocab": cfg.d_vocab, "bos": batch.bos, "n_bins": acc.n_bins, "n_pos": int(acc.pos_total.shape[0]),
+                "thresholds": dict(vars(acc.th))}
+    n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total
+    part = shard_part("heads", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_total,
+                      rows={"lengths": batch.lengths.cpu().numpy()}, sums={})
+    return Partial(**{**part.__dict__, "sums": sums})
+
+
+def heads_result(part: Partial, model, *, top_triggers: int = 5):
+    """A (merged) heads part back as a `HeadScan`: the model gives the token texts
+    and the band layout (it must be the model the parts were run on)."""
+    from sinkmech.dormant.labels import Thresholds
+    from sinkmech.dormant.scan import _Accumulator
+    from sinkmech.prompts import TokenBatch, token_text
+
+    s = part.settings
+    th = Thresholds(**s["thresholds"])
+    lengths = torch.from_numpy(part.rows["lengths"])
+    width = int(lengths.max())
+    batch = TokenBatch(torch.zeros(len(lengths), width, dtype=torch.long), lengths, s["bos"], None)
+    acc = _Accumulator(model, batch, th, s["n_bins"])
+    state = scan_state(acc)
+    if set(state) != set(part.sums) - {"n_prompts"}:
+        raise ValueError("the heads part holds other statistics than this sinkmech's scan: it cannot be merged")
+    for name, t in state.items():
+        src = torch.from_numpy(np.ascontiguousarray(part.sums[name]))
+        keep = tuple(slice(0, n) for n in t.shape)
+        rest = src.clone()
+        rest[keep] = 0  # beyond the longest prompt nothing may have been counted
+        if src.dim() != t.dim() or src[keep].shape != t.shape or bool(rest.any()):
+            raise ValueError(f"the heads part's {name} does not fit the model or the prompts' lengths")
+        t.copy_(src[keep].to(t.dtype))
+    acc.n_prompts = int(part.sums["n_prompts"][0])
+    return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=width - batch.offset)

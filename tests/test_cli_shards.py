@@ -22,6 +22,9 @@ class WordTokenizer:
     def __call__(self, text, add_special_tokens=False):
         return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
 
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
 
 WORDS = ["the", "cat", "sat", "on", "a", "warm", "mat", "while", "dogs", "ran", "far", "away", "from", "big", "red", "barns", "and", "quiet", "old", "mills"]
 
@@ -132,3 +135,23 @@ def test_shard_flags_are_checked_before_the_model_loads(prompts, tmp_path, capsy
     for extra, message in cases:
         assert main([*base, *extra]) == 2
         assert message in error_line(capsys)
+
+
+HEADS = ["heads", "--max-tokens", "12", "--batch-size", "2", "--min-count", "2", "--min-prompts", "1", "--noop", "2",
+         "--noop-prompts", "4"]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_heads_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
+    full = tmp_path / "full.json"
+    assert main([*HEADS, "--prompts", prompts, "--json", str(full)]) == 0
+    parts = [tmp_path / f"h{i}.partial.json" for i in range(1, n + 1)]
+    for i, p in enumerate(parts, 1):
+        assert main([*HEADS, "--prompts", prompts, "--shard", f"{i}/{n}", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", *map(str, parts[::-1]), "--json", str(out)]) == 0
+    a, b = json.loads(full.read_text()), json.loads(out.read_text())
+    assert a["noop"] is not None and a["mode_counts"] == b["mode_counts"]
+    assert any(h["triggers"] for h in a["heads"])  # there are triggers to compare
+    assert [(h["mode"], h["triggers"]) for h in a["heads"]] == [(h["mode"], h["triggers"]) for h in b["heads"]]
+    assert_same_json(a, b)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from sinkmech import models
 from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
+from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, prompts_sha256, shard_run
 from sinkmech.dormant.noop import noop_check, noop_heads
-from sinkmech.dormant.scan import scan_heads
+from sinkmech.dormant.labels import Thresholds
+from sinkmech.dormant.scan import accumulate, scan_heads
 from sinkmech.figures import heatmap_panels, save
 from sinkmech.hooks import parse_head
-from sinkmech.prompts import load_prompts
+from sinkmech.partial import write_partial
+from sinkmech.prompts import load_prompts, tokenize
+from sinkmech.shards import heads_partial, heads_result
 
 
 def add_heads_parser(sub) -> None:
@@ -30,6 +35,7 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--noop", type=int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
     p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check")
+    add_shard_flags(p)
     p.set_defaults(func=cmd_heads)
 
 
@@ -120,12 +126,63 @@ def cmd_heads(args) -> None:
     if args.min_prompts < 1:
         raise UsageError(f"--min-prompts must be >= 1, got {args.min_prompts}")
     prompts = load_prompts(args.prompts)
+    shard = shard_run(args, prompts, bos=args.bos, noop=args.noop, noop_prompts=args.noop_prompts,
+                      prompts_file=args.prompts)
+    if shard is not None:
+        if args.head:
+            raise UsageError("--head prints one head of the whole scan: run it on the merged result, not a shard")
+        if args.resume and already_done(args.json, shard, "heads"):
+            print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
+            return
+        return heads_shard(args, prompts, shard)
     model = models.load_model(args.model)
     bos_id = bos_token_arg(model, args)
     target = parse_head(args.head, model) if args.head else None
     scan = scan_heads(model, prompts, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
                       bos_token_id=bos_id, high=args.high, low=args.low, min_lift=args.min_lift,
                       min_count=args.min_count, min_prompts=args.min_prompts)
+    heads_output(args, model, prompts, scan, bos_id, target)
+
+
+def heads_shard(args, prompts, shard) -> None:
+    """`heads --shard I/N`: the scan's running sums on shard I, written as a part."""
+    model = models.load_model(args.model)
+    bos_id = bos_token_arg(model, args)
+    batch = tokenize(model, [prompts[i] for i in shard.index], bos=args.bos, max_tokens=args.max_tokens,
+                     bos_token_id=bos_id)
+    th = Thresholds(high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count,
+                    min_prompts=args.min_prompts)
+    # every shard counts positions up to the longest a prompt can be, so the parts add up
+    n_pos = min(args.max_tokens, model.cfg.n_ctx - 1) + batch.offset
+    acc = accumulate(model, batch, th, batch_size=args.batch_size, first_prompt=shard.index.start, n_pos=n_pos)
+    part = heads_partial(acc, batch, {**shard.settings, **model_settings(model), "bos_token_id": bos_id},
+                         prompt_index=shard.index, shard=(shard.i, shard.n), n_prompts_total=shard.n_total)
+    print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
+
+
+def merged_heads(part, args) -> None:
+    """`sinkmech merge` for heads parts: loads the model the parts were run on (its
+    token texts and band layout; the no-op check, when asked, runs on it), then
+    prints and writes what `heads` writes."""
+    from sinkmech.cli.shard import model_sha256
+
+    s = part.settings
+    if model_sha256(s["model"]) != s["model_sha256"]:
+        raise UsageError(f"the model {s['model']!r} is not the file the parts were run on (its sha256 differs)")
+    prompts = load_prompts(s["prompts_file"]) if s["noop"] > 0 else None
+    if prompts is not None and prompts_sha256(prompts) != s["prompts_sha256"]:
+        raise UsageError(f"the no-op check needs the parts' prompts, and {s['prompts_file']} has changed since")
+    model = models.load_model(s["model"])
+    scan = heads_result(part, model)
+    th = s["thresholds"]
+    run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"], "high": th["high"],
+                                "low": th["low"], "noop_prompts": s["noop_prompts"], "max_tokens": s["max_tokens"],
+                                "batch_size": 16})
+    heads_output(run, model, prompts, scan, s["bos_token_id"], None)
+
+
+def heads_output(args, model, prompts, scan, bos_id, target) -> None:
+    """The table, the no-op check and the outputs of `heads` (one scan, sharded or not)."""
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     check_heads = [target] if target else noop_heads(scan, args.noop)

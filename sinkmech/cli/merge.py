@@ -25,9 +25,10 @@ def add_merge_parser(sub) -> None:
 
 def mergers() -> dict:
     """Analysis kind -> the function that prints and writes its merged result."""
+    from sinkmech.cli.heads import merged_heads
     from sinkmech.cli.sinks import merged_sinks
 
-    return {"sinks": merged_sinks}
+    return {"sinks": merged_sinks, "heads": merged_heads}
 
 
 def cmd_merge(args) -> None:

@@ -114,18 +114,28 @@ def scan_heads(
     batch, max_tokens = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
-    acc = _Accumulator(model, batch, th, n_bins)
+    acc = accumulate(model, batch, th, n_bins=n_bins, batch_size=batch_size, progress=progress)
+    return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens)
+
+
+def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int = 20, batch_size: int = 16,
+               progress: bool = True, first_prompt: int = 0, n_pos: int | None = None) -> _Accumulator:
+    """The scan's running sums over `batch`, before any label (a shard of a corpus:
+    `first_prompt` is the global index of its first prompt, `n_pos` the position
+    width every shard shares; see `sinkmech.shards.heads_partial`)."""
+    acc = _Accumulator(model, batch, th, n_bins, first_prompt=first_prompt, n_pos=n_pos)
     for _, part in tqdm(batch.batches(batch_size), desc="scan heads", disable=not progress, unit="batch"):
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
-    return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens)
+    return acc
 
 
 class _Accumulator:
     """Running sums for `scan_heads`; each layer is reduced in its `z` hook."""
 
-    def __init__(self, model: Model, batch: TokenBatch, th: Thresholds, n_bins: int) -> None:
+    def __init__(self, model: Model, batch: TokenBatch, th: Thresholds, n_bins: int, *,
+                 first_prompt: int = 0, n_pos: int | None = None) -> None:
         cfg = model.cfg
-        L, H, P = cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
+        L, H, P = cfg.n_layers, cfg.n_heads, batch.tokens.shape[1] if n_pos is None else n_pos
         dev = cfg.device
         self.model, self.th, self.n_bins, self.batch = model, th, n_bins, batch
         self.layout = band_layout(model)
@@ -144,6 +154,7 @@ class _Accumulator:
                           "logit_first_dormant", "logit_first_active", "logit_key_active")
         self.band = {k: z(L, H, C) for k in self.band_keys}
         self.n_prompts = 0
+        self.next_prompt = first_prompt  # the global index of the next prompt (it decides a trigger's half)
         self.triggers = TriggerCounter(L, H, cfg.d_vocab, P, dev)
         self.rotary = cfg.positional_embedding_type == "rotary"
 
@@ -153,8 +164,9 @@ class _Accumulator:
         valid_q = mask.clone()
         valid_q[:, 0] = False
         self.pos_total[: mask.shape[1]] += valid_q.sum(0)
-        prompt_ids = torch.arange(self.n_prompts, self.n_prompts + len(part), device=part.tokens.device)
+        prompt_ids = torch.arange(self.next_prompt, self.next_prompt + len(part), device=part.tokens.device)
         self.n_prompts += len(part)
+        self.next_prompt += len(part)
         self.triggers.add_tokens(part.tokens, valid_q, prompt_ids)
 
         def keep(name):
