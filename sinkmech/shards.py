@@ -143,3 +143,35 @@ def heads_result(part: Partial, model, *, top_triggers: int = 5):
         t.copy_(src[keep].to(t.dtype))
     acc.n_prompts = int(part.sums["n_prompts"][0])
     return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=width - batch.offset)
+
+
+# ablate: each head's effect is a mean over the shard's content positions (KL)
+# or prompts (logit difference); the part keeps it as a weighted sum.
+
+def ablation_weight(result, batch) -> float:
+    """What an ablation effect averages over: real content positions for KL, prompts otherwise."""
+    return float((batch.lengths - batch.offset).sum()) if result.metric == "kl" else float(len(batch))
+
+
+def ablate_partial(result, batch, settings: dict, *, prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
+                   n_prompts_total: int | None = None) -> Partial:
+    """A `HeadAblation` of one shard (the prompts of `batch`) as a part."""
+    w = ablation_weight(result, batch)
+    settings = {**settings, "mode": result.mode, "metric": result.metric, "bos": result.bos, "method": result.method,
+                "layers": list(result.layers), "heads": list(result.heads)}
+    n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total
+    return shard_part("ablate", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_total,
+                      rows={"lengths": batch.lengths.cpu().numpy()},
+                      sums={"effects_sum": result.effects.double().cpu().numpy() * w,
+                            "baseline_sum": [result.baseline * w], "weight": [w]})
+
+
+def ablate_result(part: Partial):
+    """A (merged) ablate part back as a `HeadAblation`."""
+    from sinkmech.interventions.ablation import HeadAblation
+
+    s, w = part.settings, float(part.sums["weight"][0])
+    effects = torch.from_numpy(part.sums["effects_sum"] / w).float()
+    return HeadAblation(effects=effects, mode=s["mode"], metric=s["metric"], bos=s["bos"],
+                        baseline=float(part.sums["baseline_sum"][0] / w), method=s["method"],
+                        layers=tuple(s["layers"]), heads=tuple(s["heads"]), n_prompts=len(part.prompt_index))

@@ -155,3 +155,25 @@ def test_heads_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, 
     assert any(h["triggers"] for h in a["heads"])  # there are triggers to compare
     assert [(h["mode"], h["triggers"]) for h in a["heads"]] == [(h["mode"], h["triggers"]) for h in b["heads"]]
     assert_same_json(a, b)
+
+
+@pytest.mark.parametrize("mode", ["mask_first", "zero"])
+def test_ablate_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, mode):
+    args = ["ablate", "--mode", mode, "--max-tokens", "12", "--prompts", prompts]
+    full = tmp_path / "full.json"
+    assert main([*args, "--json", str(full)]) == 0
+    parts = [tmp_path / f"a{i}.partial.json" for i in (1, 2, 3)]
+    for i, p in enumerate(parts, 1):
+        assert main([*args, "--shard", f"{i}/3", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", *map(str, parts[::-1]), "--json", str(out)]) == 0
+    a, b = json.loads(full.read_text()), json.loads(out.read_text())
+    assert max(max(row) for row in a["effects"]) > 1e-3  # the ablations do something to compare
+    assert_same_json(a, b)
+
+
+def test_ablate_refuses_to_shard_what_needs_the_whole_corpus(prompts, tmp_path, capsys):
+    for extra in (["--mode", "mean"], ["--mode", "zero", "--attribution"]):
+        assert main(["ablate", *extra, "--prompts", prompts, "--shard", "1/2", "--json",
+                     str(tmp_path / "a.partial.json")]) == 2
+        assert "whole corpus" in error_line(capsys)

@@ -3,11 +3,25 @@ optionally, estimated by attribution patching."""
 
 from __future__ import annotations
 
+import sys
+
 from sinkmech import models
-from sinkmech.cli.common import BOS_HELP, add_intervention_common, add_metric, answers, prompts_arg, write_results
+from sinkmech.cli.common import (
+    BOS_HELP,
+    UsageError,
+    add_intervention_common,
+    add_metric,
+    answers,
+    prompts_arg,
+    write_results,
+)
+from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, shard_run
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
+from sinkmech.partial import write_partial
+from sinkmech.prompts import tokenize
+from sinkmech.shards import ablate_partial
 
 
 def add_ablate_parser(sub) -> None:
@@ -20,14 +34,49 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
     p.add_argument("--top", type=int, default=10, help="heads listed, by effect (default 10)")
     add_metric(p)
+    add_shard_flags(p)
     p.set_defaults(func=cmd_ablate)
 
 
 def cmd_ablate(args) -> None:
+    shard = None
+    if args.shard is not None or args.resume:
+        if args.mode == "mean" or args.attribution:
+            raise UsageError("--shard: the mean ablation and --attribution need the whole corpus at once (the mean "
+                             "output, one backward pass); shard mask_first, all_to_first or zero")
+        prompts = prompts_arg(args)
+        shard = shard_run(args, prompts, bos=args.bos, mode=args.mode, metric=args.metric, answers=args.answers)
+        if args.resume and already_done(args.json, shard, "ablate"):
+            print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
+            return
     model = models.load_model(args.model)
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
     prompts = prompts_arg(args)
+    if shard is not None:
+        batch = tokenize(model, [prompts[i] for i in shard.index], bos=args.bos, max_tokens=args.max_tokens)
+        result = head_ablations(model, batch, max_rows=max(args.batch_size, 1) * 8, **kw)
+        part = ablate_partial(result, batch, {**shard.settings, **model_settings(model)}, prompt_index=shard.index,
+                              shard=(shard.i, shard.n), n_prompts_total=shard.n_total)
+        print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
+        return
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8, **kw)
+    ablate_output(args, model, prompts, exact, kw)
+
+
+def merged_ablate(part, args) -> None:
+    """`sinkmech merge` for ablate parts: the list and --json / --png as `ablate` writes them."""
+    from argparse import Namespace
+
+    from sinkmech.shards import ablate_result
+
+    s = part.settings
+    run = Namespace(**{**vars(args), "model": s["model"], "mode": s["mode"], "bos": s["bos"], "metric": s["metric"],
+                       "attribution": False})
+    ablate_output(run, None, None, ablate_result(part), {})
+
+
+def ablate_output(args, model, prompts, exact, kw) -> None:
+    """The printed list, the attribution estimate when asked, and the outputs of `ablate`."""
     if exact.metric == "kl":
         print(f"{args.mode} ablation (bos={args.bos}): KL(clean || ablated) over content positions, nats (0 = no effect)")
     else:

@@ -7,10 +7,23 @@ import json
 import sys
 
 from sinkmech import models
-from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
-from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, prompts_sha256, shard_run
-from sinkmech.dormant.noop import noop_check, noop_heads
+from sinkmech.cli.common import (
+    BOS_HELP,
+    UsageError,
+    add_bos_token,
+    add_common,
+    bos_token_arg,
+    write_results,
+)
+from sinkmech.cli.shard import (
+    add_shard_flags,
+    already_done,
+    model_settings,
+    prompts_sha256,
+    shard_run,
+)
 from sinkmech.dormant.labels import Thresholds
+from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import accumulate, scan_heads
 from sinkmech.figures import heatmap_panels, save
 from sinkmech.hooks import parse_head

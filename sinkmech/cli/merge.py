@@ -25,10 +25,11 @@ def add_merge_parser(sub) -> None:
 
 def mergers() -> dict:
     """Analysis kind -> the function that prints and writes its merged result."""
+    from sinkmech.cli.ablate import merged_ablate
     from sinkmech.cli.heads import merged_heads
     from sinkmech.cli.sinks import merged_sinks
 
-    return {"sinks": merged_sinks, "heads": merged_heads}
+    return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate}
 
 
 def cmd_merge(args) -> None:
