@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup
+.PHONY: demo test test-fast setup browser
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -30,9 +30,23 @@ demo: $(STAMP)
 	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first.
 	$(BIN)/sinkmech sinks --model smollm2 --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
 
-test: $(STAMP)
+# The report tests open the page in headless Chromium. Installed here when we
+# can (root with apt-get); otherwise stop before the tests and say how.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || command -v google-chrome >/dev/null || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium for the browser tests (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else \
+		echo "error: the browser tests need chromium: run 'sudo apt-get install -y chromium' (or install Chromium/Chrome another way), then make test again" >&2; \
+		exit 1; \
+	fi
+
+test: $(STAMP) browser
+	$(BIN)/ruff check
 	$(BIN)/python -m pytest -q
 
 # The tests that load no real model (about a minute).
-test-fast: $(STAMP)
+test-fast: $(STAMP) browser
+	$(BIN)/ruff check
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -35,8 +35,8 @@ class LengthSweep:
     lengths: tuple[int, ...]  # the lengths measured
     eps: tuple[float, ...]
     sink_rate: Float[Tensor, "length eps"]
-    mean_score: Float[Tensor, "length"]  # mean alpha_0 over prompts and heads
-    uniform_score: Float[Tensor, "length"]
+    mean_score: Float[Tensor, " length"]  # mean alpha_0 over prompts and heads
+    uniform_score: Float[Tensor, " length"]
     top_layer: Int[Tensor, "length k"]
     top_head: Int[Tensor, "length k"]
     top_score: Float[Tensor, "length k"]

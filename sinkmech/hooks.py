@@ -126,7 +126,7 @@ def zero_head_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = 
 
 
 def mean_head_hook(
-    head: int, mean: Float[Tensor, "d_head"], queries: Bool[Tensor, "batch query_pos"] | None = None
+    head: int, mean: Float[Tensor, " d_head"], queries: Bool[Tensor, "batch query_pos"] | None = None
 ) -> Callable:
     """On `z`: the head's output is replaced by a fixed vector (its corpus mean)."""
 

@@ -41,7 +41,7 @@ class KeySinks:
     top_token_id: Int[Tensor, "layer head_index k"]
     top_token: tuple[tuple[tuple[str, ...], ...], ...]  # [layer][head][k]
     by_position: Float[Tensor, "layer head_index key_pos"]  # NaN where no prompt scores the key
-    n_scored: Int[Tensor, "key_pos"]  # prompts scoring each key position
+    n_scored: Int[Tensor, " key_pos"]  # prompts scoring each key position
     off_first_rate: Float[Tensor, "layer head_index"]  # share of prompts whose strongest key is not 0
     bos: Bos
     min_queries: int
@@ -124,7 +124,7 @@ class KeySinks:
 
 def key_alpha(
     pattern: Float[Tensor, "batch head_index query_pos key_pos"],
-    lengths: Int[Tensor, "batch"],
+    lengths: Int[Tensor, " batch"],
     min_queries: int,
 ) -> Float[Tensor, "batch head_index key_pos"]:
     """alpha_k per (prompt, head, key): mean of A[t, k] over real queries t >= k;

@@ -38,7 +38,7 @@ class MassiveDims:
 
     first_abs: Float[Tensor, "resid_layer d_model"]  # mean over prompts of |h_0[d]|
     median_abs: Float[Tensor, "resid_layer d_model"]  # mean over prompts of median_t |h_t[d]|
-    norm_ratio: Float[Tensor, "resid_layer"]  # mean ||h_0|| / mean ||h_t||, t >= 1
+    norm_ratio: Float[Tensor, " resid_layer"]  # mean ||h_0|| / mean ||h_t||, t >= 1
     top_dims: Int[Tensor, "resid_layer k"]
     onset_layer: int | None  # first resid_layer with norm_ratio > threshold
     threshold: float
@@ -91,8 +91,8 @@ def _check(batch: TokenBatch, batch_size: int) -> None:
 
 
 def dim_stats(
-    resid: Float[Tensor, "batch pos d_model"], lengths: Int[Tensor, "batch"]
-) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch d_model"], Float[Tensor, "batch"], Float[Tensor, "batch"]]:
+    resid: Float[Tensor, "batch pos d_model"], lengths: Int[Tensor, " batch"]
+) -> tuple[Float[Tensor, "batch d_model"], Float[Tensor, "batch d_model"], Float[Tensor, " batch"], Float[Tensor, " batch"]]:
     """Per prompt: |h_0|, median over real t >= 1 of |h_t| (per dim), ||h_0||, mean_t ||h_t||."""
     a = resid.float().abs()
     T = a.shape[1]

@@ -67,7 +67,7 @@ class PerturbationSpread:
     change: Float[Tensor, "bos prompt resid_layer pos"]
     entropy: Float[Tensor, "bos layer head_index"]
     normalized_entropy: Float[Tensor, "bos layer head_index"]
-    last_changed: Int[Tensor, "prompt"]
+    last_changed: Int[Tensor, " prompt"]
     conditions: tuple[str, ...]
     kind: str
     threshold: float

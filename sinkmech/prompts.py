@@ -172,7 +172,7 @@ class TokenBatch:
     """
 
     tokens: Int[Tensor, "batch pos"]
-    lengths: Int[Tensor, "batch"]
+    lengths: Int[Tensor, " batch"]
     bos: Bos
     bos_token_id: int | None
     # The model's context (n_ctx) when it, not max_tokens, cut some prompt.

@@ -65,7 +65,7 @@ def _check_layers(model: Model, n_layers: int | None) -> int:
 
 
 def jacobian_norms(
-    model: Model, tokens: Int[Tensor, "pos"], *, n_layers: int | None = None, chunk_size: int = 256
+    model: Model, tokens: Int[Tensor, " pos"], *, n_layers: int | None = None, chunk_size: int = 256
 ) -> Float[Tensor, "query_pos key_pos"]:
     """||d h_j^(L) / d h_i^(0)||_F for every output position j and input position i.
 
@@ -98,7 +98,7 @@ def jacobian_norms(
     return jac.detach().pow(2).sum((1, 3)).sqrt()
 
 
-def attention_patterns(model: Model, tokens: Int[Tensor, "pos"], n_layers: int) -> Float[Tensor, "layer head_index query_pos key_pos"]:
+def attention_patterns(model: Model, tokens: Int[Tensor, " pos"], n_layers: int) -> Float[Tensor, "layer head_index query_pos key_pos"]:
     """The attention patterns of the first `n_layers` layers on one sequence."""
     names = [act_name("pattern", l) for l in range(n_layers)]
     _, cache = cached_run(model, tokens[None], names, stop_at_layer=n_layers)

@@ -34,7 +34,7 @@ class SinkScores:
     value_norm_rest: Float[Tensor, "prompt layer head_index"]
     resid_norm_first: Float[Tensor, "prompt layer"]
     resid_norm_rest: Float[Tensor, "prompt layer"]
-    lengths: Int[Tensor, "prompt"]
+    lengths: Int[Tensor, " prompt"]
     bos: Bos
     max_tokens: int  # the longest prompt's content tokens: what was scored
     model_name: str = ""
@@ -49,7 +49,7 @@ class SinkScores:
         return self.scores.shape[0]
 
     @property
-    def content_lengths(self) -> Int[Tensor, "prompt"]:
+    def content_lengths(self) -> Int[Tensor, " prompt"]:
         """Each prompt's content tokens (`lengths` less `<bos>`)."""
         return self.lengths - (1 if self.bos == "prepend" else 0)
 
@@ -80,24 +80,24 @@ class SinkScores:
     def mean_scores(self) -> Float[Tensor, "layer head_index"]:
         return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
 
-    def per_layer(self) -> Float[Tensor, "layer"]:
+    def per_layer(self) -> Float[Tensor, " layer"]:
         """Mean alpha_0 over prompts and heads, per layer."""
         return einops.reduce(self.scores, "prompt layer head_index -> layer", "mean")
 
-    def per_layer_sink_rate(self, eps: float | str) -> Float[Tensor, "layer"]:
+    def per_layer_sink_rate(self, eps: float | str) -> Float[Tensor, " layer"]:
         """Percent of (prompt, head) pairs of each layer whose alpha_0 > eps."""
         eps = float(eps)
         if not 0.0 <= eps < 1.0:
             raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
         return 100.0 * einops.reduce((self.scores > eps).float(), "prompt layer head_index -> layer", "mean")
 
-    def value_norm_ratio(self) -> Float[Tensor, "layer"]:
+    def value_norm_ratio(self) -> Float[Tensor, " layer"]:
         """First-token value norm / mean value norm of the other tokens, averaged
         over prompts and heads, per layer (below 1: the sink writes little)."""
         ratio = self.value_norm_first / self.value_norm_rest.clamp(min=1e-12)
         return einops.reduce(ratio, "prompt layer head_index -> layer", "mean")
 
-    def resid_norm_ratio(self) -> Float[Tensor, "layer"]:
+    def resid_norm_ratio(self) -> Float[Tensor, " layer"]:
         """Mean residual norm at position 0 / at the other positions, per layer."""
         return self.resid_norm_first.mean(0) / self.resid_norm_rest.mean(0).clamp(min=1e-12)
 

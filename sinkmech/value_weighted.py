@@ -40,7 +40,7 @@ class ValueWeighted:
 
     attn_first: Float[Tensor, "prompt layer head_index"]
     output_first: Float[Tensor, "prompt layer head_index"]
-    lengths: Int[Tensor, "prompt"]
+    lengths: Int[Tensor, " prompt"]
     vector: VectorKind
     bos: Bos
     model_name: str = ""

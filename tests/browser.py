@@ -2,7 +2,7 @@
 
 Not a test module: helpers that load a page, let its scripts run, and return
 the DOM or a screenshot. A missing chromium fails the test with a clear
-message (CI installs Debian's `chromium`); it never skips silently.
+message (`make test` installs Debian's `chromium`); it never skips silently.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def chromium() -> str:
             return found
     pytest.fail(
         "chromium is not installed, so the report cannot be checked in a browser: "
-        "run `apt-get install -y chromium` (.ci/run does)", pytrace=False
+        "run `apt-get install -y chromium` (`make test` does when root)", pytrace=False
     )
 
 

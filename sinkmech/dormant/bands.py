@@ -32,7 +32,7 @@ class BandLayout:
     rotary_dim: int
     d_head: int
     rotary: bool
-    frequencies: Float[Tensor, "band"]  # radians per position; 0 for unrotated bands
+    frequencies: Float[Tensor, " band"]  # radians per position; 0 for unrotated bands
 
     @property
     def n_bands(self) -> int:

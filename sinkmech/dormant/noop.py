@@ -178,7 +178,7 @@ def noop_check(
 
 
 def bootstrap_ratio_ci(
-    delta: Float[Tensor, "prompt"], queries: Float[Tensor, "prompt"], resample: Tensor, level: float
+    delta: Float[Tensor, " prompt"], queries: Float[Tensor, " prompt"], resample: Tensor, level: float
 ) -> tuple[float, float] | None:
     """Percentile interval of sum(delta) / sum(queries) over resamples of the
     prompts (`resample`: [n_boot, prompt] indices); resamples without a forced

@@ -50,7 +50,7 @@ class HeadScan:
     output_norm_dormant: Float[Tensor, "layer head_index"]
     bands: dict[str, Float[Tensor, "layer head_index band"]]  # see `scan_heads`
     band_labels: tuple[str, ...]
-    band_frequencies: Float[Tensor, "band"]
+    band_frequencies: Float[Tensor, " band"]
     rotary: bool
     best_lift: Float[Tensor, "layer head_index"]
     if_else_score: Float[Tensor, "layer head_index"]

@@ -91,7 +91,7 @@ class TriggerCounter:
         return self.key_positions_half.sum(0)
 
     def add_tokens(self, tokens: Int[Tensor, "batch pos"], valid: Bool[Tensor, "batch pos"],
-                   prompt_ids: Int[Tensor, "batch"] | None = None) -> None:
+                   prompt_ids: Int[Tensor, " batch"] | None = None) -> None:
         """Count every valid query once (head-independent); `valid` excludes
         query 0 and padding. `prompt_ids`: each row's index in the corpus
         (default 0, 1, ...), which decides its half."""
@@ -111,7 +111,7 @@ class TriggerCounter:
         tokens: Int[Tensor, "batch pos"],
         active: Bool[Tensor, "batch head_index query_pos"],
         key_index: Int[Tensor, "batch head_index query_pos"],
-        prompt_ids: Int[Tensor, "batch"] | None = None,
+        prompt_ids: Int[Tensor, " batch"] | None = None,
     ) -> None:
         """Add one layer's active queries; `key_index` is the most attended
         key (>= 1) of each query; `prompt_ids` as in `add_tokens`."""

@@ -108,7 +108,7 @@ def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | 
     raise ValueError(f"metric must be 'kl', 'logit_diff' or a callable, got {metric!r}")
 
 
-def content_mask(lengths: Int[Tensor, "batch"], offset: int, n_content: int) -> Bool[Tensor, "batch content_pos"]:
+def content_mask(lengths: Int[Tensor, " batch"], offset: int, n_content: int) -> Bool[Tensor, "batch content_pos"]:
     """True where content position j is real (j < length - offset)."""
     j = torch.arange(n_content, device=lengths.device)
     return j[None, :] < (lengths - offset)[:, None]

@@ -51,7 +51,7 @@ class BosPair:
     def n_content(self) -> int:
         return self.without_bos.tokens.shape[1]
 
-    def content_positions(self, bos: Bos) -> Int[Tensor, "content_pos"]:
+    def content_positions(self, bos: Bos) -> Int[Tensor, " content_pos"]:
         return torch.arange(self.n_content) + self.run(bos).offset
 
     @property

@@ -63,7 +63,7 @@ def sweep(
     max_rows: int = 128,
     progress: bool = True,
     desc: str = "sweep",
-) -> Float[Tensor, "cell"]:
+) -> Float[Tensor, " cell"]:
     """Score every intervention, batching those that start at the same layer.
 
     Args:
@@ -116,7 +116,7 @@ def loop(
     n_content: int,
     progress: bool = True,
     desc: str = "loop",
-) -> Float[Tensor, "cell"]:
+) -> Float[Tensor, " cell"]:
     """The reference: one full `run_with_hooks` per intervention, nothing shared."""
     batch, n_pos = tokens.shape
     values = torch.empty(len(interventions))

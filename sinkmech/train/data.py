@@ -65,7 +65,7 @@ def python_docs() -> tuple[str, ...]:
 
 def text_streams(
     *, limit_bytes: int | None = None
-) -> tuple[Int[Tensor, "train_tokens"], Int[Tensor, "val_tokens"]]:
+) -> tuple[Int[Tensor, " train_tokens"], Int[Tensor, " val_tokens"]]:
     """Byte-level train and validation streams, each document prefixed by `<bos>`.
 
     Args:
@@ -89,7 +89,7 @@ def text_streams(
 
 
 def stream_documents(
-    stream: Int[Tensor, "tokens"], *, bos_id: int, min_len: int, n: int
+    stream: Int[Tensor, " tokens"], *, bos_id: int, min_len: int, n: int
 ) -> list[list[int]]:
     """The first `n` complete documents of a stream with at least `min_len`
     content tokens, without their `<bos>` (for sink scoring, which puts `<bos>`
@@ -210,7 +210,7 @@ def backcopy_documents(spec: BigramBackcopy, n: int, length: int, *, seed: int) 
 
 
 def sample_windows(
-    stream: Int[Tensor, "tokens"], *, batch: int, length: int, generator: torch.Generator
+    stream: Int[Tensor, " tokens"], *, batch: int, length: int, generator: torch.Generator
 ) -> Int[Tensor, "batch length"]:
     """`batch` windows of `length` consecutive stream tokens at uniform offsets."""
     if length >= len(stream):
