@@ -43,6 +43,10 @@ class CacheError(ValueError):
     """A cache entry that cannot be used (it is discarded and rebuilt)."""
 
 
+class CacheNotWritableError(OSError):
+    """The cache folder cannot be created or written: says which and what to do."""
+
+
 def default_cache_dir() -> Path:
     """`$SINKMECH_CACHE`, else the user's cache folder + `sinkmech`."""
     if os.environ.get(CACHE_ENV):
@@ -90,6 +94,21 @@ class ModelCache:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
 
+    def ensure_writable(self) -> None:
+        """Create the cache folder and check a file can be written in it, or
+        raise `CacheNotWritableError` naming the cache and the fix."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=".write-test.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            source = f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else "the default cache folder"
+            raise CacheNotWritableError(
+                f"the sinkmech model cache {self.root} ({source}) cannot be written: "
+                f"{e.strerror or e}; set {CACHE_ENV} to a folder you can write to"
+            ) from None
+
     def entry_dir(self, key: str) -> Path:
         _check_key(key)
         return self.root / "models" / key
@@ -107,10 +126,10 @@ class ModelCache:
             sha = hit.get("sha256")
             if isinstance(sha, str) and len(sha) == 64:
                 return sha
+        self.ensure_writable()  # before the slow hash, which is memoized in the cache
         sha = sha256_file(path)
         memo = _read_json(memo_path) or {}  # another process may have written meanwhile
         memo[str(path)] = {**stamp, "sha256": sha}
-        self.root.mkdir(parents=True, exist_ok=True)
         write_atomic(memo_path, json.dumps(memo, indent=1, sort_keys=True).encode())
         return sha
 
@@ -150,6 +169,7 @@ class ModelCache:
         from safetensors.torch import save_file
 
         folder = self.entry_dir(key)
+        self.ensure_writable()
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{key}.", suffix=".tmp"))
         try:

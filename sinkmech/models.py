@@ -93,6 +93,7 @@ def packaged_gguf_path(name: str, cache: ModelCache | None = None) -> Path:
     target = cache.root / "gguf" / pkg.MODEL_NAME
     if target.is_file() and cache.file_sha256(target) == pkg.EXPECTED_SHA256:
         return target
+    cache.ensure_writable()
     target.parent.mkdir(parents=True, exist_ok=True)
     # assemble() writes in place; join into a temporary name so a killed run
     # never leaves a half file under the real one.
@@ -127,6 +128,42 @@ def load_model(
     # TransformerLens prints "Moving model to device" on stdout: stdout is for results.
     with contextlib.redirect_stdout(sys.stderr):
         return _load(spec, device, n_ctx, cache)
+
+
+def check_model_spec(spec: str) -> None:
+    """Raise `ModelNotFoundError` now, without loading anything, if `spec`
+    cannot name a loadable model: an offline model whose package is missing, a
+    .gguf path that is not a file, or a name TransformerLens does not know.
+    (A known TransformerLens name may still fail later if its weights cannot
+    be downloaded.) Used to check every `compare --models` name before the first loads."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
+    if spec == DEFAULT_MODEL:
+        smollm2_path()
+        return
+    if spec in PACKAGED_MODELS:
+        entry = PACKAGED_MODELS[spec]
+        missing = [p for p in (entry.package, *entry.parts) if importlib.util.find_spec(p) is None]
+        if missing:
+            raise ModelNotFoundError(f"the offline model {spec!r} is not installed ({', '.join(missing)}); "
+                                     f"run `{entry.install}`")
+        return
+    path = Path(spec)
+    if spec.endswith(".gguf") or path.is_file():
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file {spec} does not exist")
+        return
+    if (path / "config.json").is_file():  # a Hugging Face model folder
+        return
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    try:
+        get_official_model_name(spec)
+    except ValueError:
+        raise ModelNotFoundError(
+            f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, or a path to a "
+            ".gguf file; other names must be TransformerLens model names"
+        ) from None
 
 
 def _load(spec, device, n_ctx, cache) -> HookedTransformer:

@@ -246,6 +246,8 @@ def tokenize(
         model: a HookedTransformer (its tokenizer is used for strings).
         prompts: see `load_prompts`.
         bos: "prepend" or "none"; never taken from the model's defaults.
+            "prepend" refuses prompts whose first token is already `<bos>`
+            (ValueError); "none" takes the tokens exactly as given.
         max_tokens: content tokens kept per prompt (shorter prompts keep
             their own length: see `TokenBatch.lengths`). A prompt longer than
             the model's context is cut to n_ctx - 1 content tokens in either
@@ -284,6 +286,16 @@ def tokenize(
         content.append(ids[:keep])
     if bos == "prepend":
         bos_id = bos_token_id if bos_token_id is not None else model_bos(model)
+        # The classic double-<bos> bug: tokens that carry their own <bos> (e.g.
+        # from model.to_tokens) would get a second one. Refuse rather than guess.
+        doubled = [i for i, ids in enumerate(content) if ids[0] == bos_id]
+        if doubled:
+            more = f" (and {len(doubled) - 1} more)" if len(doubled) > 1 else ""
+            raise ValueError(
+                f"prompt {doubled[0]}{more} already starts with <bos> (id {bos_id}), and bos='prepend' would put a "
+                "second one before it: pass the content tokens without their <bos>, or bos='none' to score the "
+                "tokens exactly as given"
+            )
         rows = [[bos_id] + ids for ids in content]
     else:
         bos_id = bos_token_id

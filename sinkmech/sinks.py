@@ -192,6 +192,8 @@ def sink_scores(
             token-id lists, or None for the default corpus), tokenized once.
         bos: "prepend" puts `<bos>` at position 0; "none" scores the same content
             tokens without it. Default: a TokenBatch's own, "prepend" for prompts.
+            Token ids that already start with `<bos>` are refused with "prepend"
+            (they would get a second one); pass bos="none" to score them as given.
         max_tokens: content tokens per prompt (default 64, as in the paper); for
             a TokenBatch, only recorded as requested. `SinkScores.max_tokens`
             is always the longest content actually scored.

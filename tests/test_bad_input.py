@@ -333,3 +333,145 @@ def test_every_flag_of_every_command_says_what_it_does():
             if "--png" in action.option_strings and ".pdf" not in action.help:
                 png.append(name)
     assert silent == [] and png == []
+
+
+# The five findings of the second bad-input trial (issue 18, section 5).
+
+
+def _never_load(monkeypatch):
+    from sinkmech import models
+
+    def never(*a, **k):
+        raise AssertionError("a model was loaded before the bad input was caught")
+
+    monkeypatch.setattr(models, "load_model", never)
+
+
+@pytest.mark.parametrize("bad", ["nosuchmodel", "missing/file.gguf"])
+def test_compare_checks_every_model_name_before_loading_any(bad, tmp_path, monkeypatch, capsys):
+    from sinkmech.cli import main
+
+    _never_load(monkeypatch)
+    assert main(["compare", "--models", "smollm2", bad, "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and bad in err and "Traceback" not in err
+
+
+def test_compare_with_good_names_goes_on_to_load(tmp_path, monkeypatch, capsys):
+    """The name check passes what can load (so the check above is not refusing everything)."""
+    from sinkmech import models
+    from sinkmech.cli import main
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")  # a Hugging Face model folder
+    loaded = []
+
+    def stop(name, **k):
+        loaded.append(name)
+        raise RuntimeError("stop after the check")
+
+    monkeypatch.setattr(models, "load_model", stop)
+    assert main(["compare", "--models", "smollm2", "gemma3-270m", "gpt2", str(folder), "--out", str(tmp_path / "c")]) == 1
+    assert loaded == ["smollm2"] and "stop after the check" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "in_proc"])
+def test_an_unwritable_cache_names_the_cache_and_the_fix(where, tmp_path, monkeypatch, capsys):
+    from conftest import make_tiny
+    from sinkmech.cli import main
+    from sinkmech.model_cache import CacheNotWritableError, ModelCache, entry_key
+
+    (tmp_path / "file").write_text("x")
+    root = tmp_path / "file" / "cache" if where == "under_a_file" else "/proc/sinkmech-cache"
+    monkeypatch.setenv("SINKMECH_CACHE", str(root))
+    with pytest.raises(CacheNotWritableError, match=r"model cache .*\$SINKMECH_CACHE.*set SINKMECH_CACHE"):
+        ModelCache().store(entry_key("ab" * 32), make_tiny())
+    with pytest.raises(CacheNotWritableError, match="cannot be written"):
+        ModelCache().file_sha256(tmp_path / "file")
+    # The CLI: one line, exit 1, before any conversion (the SmolLM2 GGUF is hashed into the cache first).
+    assert main(["sinks", "--model", "smollm2", "--n-prompts", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(root) in err and "SINKMECH_CACHE" in err and "Traceback" not in err
+
+
+def test_a_missing_cache_folder_is_created(tmp_path):
+    from sinkmech.model_cache import ModelCache
+
+    cache = ModelCache(tmp_path / "not" / "yet")
+    cache.ensure_writable()
+    assert cache.root.is_dir() and list(cache.root.iterdir()) == []  # the write probe is gone
+
+
+def test_repeated_lengths_are_refused_before_the_model_loads(monkeypatch, capsys):
+    from sinkmech.cli import main
+
+    _never_load(monkeypatch)
+    assert main(["length", "--lengths", "32", "8", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --lengths lists 8 more than once: 32 8 8\n"
+
+
+def test_tokens_that_already_start_with_bos_are_refused_not_doubled(tiny_model, tiny_tokens):
+    import torch
+
+    from sinkmech.sinks import sink_scores
+
+    with_bos = torch.cat([torch.full((len(tiny_tokens), 1), TINY_BOS), tiny_tokens], dim=1)
+    for bos in (None, "prepend"):  # the default for prompts is "prepend"
+        with pytest.raises(ValueError, match=r"prompt 0 \(and 5 more\) already starts with <bos> \(id 1\).*bos='none'"):
+            sink_scores(tiny_model, with_bos, bos=bos, bos_token_id=TINY_BOS, progress=False)
+    mixed = with_bos.clone()
+    mixed[:3, 0] = 7  # only rows 3..5 carry <bos>
+    with pytest.raises(ValueError, match=r"prompt 3 \(and 2 more\)"):
+        sink_scores(tiny_model, mixed, bos_token_id=TINY_BOS, progress=False)
+    # bos="none" takes them as given: exactly the sequences "prepend" builds from the content.
+    given = sink_scores(tiny_model, with_bos, bos="none", progress=False)
+    built = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    assert torch.equal(given.scores, built.scores)
+
+
+def test_short_prompt_warning_prints_once_for_both_conditions(cli_tiny, tmp_path, capsys):
+    from sinkmech.cli import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("some text here\nmore text there\n")
+    assert main(["sinks", "--prompts", str(prompts), "--max-tokens", "60", "--bos", "both"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "2 of 2 prompts have fewer than 60 content tokens" in warned[0]
+
+
+def test_the_corrupt_cache_warning_is_one_line_without_python_source(tmp_path):
+    """Run in a fresh interpreter: pytest captures warnings, so only a real
+    process shows what a user sees on stderr."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from conftest import make_tiny
+from sinkmech import models
+from sinkmech.cli import main
+from sinkmech.model_cache import ModelCache, entry_key
+
+cache, key = ModelCache({str(tmp_path)!r}), entry_key("ab" * 32)
+weights = cache.store(key, make_tiny()) / "weights.safetensors"
+data = bytearray(weights.read_bytes()); data[-5] ^= 0xFF; weights.write_bytes(bytes(data))
+
+def load(*a, **k):
+    cache.get_or_build(key, lambda: (make_tiny(), None))
+    raise RuntimeError("stop after the load")
+
+models.load_model = load
+sys.exit(main(["sinks", "--n-prompts", "2"]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[1])
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 1, proc.stderr
+    assert lines[-1] == "error: stop after the load"
+    warned = [line for line in lines if "corrupt" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: discarding corrupt sinkmech cache entry")
+    assert "UserWarning" not in proc.stderr and "warnings.warn" not in proc.stderr and ".py:" not in proc.stderr

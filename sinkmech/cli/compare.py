@@ -91,6 +91,8 @@ def cmd_compare(args) -> None:
         raise UsageError("--dormant-prompts must be >= 0")
     if len(set(args.models)) != len(args.models):
         raise UsageError(f"--models lists a model twice: {args.models}")
+    for name in args.models:  # every name, before the first model loads
+        models.check_model_spec(name)
     prompts = prompts_arg(args)
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
     results, t0 = [], time.perf_counter()

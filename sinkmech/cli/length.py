@@ -45,6 +45,10 @@ def print_length_table(sweep) -> None:
 def cmd_length(args) -> None:
     if any(T < 2 for T in args.lengths):
         raise UsageError(f"--lengths must all be >= 2, got {args.lengths}")
+    repeated = sorted({T for T in args.lengths if args.lengths.count(T) > 1})
+    if repeated:
+        raise UsageError(f"--lengths lists {', '.join(map(str, repeated))} more than once: "
+                         f"{' '.join(map(str, args.lengths))}")
     lengths = sorted(set(args.lengths))
     model = models.load_model(args.model)
     if args.top > model.cfg.n_layers * model.cfg.n_heads:

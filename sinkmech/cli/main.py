@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from pathlib import Path
 
 from sinkmech.backend import version_text
 from sinkmech.cli.ablate import add_ablate_parser
@@ -47,9 +49,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """sinkmech's own warnings as one `warning: ...` line, like the CLI's other
+    messages; anyone else's in Python's usual form (file, line, source)."""
+    if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+        return f"warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+_python_format_warning = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; returns the exit status (argparse exits 2 itself on bad flags)."""
     args = build_parser().parse_args(argv)
+    previous, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = previous
+
+
+def _run(args) -> int:
     try:
         check_args(args)
         with json_only_stdout(str(getattr(args, "json", None)) == "-"):

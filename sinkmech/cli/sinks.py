@@ -145,9 +145,10 @@ def cmd_sinks(args) -> None:
     model = models.load_model(args.model)
     bos_id = bos_token_arg(model, args)
     results, keys, batches = {}, {}, {}
-    for bos in conditions(args.bos):
+    for i, bos in enumerate(conditions(args.bos)):
         batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens, bos_token_id=bos_id)
-        warn_short(batch, args.max_tokens)
+        if i == 0:  # both conditions hold the same content tokens: say it once
+            warn_short(batch, args.max_tokens)
         results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
     if shard is not None:
         part = sinks_partial(results, {**shard.settings, **model_settings(model), "bos_token_id": bos_id},
