@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import multiprocessing
 import sys
-import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import fields
 from pathlib import Path
 
@@ -43,8 +45,9 @@ from sinkmech.prompts import CONDITIONS  # noqa: E402
 from sinkmech.train.config import DATA_SOURCES, PACKINGS, POSITIONALS, run_name  # noqa: E402
 from sinkmech.train.data import sink_tokens  # noqa: E402
 from sinkmech.train.emergence import emergence  # noqa: E402
+from sinkmech.train.intervals import seed_interval, slope  # noqa: E402
 from sinkmech.train.modes import mode_attention  # noqa: E402
-from sinkmech.train.run import TrainConfig, TrainData, load_checkpoint, train  # noqa: E402
+from sinkmech.train.run import TrainConfig, hardware, train_to_log  # noqa: E402
 from sinkmech.train_figures import context_length_plot, emergence_plot, training_curves  # noqa: E402
 
 # Sizes. cpu: Guo et al.'s one-layer, one-head model with learned absolute
@@ -61,6 +64,12 @@ PRESETS: dict[str, dict] = {
                 n_heads=8, positional="standard", steps=4000, lr=1e-3, warmup=200, eval_every=100,
                 eval_prompts=64, val_windows=64, bb_vocab=128, bb_doc_max=1024),
 }
+# text: the natural-text setting of issue 22 (byte-level pydoc topics + stdlib
+# docstrings + stdlib .py sources, ~31 MB), rotary, 2 layers x 4 heads, d 128,
+# T 256, 4,096 tokens/step; sized to <= 15 minutes on one thread.
+PRESETS["text"] = dict(data="text", text_corpus="docs+source", context_length=256, tokens_per_step=4096, n_layers=2,
+                       d_model=128, n_heads=4, positional="rotary", steps=2000, lr=3e-3, warmup=100,
+                       weight_decay=0.1, eval_every=250, threads=1)
 CONTEXT_LENGTHS = {"cpu": [32, 64, 128, 256], "gpu": [128, 256, 512, 1024, 2048]}
 # (packing, fixed_bos): the paper's Table 2, both packings.
 RECIPES = [("causal", False), ("causal", True), ("intra_doc", False), ("intra_doc", True)]
@@ -72,12 +81,6 @@ PAPER_TABLE2 = (
     "| fixed `<bos>` | yes | 90.84 | 2.69 |\n| fixed `<bos>` | no | 0.05 | 7.56 |\n"
 )
 EMERGENCE_RUN = ("causal", True)  # the packing run whose log draws emergence.png
-
-
-def hardware() -> str:
-    if torch.cuda.is_available():
-        return f"cuda: {torch.cuda.get_device_name(0)}"
-    return f"cpu: {torch.get_num_threads()} thread(s)"
 
 
 def preset_config(args, **overrides) -> TrainConfig:
@@ -150,6 +153,10 @@ def summary_rows(log: dict, **extra) -> list[dict]:
             "n_params": log["n_params"],
             "train_seconds": round(log["seconds"], 1),
             "hardware": log.get("hardware", hardware()),
+            "weight_decay": cfg.weight_decay,
+            **({"layer_sink_rate": c["layer_sink_rate"]} if "layer_sink_rate" in c else {}),
+            **({"text_corpus": cfg.text_corpus} if cfg.data == "text" else {}),
+            **({"mask_self": True} if cfg.mask_self else {}),
             **extra,
         })
     return rows
@@ -178,15 +185,40 @@ def _save_log(log: dict, args, experiment: str, name: str) -> None:
     (out / f"{args.prefix}{name}.json").write_text(json.dumps(log))
 
 
-def _run(cfg: TrainConfig, args, logs: dict, experiment: str, name: str | None = None) -> dict:
-    name = name or cfg.run_name
-    t = time.perf_counter()
-    result = train(cfg, Path(args.runs_dir) / experiment / f"{args.prefix}{name}", progress=not args.quiet)
-    print(f"{name}: {time.perf_counter() - t:.1f} s ({result.log['n_params']} parameters, {hardware()})", flush=True)
-    log = {**result.log, "hardware": hardware()}
-    logs[name] = log
-    _save_log(log, args, experiment, name)
-    return log
+def run_many(specs: list[tuple[TrainConfig, str, str]], args) -> dict[str, dict]:
+    """Train every (cfg, experiment, name) not already logged with the same
+    config, `args.jobs` at a time in separate processes; name -> log."""
+    logs: dict[str, dict] = {}
+    todo = []
+    for cfg, experiment, name in specs:
+        log = _reusable_log(cfg, args, experiment, name)
+        if log is not None:
+            print(f"{name}: reusing logs/{experiment}/{args.prefix}{name}.json (same config)", flush=True)
+            logs[name] = log
+        else:
+            todo.append((cfg, experiment, name))
+
+    def done(cfg: TrainConfig, experiment: str, name: str, log: dict) -> None:
+        print(f"{name}: {log['seconds']:.1f} s ({log['n_params']} parameters, {log['hardware']})", flush=True)
+        logs[name] = log
+        _save_log(log, args, experiment, name)
+
+    jobs = max(1, getattr(args, "jobs", 1) or 1)
+    if jobs == 1 or len(todo) <= 1:
+        for cfg, experiment, name in todo:
+            done(cfg, experiment, name, train_to_log(cfg.to_dict(), _ckpt(args, experiment, name), not args.quiet))
+        return logs
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(train_to_log, cfg.to_dict(), _ckpt(args, experiment, name), False): (cfg, experiment, name)
+                   for cfg, experiment, name in todo}
+        for fut in as_completed(futures):
+            done(*futures[fut], fut.result())
+    return logs
+
+
+def _ckpt(args, experiment: str, name: str) -> str:
+    return str(Path(args.runs_dir) / experiment / f"{args.prefix}{name}")
 
 
 def _reusable_log(cfg: TrainConfig, args, experiment: str, name: str) -> dict | None:
@@ -211,10 +243,9 @@ def write_emergence(log: dict, name: str, out: Path, prefix: str) -> dict:
 
 
 def cmd_packing(args) -> list[dict]:
-    rows, logs = [], {}
-    for packing, fixed_bos in RECIPES:
-        cfg = preset_config(args, packing=packing, fixed_bos=fixed_bos)
-        rows += summary_rows(_run(cfg, args, logs, "packing"), preset=args.preset)
+    cfgs = [preset_config(args, packing=packing, fixed_bos=fixed_bos) for packing, fixed_bos in RECIPES]
+    logs = run_many([(cfg, "packing", cfg.run_name) for cfg in cfgs], args)
+    rows = [r for cfg in cfgs for r in summary_rows(logs[cfg.run_name], preset=args.preset, run=cfg.run_name)]
     out = Path(args.out)
     table = packing_table(rows)
     header = (f"# Packing experiment ({args.preset} preset, {rows[0]['data']}, T={rows[0]['context_length']}, "
@@ -237,7 +268,7 @@ def positional_name(cfg: TrainConfig) -> str:
 def cmd_positional(args) -> list[dict]:
     """Token or position? The fixed-`<bos>` recipe under each positional
     embedding, evaluated with and without `<bos>`."""
-    rows, logs = [], {}
+    specs, extras, logs = [], {}, {}
     for positional in args.positionals:
         cfg = preset_config(args, packing="causal", fixed_bos=True, positional=positional)
         name = positional_name(cfg)
@@ -246,11 +277,14 @@ def cmd_positional(args) -> list[dict]:
             print(f"{name}: reusing logs/packing/{args.prefix}{cfg.run_name}.json (same config)")
             logs[name] = log
             _save_log(log, args, "positional", name)
-            extra = {"reused_from": f"packing/{cfg.run_name}"}
+            extras[name] = {"reused_from": f"packing/{cfg.run_name}"}
         else:
-            log = _run(cfg, args, logs, "positional", name)
-            extra = {}
-        rows += summary_rows(log, preset=args.preset, **extra)
+            specs.append((cfg, "positional", name))
+    logs.update(run_many(specs, args))
+    names = [positional_name(preset_config(args, packing="causal", fixed_bos=True, positional=p))
+             for p in args.positionals]
+    logs = {n: logs[n] for n in names}
+    rows = [r for n in names for r in summary_rows(logs[n], preset=args.preset, run=n, **extras.get(n, {}))]
     out = Path(args.out)
     (out / f"{args.prefix}positional.json").write_text(json.dumps(rows, indent=1))
     training_curves(logs, out / f"{args.prefix}positional_curves.png",
@@ -260,50 +294,143 @@ def cmd_positional(args) -> list[dict]:
     return rows
 
 
-def cmd_modes(args) -> list[dict]:
-    """Active and dormant attention of each positional run's head(s), from the
-    checkpoints the `positional` command saved: on trigger queries and on the
-    others, the attention on the first key and on the previous key (the copy
-    source), with `<bos>` prepended and without."""
+def _write_rows(args, experiment: str, rows: list[dict], logs: dict, title: str) -> None:
     out = Path(args.out)
-    path = out / f"{args.prefix}positional.json"
-    if not path.exists():
-        raise ValueError(f"no {path}: run the positional experiment first")
+    (out / f"{args.prefix}{experiment}.json").write_text(json.dumps(rows, indent=1))
+    training_curves(logs, out / f"{args.prefix}{experiment}_curves.png", title=title)
+    print(packing_table(rows))
+    print(f"wrote {out / (args.prefix + experiment + '.json')}, {experiment}_curves.png")
+
+
+def cmd_mask_self(args) -> list[dict]:
+    """The hypothesis test: rotary positions with every query's own key masked
+    (queries >= 1), fixed `<bos>`, one run per seed, evaluated with and
+    without `<bos>`."""
+    cfgs = [preset_config(args, packing="causal", fixed_bos=True, positional="rotary", mask_self=True, seed=seed)
+            for seed in args.seeds]
+    names = [f"rotary-maskself-seed{cfg.seed}" for cfg in cfgs]
+    logs = run_many([(cfg, "mask_self", n) for cfg, n in zip(cfgs, names)], args)
+    rows = [r for n in names for r in summary_rows(logs[n], preset=args.preset, run=n)]
+    _write_rows(args, "mask_self", rows, logs,
+                f"Rotary, self key masked, fixed <bos> ({args.preset} preset, seeds {args.seeds})")
+    return rows
+
+
+def cmd_depth(args) -> list[dict]:
+    """Does a deeper model lean on the sink more? The fixed-`<bos>` recipe at
+    each depth and positional embedding, one run per seed (the 1-layer runs
+    are reused from the positional experiment when their config matches)."""
+    specs = []
+    for seed in args.seeds:  # seed-major: a cut-short sweep still has every depth
+        for depth in args.depths:
+            for positional in args.positionals:
+                steps = args.deep_steps if (args.deep_steps and depth >= 4) else None
+                over = dict(packing="causal", fixed_bos=True, positional=positional, n_layers=depth, seed=seed)
+                if steps:
+                    over.update(steps=steps, eval_every=min(PRESETS[args.preset]["eval_every"], steps))
+                cfg = preset_config(args, **over)
+                specs.append((cfg, "depth", f"{positional}-L{depth}-seed{seed}"))
+    logs = {}
+    for cfg, experiment, name in specs:  # reuse the positional runs (seed 0 unprefixed, seedN_ otherwise)
+        prefix = "" if cfg.seed == 0 else f"seed{cfg.seed}_"
+        path = Path(args.out) / "logs" / "positional" / f"{prefix}{positional_name(cfg)}.json"
+        if path.exists():
+            log = json.loads(path.read_text())
+            if log.get("config") == cfg.to_dict() and "layer_sink_rate" in log["evals"][-1]["conditions"]["prepend"]:
+                print(f"{name}: reusing {path} (same config)")
+                logs[name] = log
+                _save_log(log, args, experiment, name)
+    logs.update(run_many([sp for sp in specs if sp[2] not in logs], args))
+    rows = [r for _, _, n in specs for r in summary_rows(logs[n], preset=args.preset, run=n)]
+    _write_rows(args, "depth", rows, logs, f"Depth ({args.preset} preset, fixed <bos>, seeds {args.seeds})")
+    return rows
+
+
+def cmd_text(args) -> list[dict]:
+    """Natural text (the moonshot's setting): every (depth, weight decay,
+    fixed `<bos>` or not) combination asked, one run each."""
+    specs = []
+    for depth in args.depths:
+        for wd in args.weight_decays:
+            for fixed_bos in args.fixed_bos:
+                cfg = preset_config(args, n_layers=depth, weight_decay=wd, fixed_bos=fixed_bos == "yes",
+                                    packing="causal")
+                name = f"text-L{depth}H{cfg.n_heads}-wd{wd:g}-{'fixedbos' if cfg.fixed_bos else 'nofixedbos'}-s{cfg.seed}"
+                specs.append((cfg, "text", name))
+    logs = run_many(specs, args)
+    path = Path(args.out) / f"{args.prefix}text.json"
+    old = json.loads(path.read_text()) if path.exists() else []
+    names = [n for _, _, n in specs]
+    new = [r for n in names for r in summary_rows(logs[n], preset=args.preset, run=n)]
+    rows = [r for r in old if r.get("run") not in names] + new  # earlier text runs stay
+    all_logs = {r["run"]: json.loads((Path(args.out) / "logs" / "text" / f"{args.prefix}{r['run']}.json").read_text())
+                for r in rows}
+    _write_rows(args, "text", rows, all_logs, "Natural text (byte-level, rotary): sink signals during training")
+    return rows
+
+
+MODE_EXPERIMENTS = ("positional", "mask_self", "depth")  # bigram-backcopy experiments whose heads modes.json reads
+
+
+def cmd_modes(args) -> list[dict]:
+    """Where each head's attention goes, on trigger queries and on the others
+    (`sinkmech.train.modes`): first key, self, previous key (the copy source of
+    a trigger query), other copies of the next token, the rest, and the
+    normalised entropy, with `<bos>` prepended and without, for every layer
+    and head of every run of the positional, mask-self and depth experiments
+    under --out. Read from each run's final evaluation in its log (the
+    held-out scoring prompts); no model is run."""
+    out = Path(args.out)
     rows = []
-    for r in json.loads(path.read_text()):
-        if not r["inference_bos"]:
+    for experiment in MODE_EXPERIMENTS:
+        path = out / f"{args.prefix}{experiment}.json"
+        if not path.exists():
             continue
-        name = f"{r['positional']}-{run_name(r['packing'], r['fixed_bos'], r['context_length'])}"
-        if "reused_from" in r:
-            experiment, run = r["reused_from"].split("/")
-            ckpt = Path(args.runs_dir) / experiment / f"{args.prefix}{run}"
-        else:
-            ckpt = Path(args.runs_dir) / "positional" / f"{args.prefix}{name}"
-        model, cfg = load_checkpoint(ckpt, device="cpu")
-        if cfg.data != "bigram_backcopy":
-            raise ValueError(f"{ckpt}: modes need bigram_backcopy data, not {cfg.data}")
-        prompts = torch.tensor(TrainData(cfg).prompts)
-        for bos in CONDITIONS:
-            tokens = torch.cat([torch.full((len(prompts), 1), cfg.bos_id), prompts], 1) if bos == "prepend" else prompts
-            m = mode_attention(model, tokens, n_triggers=cfg.bb_triggers)
-            rows.append({"positional": cfg.positional, "fixed_bos": cfg.fixed_bos, "inference_bos": bos == "prepend",
-                         "seed": cfg.seed, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, **m.to_dict()})
+        for r in json.loads(path.read_text()):
+            if not r["inference_bos"]:
+                continue
+            run = r.get("run") or f"{r['positional']}-{run_name(r['packing'], r['fixed_bos'], r['context_length'])}"
+            log_path = out / "logs" / experiment / f"{args.prefix}{run}.json"
+            if not log_path.exists():
+                raise ValueError(f"no {log_path}: the log of a run in {path.name}")
+            log = json.loads(log_path.read_text())
+            if "attention" not in log["evals"][-1]["conditions"]["prepend"]:
+                print(f"note: {log_path} predates the attention record (no per-class attention): not in modes.json")
+                continue
+            cfg = TrainConfig.from_dict({**log["config"]})
+            if cfg.data != "bigram_backcopy":
+                raise ValueError(f"{log_path}: modes need bigram_backcopy data, not {cfg.data}")
+            for bos in CONDITIONS:
+                att = log["evals"][-1]["conditions"][bos]["attention"]
+                tables = {f"{c}_{k}": v for c in ("trigger", "other") for k, v in att[c].items()}
+                rows.append({"experiment": experiment, "run": run, "positional": cfg.positional,
+                             "fixed_bos": cfg.fixed_bos, "inference_bos": bos == "prepend", "seed": cfg.seed,
+                             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                             **({"mask_self": True} if cfg.mask_self else {}), **tables,
+                             "n_trigger": att["counts"]["trigger"], "n_other": att["counts"]["other"]})
+    if not rows:
+        raise ValueError(f"no {', '.join(MODE_EXPERIMENTS)} results under {out}: run those experiments first")
     (out / f"{args.prefix}modes.json").write_text(json.dumps(rows, indent=1))
-    print(f"{'positional':>10} {'bos':>5} {'trig:first':>10} {'trig:prev':>10} {'other:first':>11} {'other:prev':>10}")
+    print(f"{'run':>28} {'bos':>5}  trigger: first  self  prev  rest | other: first  self  prev  rest  entropy"
+          "  (per layer, head)")
     for r in rows:
-        print(f"{r['positional']:>10} {str(r['inference_bos']):>5} {r['trigger_first'][0][0]:>10.3f} "
-              f"{r['trigger_prev'][0][0]:>10.3f} {r['other_first'][0][0]:>11.3f} {r['other_prev'][0][0]:>10.3f}  (L0H0)")
+        for l in range(r["n_layers"]):
+            for h in range(r["n_heads"]):
+                t = [r[f"trigger_{k}"][l][h] for k in ("first", "self", "prev", "rest")]
+                o = [r[f"other_{k}"][l][h] for k in ("first", "self", "prev", "rest", "entropy")]
+                print(f"{r['run'] + f' L{l}H{h}':>28} {str(r['inference_bos']):>5}  "
+                      + " ".join(f"{v:.3f}" for v in t) + " | " + " ".join(f"{v:.3f}" for v in o))
     print(f"wrote {out / (args.prefix + 'modes.json')}")
     return rows
 
 
 def cmd_context_length(args) -> list[dict]:
-    rows, logs = [], {}
     lengths = args.lengths or CONTEXT_LENGTHS[args.preset]
     score = min(lengths) - 1  # every model is scored on the shortest context's content tokens
-    for T in lengths:
-        cfg = preset_config(args, context_length=T, packing="causal", fixed_bos=args.fixed_bos, score_tokens=score)
-        rows += summary_rows(_run(cfg, args, logs, "context_length"), preset=args.preset)
+    cfgs = [preset_config(args, context_length=T, packing="causal", fixed_bos=args.fixed_bos, score_tokens=score)
+            for T in lengths]
+    logs = run_many([(cfg, "context_length", cfg.run_name) for cfg in cfgs], args)
+    rows = [r for cfg in cfgs for r in summary_rows(logs[cfg.run_name], preset=args.preset, run=cfg.run_name)]
     out = Path(args.out)
     (out / f"{args.prefix}context_length.json").write_text(json.dumps(rows, indent=1))
     title = (f"Context length ({args.preset} preset, {rows[0]['data']}, {rows[0]['steps']} steps, equal tokens "
@@ -370,15 +497,20 @@ def findings(out: Path, prefix: str = "") -> dict:
     path = out / f"{prefix}positional.json"
     if path.exists():
         add_rows("positional", json.loads(path.read_text()), lambda r: r["positional"])
-    # modes.json, seedN_modes.json, explore_modes.json (exploratory variants, named by depth and width)
+    # modes.json, seedN_modes.json (rows named by experiment and run), explore_modes.json (older rows, named by
+    # positional embedding, depth and width)
     for path in sorted(out.glob(f"{prefix}*modes.json")):
         tag = path.stem[len(prefix):]
         for r in json.loads(path.read_text()):
             cond = "prepend" if r["inference_bos"] else "none"
-            model = r["positional"] if "explore" not in tag else f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}"
+            if "run" in r:
+                model = f"{r['experiment']}.{r['run']}"
+            else:
+                model = r["positional"] if "explore" not in tag else f"{r['positional']}.L{r['n_layers']}H{r['n_heads']}"
+            stats = [k for k in r if k.startswith(("trigger_", "other_")) and isinstance(r[k], list)]
             for l, heads in enumerate(r["trigger_first"]):
                 for h in range(len(heads)):
-                    for k in ("trigger_first", "trigger_prev", "other_first", "other_prev"):
+                    for k in stats:
                         flat[f"train.{tag}.{model}.{cond}.L{l}H{h}.{k}"] = r[k][l][h]
     path = out / f"{prefix}explore_positional.json"  # exploratory variants, named by their depth and width
     if path.exists():
@@ -431,6 +563,16 @@ def findings(out: Path, prefix: str = "") -> dict:
             flat[f"train.emergence_seeds.{seed}.cross_step.{eps}"] = step
         for eps, step in em["stable_step"].items():
             flat[f"train.emergence_seeds.{seed}.stable_step.{eps}"] = step
+    path = out / f"{prefix}mask_self.json"
+    if path.exists():
+        seed_findings(flat, "mask_self", json.loads(path.read_text()), lambda r: "rotary")
+    path = out / f"{prefix}depth.json"
+    if path.exists():
+        seed_findings(flat, "depth", json.loads(path.read_text()), lambda r: f"{r['positional']}.L{r['n_layers']}")
+    context_length_findings(flat, out, prefix)
+    path = out / f"{prefix}text.json"
+    if path.exists():
+        text_findings(flat, json.loads(path.read_text()))
     path = out / f"{prefix}bench_train.json"
     if path.exists():
         bench = json.loads(path.read_text())
@@ -438,6 +580,135 @@ def findings(out: Path, prefix: str = "") -> dict:
             if isinstance(v, (int, float)):
                 flat[f"train.bench.{k}"] = v
     return flat
+
+
+def _cond(r: dict) -> str:
+    return "prepend" if r["inference_bos"] else "none"
+
+
+def _with_twin(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """(with-`<bos>` row, its without-`<bos>` twin) pairs: rows evaluated both
+    ways share every key but the inference condition's."""
+    pairs = []
+    for r in rows:
+        if not r["inference_bos"]:
+            continue
+        twin = [t for t in rows if not t["inference_bos"] and t.get("run") == r.get("run") and t["seed"] == r["seed"]]
+        if len(twin) != 1:
+            raise ValueError(f"run {r.get('run')} (seed {r['seed']}) has {len(twin)} rows without <bos>, not 1")
+        pairs.append((r, twin[0]))
+    return pairs
+
+
+def seed_findings(flat: dict, tag: str, rows: list[dict], key) -> None:
+    """Per seed and inference condition: sink rates (whole model and per layer),
+    max alpha_0, val loss; per setting, the mean and 95 % t interval over seeds
+    of the sink rate, max alpha_0 and the loss gap without `<bos>`."""
+    groups: dict[str, list[tuple[dict, dict]]] = {}
+    for r, t in _with_twin(rows):
+        groups.setdefault(key(r), []).append((r, t))
+        for row in (r, t):
+            base = f"train.{tag}.{key(r)}.seed{r['seed']}.{_cond(row)}"
+            for eps, v in row["sink_rate"].items():
+                flat[f"{base}.sink_rate.{eps}"] = v
+            for eps, per_layer in row.get("layer_sink_rate", {}).items():
+                for l, v in enumerate(per_layer):
+                    flat[f"{base}.layer_sink_rate.L{l}.{eps}"] = v
+            for k in ("max_head_score", "mean_head_score", "val_loss"):
+                flat[f"{base}.{k}"] = row[k]
+        flat[f"train.{tag}.{key(r)}.seed{r['seed']}.loss_gap"] = t["val_loss"] - r["val_loss"]
+        flat[f"train.{tag}.{key(r)}.seed{r['seed']}.train_seconds"] = r["train_seconds"]
+        flat[f"train.{tag}.{key(r)}.steps"] = r["steps"]
+        flat[f"train.{tag}.{key(r)}.uniform_score"] = r["uniform_score"]
+    for k, pairs in groups.items():
+        flat[f"train.{tag}.{k}.n_seeds"] = len(pairs)
+        series = {
+            "prepend.sink_rate.0.3": [r["sink_rate"]["0.3"] for r, _ in pairs],
+            "none.sink_rate.0.3": [t["sink_rate"]["0.3"] for _, t in pairs],
+            "prepend.max_head_score": [r["max_head_score"] for r, _ in pairs],
+            "none.max_head_score": [t["max_head_score"] for _, t in pairs],
+            "prepend.val_loss": [r["val_loss"] for r, _ in pairs],
+            "loss_gap": [t["val_loss"] - r["val_loss"] for r, t in pairs],
+        }
+        n_layers = pairs[0][0]["n_layers"]
+        if all("layer_sink_rate" in r for r, _ in pairs):
+            for l in range(n_layers):
+                series[f"prepend.layer_sink_rate.L{l}.0.3"] = [r["layer_sink_rate"]["0.3"][l] for r, _ in pairs]
+                series[f"none.layer_sink_rate.L{l}.0.3"] = [t["layer_sink_rate"]["0.3"][l] for _, t in pairs]
+        for name, vals in series.items():
+            flat[f"train.{tag}.{k}.{name}.min"] = min(vals)
+            flat[f"train.{tag}.{k}.{name}.max"] = max(vals)
+            if len(vals) >= 2:
+                for stat, v in seed_interval(vals).items():
+                    if stat != "n":
+                        flat[f"train.{tag}.{k}.{name}.{stat}"] = v
+
+
+def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
+    """Across the seed tables of the context-length experiment: per context, the
+    mean and 95 % t interval over seeds of max alpha_0 (with and without
+    `<bos>`) and the loss gap; and per seed the least-squares slope of each on
+    log2 T, with its interval over seeds (zero inside it: no detectable trend)."""
+    paths = [out / f"{prefix}context_length.json", *sorted(out.glob(f"{prefix}seed*_context_length.json"))]
+    tables = [json.loads(p.read_text()) for p in paths if p.exists()]
+    if len(tables) < 2:
+        return
+    rows = [r for t in tables for r in t]
+    by_t: dict[int, list[tuple[dict, dict]]] = {}
+    for r in rows:
+        if r["inference_bos"]:
+            (twin,) = [t for t in rows if not t["inference_bos"] and t["seed"] == r["seed"]
+                       and t["context_length"] == r["context_length"]]
+            by_t.setdefault(r["context_length"], []).append((r, twin))
+    lengths = sorted(by_t)
+    series = {"prepend.max_head_score": lambda r, t: r["max_head_score"],
+              "none.max_head_score": lambda r, t: t["max_head_score"],
+              "prepend.sink_rate.0.3": lambda r, t: r["sink_rate"]["0.3"],
+              "loss_gap": lambda r, t: t["val_loss"] - r["val_loss"]}
+    base = "train.context_length_seeds"
+    flat[f"{base}.lengths"] = ",".join(str(T) for T in lengths)
+    for T in lengths:
+        for name, get in series.items():
+            for stat, v in seed_interval([get(r, t) for r, t in by_t[T]]).items():
+                flat[f"{base}.T{T}.{name}.{stat}"] = v
+    seeds = sorted({r["seed"] for pairs in by_t.values() for r, _ in pairs})
+    for name, get in series.items():
+        slopes = []
+        for seed in seeds:
+            pts = [(math.log2(T), get(r, t)) for T in lengths for r, t in by_t[T] if r["seed"] == seed]
+            slopes.append(slope([x for x, _ in pts], [y for _, y in pts]))
+        for stat, v in seed_interval(slopes).items():
+            flat[f"{base}.slope_per_doubling.{name}.{stat}"] = v
+
+
+def text_findings(flat: dict, rows: list[dict]) -> None:
+    """Per natural-text run: sink rates (whole model, per layer), max alpha_0,
+    val loss with and without `<bos>`, the loss gap, and the moonshot's two
+    conditions (>= 50 % of (prompt, head) pairs > 0.3 with `<bos>`; that rate
+    at most half as large without it)."""
+    best = None
+    for r, t in _with_twin(rows):
+        base = f"train.text.{r['run']}"
+        for row in (r, t):
+            for eps, v in row["sink_rate"].items():
+                flat[f"{base}.{_cond(row)}.sink_rate.{eps}"] = v
+            for eps, per_layer in row.get("layer_sink_rate", {}).items():
+                for l, v in enumerate(per_layer):
+                    flat[f"{base}.{_cond(row)}.layer_sink_rate.L{l}.{eps}"] = v
+            for k in ("max_head_score", "mean_head_score", "val_loss"):
+                flat[f"{base}.{_cond(row)}.{k}"] = row[k]
+        flat[f"{base}.loss_gap"] = t["val_loss"] - r["val_loss"]
+        for k in ("steps", "train_seconds", "n_layers", "n_heads", "d_model", "context_length", "weight_decay",
+                  "tokens_per_step", "uniform_score"):
+            flat[f"{base}.{k}"] = r[k]
+        flat[f"{base}.tokens_seen"] = r["steps"] * r["tokens_per_step"]
+        rate, rate_none = r["sink_rate"]["0.3"], t["sink_rate"]["0.3"]
+        flat[f"{base}.moonshot_reached"] = rate >= 50.0 and rate_none <= rate / 2
+        if best is None or rate > best[1]:
+            best = (r["run"], rate)
+    if best is not None:
+        flat["train.text.closest_run"] = best[0]
+        flat["train.text.closest_run.prepend.sink_rate.0.3"] = best[1]
 
 
 def cmd_findings(args) -> dict:
@@ -453,9 +724,11 @@ def cmd_findings(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="experiment", required=True)
-    for name, func in (("packing", cmd_packing), ("positional", cmd_positional), ("context-length", cmd_context_length)):
+    for name, func in (("packing", cmd_packing), ("positional", cmd_positional), ("context-length", cmd_context_length),
+                       ("mask-self", cmd_mask_self), ("depth", cmd_depth), ("text", cmd_text)):
         p = sub.add_parser(name)
-        p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+        p.add_argument("--preset", choices=sorted(PRESETS), default="text" if name == "text" else "cpu")
+        p.add_argument("--jobs", type=int, default=1, help="independent runs trained at once, in separate processes")
         p.add_argument("--steps", type=int, default=None, help="override the preset's step count")
         p.add_argument("--threads", type=int, default=None, help="torch threads (cpu preset: 1)")
         p.add_argument("--data", choices=["text", "bigram_backcopy"], default=None, help="override the data source")
@@ -473,10 +746,19 @@ def build_parser() -> argparse.ArgumentParser:
                            help="train without a fixed <bos> (default: with)")
         if name == "positional":
             p.add_argument("--positionals", nargs="+", choices=POSITIONALS, default=list(POSITIONAL_RUNS))
+        if name in ("mask-self", "depth"):
+            p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        if name == "depth":
+            p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4])
+            p.add_argument("--positionals", nargs="+", choices=POSITIONALS, default=["rotary", "standard"])
+            p.add_argument("--deep-steps", type=int, default=None, help="steps for depths >= 4 (default: the preset's)")
+        if name == "text":
+            p.add_argument("--depths", type=int, nargs="+", default=[2])
+            p.add_argument("--weight-decays", type=float, nargs="+", default=[0.1, 0.0])
+            p.add_argument("--fixed-bos", nargs="+", choices=["yes", "no"], default=["yes", "no"])
         p.set_defaults(func=func)
-    p = sub.add_parser("modes", help="active/dormant attention of the positional runs' checkpoints")
+    p = sub.add_parser("modes", help="where every head's attention goes, from the runs' logs")
     p.add_argument("--out", default="figures/train")
-    p.add_argument("--runs-dir", default="runs/train")
     p.add_argument("--prefix", default="")
     p.set_defaults(func=cmd_modes)
     for name, func, help_ in (("replot", cmd_replot, "redraw figures from the JSON under --out"),

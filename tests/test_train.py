@@ -238,8 +238,8 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
         assert r["fixed_bos"] is True and set(r["sink_rate"]) == {"0.3", "0.8"}
     assert rows[0]["reused_from"] == "packing/causal-fixedbos-T128" and "reused_from" not in rows[2]
     assert rows[0]["val_loss"] == json.loads((out / "packing.json").read_text())[2]["val_loss"]
-    # modes: active/dormant attention read back from the positional checkpoints
-    assert mod.main(["modes", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]) == 0
+    # modes: where attention goes, read back from the positional runs' logs
+    assert mod.main(["modes", "--out", str(out)]) == 0
     modes = json.loads((out / "modes.json").read_text())
     assert [(r["positional"], r["inference_bos"]) for r in modes] == [(r["positional"], r["inference_bos"]) for r in rows]
     assert all(0 <= r["other_first"][0][0] <= 1 and r["n_trigger"] > 0 for r in modes)
@@ -323,9 +323,10 @@ def test_typed_evals_match_the_log(tmp_path):
     for ev, entry in zip(result.evals, log["evals"]):
         assert {k: entry[k] for k in ("val_loss", "split_loss", "conditions")} == ev.to_dict()
         assert list(entry) == ["step", "train_loss", "elapsed_s", "val_loss", "split_loss", "conditions"]
-        assert list(entry["conditions"]["none"]) == ["sink_rate", "head_scores", "max_head_score",
+        assert list(entry["conditions"]["none"]) == ["sink_rate", "layer_sink_rate", "head_scores", "max_head_score",
                                                       "mean_head_score", "uniform_score", "value_norm_first",
-                                                      "value_norm_rest", "resid_norm_first", "resid_norm_rest"]
+                                                      "value_norm_rest", "resid_norm_first", "resid_norm_rest",
+                                                      "attention"]
         assert set(entry["split_loss"]) == {"prepend", "none"}
     assert result.final() == log["evals"][-1]
     assert result.final_eval().conditions["prepend"].max_head_score == result.final()["conditions"]["prepend"]["max_head_score"]

@@ -179,7 +179,7 @@ def test_mode_attention_finds_a_planted_if_else_head():
         m = mode_attention(model, tokens, n_triggers=cfg.bb_triggers)
     assert m.trigger_prev[0, 1] == pytest.approx(1.0) and m.trigger_first[0, 1] == pytest.approx(0.0)
     assert m.other_first[0, 1] == pytest.approx(1.0) and m.other_prev[0, 1] == pytest.approx(0.0)
-    assert m.n_trigger == int(trig[:, 2:].sum()) and m.n_trigger + m.n_other == len(tokens) * (T - 2)
+    assert m.n_trigger == int(trig[:, 2:-1].sum()) and m.n_trigger + m.n_other == len(tokens) * (T - 3)
     assert 0 < m.other_first[0, 0] < 0.9  # the untouched random head is no sink
     with pytest.raises(ValueError, match="both trigger"):
         mode_attention(model, torch.full((1, 8), 10), n_triggers=cfg.bb_triggers)

@@ -16,6 +16,10 @@ PACKINGS: tuple[Packing, ...] = get_args(Packing)
 Positional = Literal["rotary", "standard", "none"]
 POSITIONALS: tuple[Positional, ...] = get_args(Positional)
 TEXT_VOCAB = 256  # the text source is byte-level
+# The text source's corpus: "docs" (pydoc topics + stdlib docstrings, ~2 MB) or
+# "docs+source" (those plus the standard library's own .py sources, tens of MB).
+TextCorpus = Literal["docs", "docs+source"]
+TEXT_CORPORA: tuple[TextCorpus, ...] = get_args(TextCorpus)
 
 
 def check_data_source(data: str) -> DataSource:
@@ -56,6 +60,10 @@ class TrainConfig:
     score_tokens: int | None = None  # content tokens per sink-scoring prompt; default min(64, T - 1)
     val_windows: int = 32
     text_limit_bytes: int | None = None  # text: use only the first N bytes of the corpus
+    text_corpus: TextCorpus = "docs"
+    # Mask every query's own key (queries >= 1) with a permanent hook on
+    # hook_attn_scores: the model cannot use its own token as a no-op.
+    mask_self: bool = False
     bb_vocab: int = 64  # bigram_backcopy: content tokens, triggers, document lengths
     bb_triggers: int = 3
     bb_trigger_prob: float = 0.15
@@ -66,6 +74,8 @@ class TrainConfig:
         check_data_source(self.data)
         if self.packing not in PACKINGS:
             raise ValueError(f"unknown packing {self.packing!r}: choose one of {PACKINGS}")
+        if self.text_corpus not in TEXT_CORPORA:
+            raise ValueError(f"unknown text corpus {self.text_corpus!r}: choose one of {TEXT_CORPORA}")
         if self.positional not in POSITIONALS:
             raise ValueError(f"unknown positional embedding {self.positional!r}: choose one of {POSITIONALS}")
         for name in ("context_length", "tokens_per_step", "n_layers", "d_model", "n_heads", "steps", "eval_every"):

@@ -12,7 +12,9 @@ sits in the window.
 
 Positional embeddings: `standard` (learned absolute), `rotary`, or `none`
 (a `standard` model whose W_pos is zero and frozen: only the causal mask tells
-positions apart).
+positions apart). `mask_self`: a permanent hook on every layer's
+`attn_scores` hides each query's own key (queries >= 1), so attending to
+itself cannot serve as the head's no-op.
 
 Evaluation every `eval_every` steps: validation loss with and without `<bos>`
 (the same T-1 next-token targets in both conditions, so the numbers compare),
@@ -39,15 +41,17 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from sinkmech.hooks import act_name
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
 from sinkmech.sinks import format_eps, sink_scores
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
 from sinkmech.train.data import TrainData, make_inputs, post_trigger, same_document, sink_tokens
+from sinkmech.train.modes import attention_breakdown, trigger_classes
 
 # re-exported: `from sinkmech.train.run import TrainConfig, train` keeps working
 __all__ = ["EvalResult", "ConditionEval", "PACKINGS", "POSITIONALS", "Packing", "Positional", "TrainConfig",
-           "TrainData", "TrainResult", "build_model", "evaluate", "load_checkpoint", "save_checkpoint", "token_losses",
-           "train"]
+           "TrainData", "TrainResult", "build_model", "evaluate", "hardware", "load_checkpoint", "save_checkpoint",
+           "token_losses", "train", "train_to_log"]
 
 
 def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransformer:
@@ -71,11 +75,23 @@ def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransforme
         device=device,
     )
     model = HookedTransformer(hcfg)
+    if cfg.mask_self:
+        for layer in range(cfg.n_layers):
+            model.add_hook(act_name("attn_scores", layer), mask_self_hook, is_permanent=True)
     if cfg.positional == "none":
         with torch.no_grad():
             model.pos_embed.W_pos.zero_()
         model.pos_embed.W_pos.requires_grad_(False)
     return model
+
+
+def mask_self_hook(scores: Float[Tensor, "batch head_index query_pos key_pos"], hook):
+    """On `attn_scores`: -inf on every query's own key, for queries >= 1 (query
+    0 sees only itself). Returns a new tensor (never edits the activation)."""
+    n = scores.shape[-1]
+    diag = torch.eye(n, dtype=torch.bool, device=scores.device)
+    diag[0, 0] = False
+    return scores.masked_fill(diag, float("-inf"))
 
 
 # --- forward passes ---------------------------------------------------------------
@@ -145,6 +161,7 @@ class ConditionEval:
     """Sink statistics of one inference condition on the held-out documents."""
 
     sink_rate: dict[str, float]  # eps (as written, "0.3") -> percent of (prompt, head) pairs
+    layer_sink_rate: dict[str, list[float]]  # eps -> [layer] percent of (prompt, head) pairs in that layer
     head_scores: list[list[float]]  # [layer][head] mean alpha_0 over prompts
     max_head_score: float
     mean_head_score: float
@@ -155,6 +172,10 @@ class ConditionEval:
     value_norm_rest: list[list[float]]  # [layer][head]
     resid_norm_first: list[float]  # [layer], resid_post
     resid_norm_rest: list[float]  # [layer]
+    # Where attention goes (`sinkmech.train.modes.attention_breakdown`): query
+    # class ("trigger"/"other" on bigram-backcopy, "all" on text) -> "first",
+    # "self", "prev", "copy", "rest", "entropy" -> [layer][head]; plus "counts".
+    attention: dict
 
 
 @dataclass(frozen=True)
@@ -172,8 +193,8 @@ class EvalResult:
         """{"val_loss": {cond: nats}, "split_loss": {cond: {"post_trigger",
         "rest"}} or None, "conditions": {cond: {"sink_rate", "head_scores",
         "max_head_score", "mean_head_score", "uniform_score", "value_norm_first",
-        "value_norm_rest", "resid_norm_first", "resid_norm_rest"}}}: the shape
-        of every `log["evals"]` entry."""
+        "value_norm_rest", "resid_norm_first", "resid_norm_rest", "layer_sink_rate",
+        "attention"}}}: the shape of every `log["evals"]` entry."""
         return {"val_loss": dict(self.val_loss),
                 "split_loss": None if self.split_loss is None else {c: dict(v) for c, v in self.split_loss.items()},
                 "conditions": {c: asdict(e) for c, e in self.conditions.items()}}
@@ -213,8 +234,15 @@ def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
             batch_size=64, bos_token_id=data.bos_id, progress=False,
         )
         mean = s.mean_scores()
+        prompts = torch.tensor([p[: sink_tokens(cfg)] for p in data.prompts])  # as sink_scores truncates them
+        tokens = torch.cat([torch.full((len(prompts), 1), data.bos_id), prompts], 1) if cond == "prepend" else prompts
+        if data.bb is None:
+            classes = {"all": torch.ones_like(tokens, dtype=torch.bool)}
+        else:
+            classes = trigger_classes(tokens, n_triggers=cfg.bb_triggers)
         conditions[cond] = ConditionEval(
             sink_rate={format_eps(e): s.sink_rate(e) for e in DEFAULT_EPS},
+            layer_sink_rate={format_eps(e): s.per_layer_sink_rate(e).tolist() for e in DEFAULT_EPS},
             head_scores=mean.tolist(),
             max_head_score=float(mean.max()),
             mean_head_score=float(mean.mean()),
@@ -223,6 +251,7 @@ def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
             value_norm_rest=s.value_norm_rest.mean(0).tolist(),
             resid_norm_first=s.resid_norm_first.mean(0).tolist(),
             resid_norm_rest=s.resid_norm_rest.mean(0).tolist(),
+            attention=attention_breakdown(model, tokens, classes).to_dict(),
         )
     model.train(was_training)
     return EvalResult(val_loss, split_loss, conditions)
@@ -318,6 +347,21 @@ def train(
         save_checkpoint(model, cfg, out)
         (out / "log.json").write_text(json.dumps(log))
     return TrainResult(model=model, config=cfg, log=log, out_dir=out, seconds=log["seconds"], evals=tuple(evals))
+
+
+def hardware() -> str:
+    """Where this process trains: "cuda: <device>" or "cpu: N thread(s)"."""
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name(0)}"
+    return f"cpu: {torch.get_num_threads()} thread(s)"
+
+
+def train_to_log(cfg_dict: dict, out_dir: str, progress: bool = False) -> dict:
+    """One run for a worker process (importable, so it pickles): train
+    `TrainConfig.from_dict(cfg_dict)`, save the checkpoint to `out_dir`, and
+    return the log with the process's `hardware()`."""
+    result = train(TrainConfig.from_dict(cfg_dict), out_dir, progress=progress)
+    return {**result.log, "hardware": hardware()}
 
 
 def save_checkpoint(model: HookedTransformer, cfg: TrainConfig, out_dir: str | Path) -> Path:

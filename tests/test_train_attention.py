@@ -1,0 +1,213 @@
+"""Issue 22: where attention goes (per query class), the self-masked rotary
+model, depth/seed experiments, intervals over seeds, the larger text corpus
+and parallel runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from jaxtyping import TypeCheckError
+
+from sinkmech.hooks import act_name
+from sinkmech.train.data import corpus_documents, python_docs, text_streams
+from sinkmech.train.intervals import T975, seed_interval, slope, t975
+from sinkmech.train.modes import attention_breakdown, mode_attention, trigger_classes
+from sinkmech.train.run import TrainConfig, TrainData, build_model, load_checkpoint, save_checkpoint, train
+
+TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=2, d_model=32, n_heads=2,
+            eval_prompts=4, val_windows=4, threads=1, warmup=2, positional="rotary")
+
+
+def _script():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "train_sinks.py"
+    spec = importlib.util.spec_from_file_location("train_sinks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tokens(cfg: TrainConfig, bos: bool = True) -> torch.Tensor:
+    prompts = torch.tensor(TrainData(cfg).prompts)
+    return torch.cat([torch.full((len(prompts), 1), cfg.bos_id), prompts], 1) if bos else prompts
+
+
+def _patterns(model, tokens) -> list[torch.Tensor]:
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("pattern"))
+    return [cache[act_name("pattern", l)] for l in range(model.cfg.n_layers)]
+
+
+def test_mask_self_hides_the_own_key_and_survives_a_reload(tmp_path):
+    cfg = TrainConfig(steps=1, mask_self=True, **TINY)
+    tokens = _tokens(cfg)
+    masked, plain = build_model(cfg, "cpu"), build_model(TrainConfig(steps=1, **TINY), "cpu")
+    for pattern in _patterns(masked, tokens):
+        diag = pattern.diagonal(dim1=-2, dim2=-1)  # [batch, head, pos]
+        assert diag[..., 0].eq(1).all() and diag[..., 1:].abs().max() == 0  # query 0 sees only itself
+        assert torch.allclose(pattern.sum(-1), torch.ones(()), atol=1e-5)
+    assert _patterns(plain, tokens)[0].diagonal(dim1=-2, dim2=-1)[..., 1:].min() > 0  # the control attends to itself
+    save_checkpoint(masked, cfg, tmp_path)
+    reloaded, cfg2 = load_checkpoint(tmp_path, device="cpu")
+    assert cfg2.mask_self and _patterns(reloaded, tokens)[1].diagonal(dim1=-2, dim2=-1)[..., 1:].abs().max() == 0
+    # The permanent hook stays through the hooked passes that evaluation uses.
+    b = attention_breakdown(reloaded, tokens, trigger_classes(tokens, n_triggers=cfg.bb_triggers))
+    assert all(float(stats["self"].abs().max()) == 0 for stats in b.classes.values())
+
+
+def brute_force(pattern: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Test oracle: loop over every counted query of one layer."""
+    B, H, P, _ = pattern.shape
+    sums = {k: torch.zeros(H) for k in ("first", "self", "prev", "copy", "rest", "entropy")}
+    n = 0
+    for b in range(B):
+        for q in range(2, P - 1):
+            if not mask[b, q]:
+                continue
+            n += 1
+            for h in range(H):
+                row = pattern[b, h, q, : q + 1].double()
+                parts = {"first": row[0], "self": row[q], "prev": row[q - 1]}
+                parts["copy"] = sum(row[k] for k in range(1, q - 1) if tokens[b, k] == tokens[b, q + 1])
+                parts["rest"] = 1 - sum(parts.values())
+                parts["entropy"] = -sum(p * math.log(p) for p in row.tolist() if p > 0) / math.log(q + 1)
+                for k, v in parts.items():
+                    sums[k][h] += float(v)
+    return {k: v / n for k, v in sums.items()}
+
+
+def test_attention_breakdown_matches_a_brute_force_loop():
+    cfg = TrainConfig(steps=1, **TINY)
+    model = build_model(cfg, "cpu")
+    tokens = _tokens(cfg)
+    classes = trigger_classes(tokens, n_triggers=cfg.bb_triggers)
+    b = attention_breakdown(model, tokens, classes)
+    for l, pattern in enumerate(_patterns(model, tokens)):
+        for c, mask in classes.items():
+            want = brute_force(pattern, tokens, mask)
+            for k, v in want.items():
+                assert torch.allclose(b.classes[c][k][l], v.float(), atol=1e-4), (l, c, k)
+    assert b.counts["trigger"] == int(classes["trigger"][:, 2:-1].sum())
+    total = sum(b.classes["other"][k] for k in ("first", "self", "prev", "copy", "rest"))
+    assert torch.allclose(total, torch.ones_like(total), atol=1e-5)
+
+
+def test_planted_heads_read_self_uniform_and_if_else():
+    """Head 0 of layer 0 planted on its own key (entropy 0); head 1 uniform
+    (entropy 1, first = mean 1/(q+1)); layer 1 head 0 the ideal if-else head."""
+    cfg = TrainConfig(steps=1, **TINY)
+    model = build_model(cfg, "cpu")
+    tokens = _tokens(cfg)
+    T = tokens.shape[1]
+    causal = torch.tril(torch.ones(T, T))
+    trig = tokens < cfg.bb_triggers
+    ideal = torch.zeros(len(tokens), T, T)
+    q = torch.arange(1, T)
+    ideal[:, :, 0] = 1.0
+    ideal[:, q, 0] = torch.where(trig[:, q], 0.0, 1.0)
+    ideal[:, q, q - 1] += torch.where(trig[:, q], 1.0, 0.0)
+
+    def plant(pattern, hook):
+        out = pattern.clone()
+        if hook.layer() == 0:
+            out[:, 0] = torch.eye(T)
+            out[:, 1] = causal / causal.sum(-1, keepdim=True)
+        else:
+            out[:, 0] = ideal
+        return out
+
+    with model.hooks(fwd_hooks=[(act_name("pattern", l), plant) for l in range(2)]):
+        m = mode_attention(model, tokens, n_triggers=cfg.bb_triggers)
+    assert m.other_self[0, 0] == pytest.approx(1.0) and m.other_entropy[0, 0] == pytest.approx(0.0, abs=1e-5)
+    assert m.trigger_self[0, 0] == pytest.approx(1.0) and m.other_rest[0, 0] == pytest.approx(0.0, abs=1e-5)
+    assert m.other_entropy[0, 1] == pytest.approx(1.0, abs=1e-5)
+    assert m.other_first[0, 1] == pytest.approx(float((1.0 / torch.arange(3, T)).mean()), rel=0.2)
+    assert m.trigger_prev[1, 0] == pytest.approx(1.0) and m.other_first[1, 0] == pytest.approx(1.0)
+    assert m.other_prev[1, 0] == pytest.approx(0.0) and m.trigger_entropy[1, 0] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_t_table_matches_a_numerical_integral():
+    """t_{0.975, df}: the tabulated quantile leaves 2.5 % in the upper tail of
+    the Student-t density (Simpson's rule on [0, x])."""
+    for df, x in enumerate(T975, start=1):
+        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+        n = 20_000
+        h = x / n
+        f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+        area = h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+        assert 0.5 + area == pytest.approx(0.975, abs=2e-4), df
+    with pytest.raises(ValueError, match="tabulated"):
+        t975(11)
+
+
+def test_seed_interval_and_slope():
+    iv = seed_interval([1.0, 2.0, 3.0])
+    assert iv["mean"] == 2.0 and iv["n"] == 3
+    assert iv["hi"] - 2.0 == pytest.approx(4.303 * 1.0 / math.sqrt(3))  # sd 1, t_{0.975,2}
+    assert seed_interval([5.0, 5.0])["lo"] == 5.0  # no spread, no width
+    with pytest.raises(ValueError, match="at least 2"):
+        seed_interval([1.0])
+    assert slope([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(2.0) and slope([1.0, 2.0, 3.0], [5.0] * 3) == 0.0
+
+
+def test_the_larger_text_corpus_adds_the_stdlib_sources():
+    docs, both = python_docs(), corpus_documents("docs+source")
+    assert both[: len(docs)] == docs and len(both) > len(docs) + 500
+    assert any("def " in d and "import " in d for d in both[len(docs):len(docs) + 50])
+    train_docs, _ = text_streams(limit_bytes=200_000)
+    train_both, _ = text_streams(limit_bytes=200_000, corpus="docs+source")
+    assert torch.equal(train_docs, train_both)  # the sources follow the docs: a small limit sees only docs
+    with pytest.raises((ValueError, TypeCheckError)):  # the literal is type-checked before __post_init__
+        TrainConfig(text_corpus="web")
+
+
+def test_eval_record_has_layer_rates_and_attention_per_class(tmp_path):
+    cfg = TrainConfig(steps=2, eval_every=2, mask_self=True, **TINY)
+    ev = train(cfg, progress=False).final()["conditions"]
+    for cond in ("prepend", "none"):
+        c = ev[cond]
+        assert set(c["layer_sink_rate"]) == {"0.3", "0.8"} and len(c["layer_sink_rate"]["0.3"]) == 2
+        # the whole-model rate is the mean of the per-layer rates (equal heads per layer)
+        assert sum(c["layer_sink_rate"]["0.3"]) / 2 == pytest.approx(c["sink_rate"]["0.3"])
+        assert set(c["attention"]) == {"trigger", "other", "counts"}
+        assert c["attention"]["other"]["self"] == [[0.0, 0.0], [0.0, 0.0]]
+    text = TrainConfig(data="text", text_limit_bytes=300_000, context_length=32, tokens_per_step=128, n_layers=1,
+                       d_model=16, n_heads=2, steps=1, eval_every=1, eval_prompts=2, val_windows=2, threads=1)
+    att = train(text, progress=False).final()["conditions"]["prepend"]["attention"]
+    assert set(att) == {"all", "counts"}
+
+
+def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
+    mod = _script()
+    small = ["--steps", "3", "--quiet", "--set", "val_windows=2", "eval_prompts=4"]
+    common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
+    assert mod.main(["mask-self", "--seeds", "0", "1", "--jobs", "2", *small, *common]) == 0
+    rows = json.loads((tmp_path / "fig" / "mask_self.json").read_text())
+    assert [(r["seed"], r["inference_bos"]) for r in rows] == [(0, True), (0, False), (1, True), (1, False)]
+    assert all(r["mask_self"] is True and r["positional"] == "rotary" for r in rows)
+    for r in rows:
+        assert {"positional", "fixed_bos", "inference_bos", "sink_rate", "max_head_score", "n_layers", "n_heads",
+                "d_model", "data", "seed", "context_length", "packing", "steps", "val_loss"} <= set(r)
+    # --jobs 2 trains exactly what one process trains
+    serial = tmp_path / "serial"
+    assert mod.main(["mask-self", "--seeds", "1", *small, "--out", str(serial), "--runs-dir", str(tmp_path / "r2")]) == 0
+    assert json.loads((serial / "mask_self.json").read_text())[0]["val_loss"] == rows[2]["val_loss"]
+    assert mod.main(["depth", "--depths", "1", "2", "--seeds", "0", "1", "--positionals", "rotary", *small,
+                     *common]) == 0
+    depth = json.loads((tmp_path / "fig" / "depth.json").read_text())
+    assert sorted({(r["n_layers"], r["seed"]) for r in depth}) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(len(r["layer_sink_rate"]["0.3"]) == r["n_layers"] and "mask_self" not in r for r in depth)
+    assert mod.main(["modes", *common[:2]]) == 0
+    modes = json.loads((tmp_path / "fig" / "modes.json").read_text())
+    assert {r["experiment"] for r in modes} == {"mask_self", "depth"}
+    assert all(r["other_self"] == [[0.0]] for r in modes if r.get("mask_self"))
+    assert mod.main(["findings", *common[:2]]) == 0
+    flat = json.loads((tmp_path / "fig" / "findings_train.json").read_text())
+    gaps = [r2["val_loss"] - r1["val_loss"] for r1, r2 in zip(depth[0::2], depth[1::2]) if r1["n_layers"] == 2]
+    assert flat["train.depth.rotary.L2.loss_gap.mean"] == pytest.approx(sum(gaps) / 2)
+    assert flat["train.depth.rotary.L2.n_seeds"] == 2 and "train.depth.rotary.L2.prepend.layer_sink_rate.L1.0.3.hi" in flat
+    assert "train.modes.mask_self.rotary-maskself-seed1.prepend.L0H0.other_entropy" in flat
+    assert mod.main(["depth", "--depths", "0", *small, *common]) == 2  # a bad depth: one clear error
