@@ -37,8 +37,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sinkmech.prompts import CONDITIONS  # noqa: E402
@@ -46,9 +44,8 @@ from sinkmech.train.config import DATA_SOURCES, PACKINGS, POSITIONALS, run_name 
 from sinkmech.train.data import sink_tokens  # noqa: E402
 from sinkmech.train.emergence import emergence  # noqa: E402
 from sinkmech.train.intervals import seed_interval, slope  # noqa: E402
-from sinkmech.train.modes import mode_attention  # noqa: E402
 from sinkmech.train.run import TrainConfig, hardware, train_to_log  # noqa: E402
-from sinkmech.train_figures import context_length_plot, emergence_plot, training_curves  # noqa: E402
+from sinkmech.train_figures import context_length_plot, depth_plot, emergence_plot, training_curves  # noqa: E402
 
 # Sizes. cpu: Guo et al.'s one-layer, one-head model with learned absolute
 # positions, where a thresholded sink forms: on a probe of exactly this config
@@ -121,10 +118,29 @@ def parse_sets(items: list[str] | None) -> dict:
     return out
 
 
-def summary_rows(log: dict, **extra) -> list[dict]:
-    """One row per inference condition from a run's log (its final evaluation)."""
+def layer_rates(condition: dict, n_layers: int) -> dict:
+    """{"layer_sink_rate": {eps: [per layer %]}} from an evaluation; a log
+    that predates the per-layer record has it only for one layer, where it is
+    the whole model's rate; else {}."""
+    if "layer_sink_rate" in condition:
+        return {"layer_sink_rate": condition["layer_sink_rate"]}
+    if n_layers == 1:
+        return {"layer_sink_rate": {eps: [v] for eps, v in condition["sink_rate"].items()}}
+    return {}
+
+
+def summary_rows(log: dict, at_step: int | None = None, **extra) -> list[dict]:
+    """One row per inference condition from a run's log: its final evaluation,
+    or the one at step `at_step` (then "steps" is that step and "run_steps"
+    the run's length)."""
     cfg = TrainConfig.from_dict(log["config"])
     final = log["evals"][-1]
+    if at_step is not None:
+        found = [e for e in log["evals"] if e["step"] == at_step]
+        if not found:
+            raise ValueError(f"the log of {extra.get('run', 'a run')} has no evaluation at step {at_step}")
+        final = found[0]
+        extra = {"run_steps": cfg.steps, **extra}
     base = final["val_loss"]["prepend"]
     rows = []
     for cond in CONDITIONS:
@@ -147,14 +163,14 @@ def summary_rows(log: dict, **extra) -> list[dict]:
             "d_model": cfg.d_model,
             "lr": cfg.lr,
             "data": cfg.data,
-            "steps": cfg.steps,
+            "steps": cfg.steps if at_step is None else at_step,
             "seed": cfg.seed,
             "tokens_per_step": cfg.batch_size * cfg.context_length,
             "n_params": log["n_params"],
             "train_seconds": round(log["seconds"], 1),
             "hardware": log.get("hardware", hardware()),
             "weight_decay": cfg.weight_decay,
-            **({"layer_sink_rate": c["layer_sink_rate"]} if "layer_sink_rate" in c else {}),
+            **layer_rates(c, cfg.n_layers),
             **({"text_corpus": cfg.text_corpus} if cfg.data == "text" else {}),
             **({"mask_self": True} if cfg.mask_self else {}),
             **extra,
@@ -227,7 +243,16 @@ def _reusable_log(cfg: TrainConfig, args, experiment: str, name: str) -> dict | 
     if not path.exists():
         return None
     log = json.loads(path.read_text())
-    return log if log.get("config") == cfg.to_dict() else None
+    return log if same_config(log, cfg) else None
+
+
+def same_config(log: dict, cfg: TrainConfig) -> bool:
+    """The log's run had exactly `cfg`: a field the log predates ran with its
+    default, so the log's config is read through `TrainConfig.from_dict`."""
+    try:
+        return TrainConfig.from_dict(log["config"]) == cfg
+    except (ValueError, TypeError):
+        return False
 
 
 def write_emergence(log: dict, name: str, out: Path, prefix: str) -> dict:
@@ -295,11 +320,18 @@ def cmd_positional(args) -> list[dict]:
 
 
 def _write_rows(args, experiment: str, rows: list[dict], logs: dict, title: str) -> None:
+    """<experiment>.json and a figure: training curves for a few runs, the
+    depth plot for the depth sweep (too many runs for one column each)."""
     out = Path(args.out)
     (out / f"{args.prefix}{experiment}.json").write_text(json.dumps(rows, indent=1))
-    training_curves(logs, out / f"{args.prefix}{experiment}_curves.png", title=title)
+    if experiment == "depth":
+        depth_plot(rows, out / f"{args.prefix}depth.png", title=title)
+        figure = "depth.png"
+    else:
+        training_curves(logs, out / f"{args.prefix}{experiment}_curves.png", title=title)
+        figure = f"{experiment}_curves.png"
     print(packing_table(rows))
-    print(f"wrote {out / (args.prefix + experiment + '.json')}, {experiment}_curves.png")
+    print(f"wrote {out / (args.prefix + experiment + '.json')}, {figure}")
 
 
 def cmd_mask_self(args) -> list[dict]:
@@ -321,8 +353,10 @@ def cmd_depth(args) -> list[dict]:
     each depth and positional embedding, one run per seed (the 1-layer runs
     are reused from the positional experiment when their config matches)."""
     specs = []
-    for seed in args.seeds:  # seed-major: a cut-short sweep still has every depth
+    for i, seed in enumerate(args.seeds):  # seed-major: a cut-short sweep still has every depth
         for depth in args.depths:
+            if depth >= 4 and args.deep_seeds is not None and i >= args.deep_seeds:
+                continue
             for positional in args.positionals:
                 steps = args.deep_steps if (args.deep_steps and depth >= 4) else None
                 over = dict(packing="causal", fixed_bos=True, positional=positional, n_layers=depth, seed=seed)
@@ -331,18 +365,29 @@ def cmd_depth(args) -> list[dict]:
                 cfg = preset_config(args, **over)
                 specs.append((cfg, "depth", f"{positional}-L{depth}-seed{seed}"))
     logs = {}
-    for cfg, experiment, name in specs:  # reuse the positional runs (seed 0 unprefixed, seedN_ otherwise)
+    for cfg, experiment, name in specs:
+        # reuse the positional runs (seed 0 unprefixed, seedN_ otherwise; the 2-layer rotary explore_ run)
         prefix = "" if cfg.seed == 0 else f"seed{cfg.seed}_"
-        path = Path(args.out) / "logs" / "positional" / f"{prefix}{positional_name(cfg)}.json"
-        if path.exists():
-            log = json.loads(path.read_text())
-            if log.get("config") == cfg.to_dict() and "layer_sink_rate" in log["evals"][-1]["conditions"]["prepend"]:
-                print(f"{name}: reusing {path} (same config)")
-                logs[name] = log
-                _save_log(log, args, experiment, name)
+        for path in (Path(args.out) / "logs" / "positional" / f"{prefix}{positional_name(cfg)}.json",
+                     Path(args.out) / "logs" / "positional" / f"explore_{positional_name(cfg)}.json"):
+            if name not in logs and path.exists() and not (Path(args.out) / "logs" / experiment / f"{name}.json").exists():
+                log = json.loads(path.read_text())
+                if same_config(log, cfg):
+                    print(f"{name}: reusing {path} (same config)")
+                    logs[name] = log
+                    _save_log(log, args, experiment, name)
     logs.update(run_many([sp for sp in specs if sp[2] not in logs], args))
     rows = [r for _, _, n in specs for r in summary_rows(logs[n], preset=args.preset, run=n)]
     _write_rows(args, "depth", rows, logs, f"Depth ({args.preset} preset, fixed <bos>, seeds {args.seeds})")
+    if args.deep_steps:
+        # Every run read at the deep runs' length, from its log: depths compared at equal training.
+        at = [r for _, _, n in specs for r in summary_rows(logs[n], at_step=args.deep_steps, preset=args.preset, run=n)]
+        out = Path(args.out)
+        (out / f"{args.prefix}depth_at_step.json").write_text(json.dumps(at, indent=1))
+        depth_plot(at, out / f"{args.prefix}depth_at_step.png",
+                   title=f"Depth at step {args.deep_steps} ({args.preset} preset, fixed <bos>, seeds {args.seeds})")
+        print(f"wrote {out / (args.prefix + 'depth_at_step.json')}, depth_at_step.png (every run at step "
+              f"{args.deep_steps})")
     return rows
 
 
@@ -566,9 +611,10 @@ def findings(out: Path, prefix: str = "") -> dict:
     path = out / f"{prefix}mask_self.json"
     if path.exists():
         seed_findings(flat, "mask_self", json.loads(path.read_text()), lambda r: "rotary")
-    path = out / f"{prefix}depth.json"
-    if path.exists():
-        seed_findings(flat, "depth", json.loads(path.read_text()), lambda r: f"{r['positional']}.L{r['n_layers']}")
+    for tag in ("depth", "depth_at_step"):
+        path = out / f"{prefix}{tag}.json"
+        if path.exists():
+            seed_findings(flat, tag, json.loads(path.read_text()), lambda r: f"{r['positional']}.L{r['n_layers']}")
     context_length_findings(flat, out, prefix)
     path = out / f"{prefix}text.json"
     if path.exists():
@@ -752,6 +798,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4])
             p.add_argument("--positionals", nargs="+", choices=POSITIONALS, default=["rotary", "standard"])
             p.add_argument("--deep-steps", type=int, default=None, help="steps for depths >= 4 (default: the preset's)")
+            p.add_argument("--deep-seeds", type=int, default=None,
+                           help="train depths >= 4 for the first N seeds only (default: every seed)")
         if name == "text":
             p.add_argument("--depths", type=int, nargs="+", default=[2])
             p.add_argument("--weight-decays", type=float, nargs="+", default=[0.1, 0.0])

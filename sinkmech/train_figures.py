@@ -146,3 +146,44 @@ def emergence_plot(em: Mapping, path: str | os.PathLike, *, title: str = "") -> 
         ax.set_xlabel("training step")
     fig.suptitle(title or f"Sink emergence ({em['run']})", fontsize=10)
     return save(fig, path)
+
+
+def depth_plot(rows: Sequence[dict], path: str | os.PathLike, *, title: str = "") -> Path:
+    """Sink rate (eps 0.3, with and without `<bos>` at inference), max alpha_0
+    and the loss gap without `<bos>`, against depth: one marker per seed, a
+    line through the seed means, one color per positional embedding."""
+    if not rows:
+        raise ValueError("no depth rows to plot")
+    positionals = list(dict.fromkeys(r["positional"] for r in rows))
+    colors = dict(zip(positionals, ("tab:purple", "tab:green", "tab:red")))
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.0), constrained_layout=True)
+    for pos in positionals:
+        mine = [r for r in rows if r["positional"] == pos]
+        depths = sorted({r["n_layers"] for r in mine})
+        pairs = [(r, t) for r in mine if r["inference_bos"]
+                 for t in mine if not t["inference_bos"] and t["seed"] == r["seed"] and t["n_layers"] == r["n_layers"]]
+        panels = (
+            (axes[0], "sink rate % (alpha_0 > 0.3)", lambda r, t: r["sink_rate"]["0.3"], "-", "with <bos>"),
+            (axes[0], None, lambda r, t: t["sink_rate"]["0.3"], "--", "without <bos>"),
+            (axes[1], "max head alpha_0", lambda r, t: r["max_head_score"], "-", "with <bos>"),
+            (axes[1], None, lambda r, t: t["max_head_score"], "--", "without <bos>"),
+            (axes[2], "loss without <bos> - with (nats)", lambda r, t: t["val_loss"] - r["val_loss"], "-", ""),
+        )
+        for ax, ylabel, get, ls, label in panels:
+            xs = [r["n_layers"] for r, _ in pairs]
+            ys = [get(r, t) for r, t in pairs]
+            ax.scatter(xs, ys, s=14, color=colors[pos], alpha=0.5, marker="o" if ls == "-" else "x")
+            means = [sum(y for x, y in zip(xs, ys) if x == d) / max(1, xs.count(d)) for d in depths]
+            ax.plot(depths, means, ls, color=colors[pos], label=f"{pos} {label}".strip())
+            if ylabel:
+                ax.set_ylabel(ylabel, fontsize=9)
+            ax.set_xlabel("layers", fontsize=9)
+            ax.set_xticks(sorted({r["n_layers"] for r in rows}))
+    axes[0].set_ylim(-5, 105)
+    axes[1].axhline(rows[0]["uniform_score"], color="0.5", lw=0.8, ls=":", label="uniform")
+    axes[2].axhline(0.0, color="0.5", lw=0.8)
+    for ax in axes:
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save(fig, path)
