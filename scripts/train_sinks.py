@@ -171,6 +171,9 @@ def summary_rows(log: dict, at_step: int | None = None, **extra) -> list[dict]:
             "hardware": log.get("hardware", hardware()),
             "weight_decay": cfg.weight_decay,
             **layer_rates(c, cfg.n_layers),
+            "head_scores": c["head_scores"],  # [layer][head] mean alpha_0
+            "value_norm_first": c["value_norm_first"],  # [layer][head]: the first token's value norm ...
+            "value_norm_rest": c["value_norm_rest"],  # ... and the other tokens' mean
             **({"text_corpus": cfg.text_corpus} if cfg.data == "text" else {}),
             **({"mask_self": True} if cfg.mask_self else {}),
             **extra,
@@ -370,7 +373,9 @@ def cmd_depth(args) -> list[dict]:
         prefix = "" if cfg.seed == 0 else f"seed{cfg.seed}_"
         for path in (Path(args.out) / "logs" / "positional" / f"{prefix}{positional_name(cfg)}.json",
                      Path(args.out) / "logs" / "positional" / f"explore_{positional_name(cfg)}.json"):
-            if name not in logs and path.exists() and not (Path(args.out) / "logs" / experiment / f"{name}.json").exists():
+            if args.fresh or name in logs or (Path(args.out) / "logs" / experiment / f"{args.prefix}{name}.json").exists():
+                continue
+            if path.exists():
                 log = json.loads(path.read_text())
                 if same_config(log, cfg):
                     print(f"{name}: reusing {path} (same config)")
@@ -610,7 +615,14 @@ def findings(out: Path, prefix: str = "") -> dict:
             flat[f"train.emergence_seeds.{seed}.stable_step.{eps}"] = step
     path = out / f"{prefix}mask_self.json"
     if path.exists():
-        seed_findings(flat, "mask_self", json.loads(path.read_text()), lambda r: "rotary")
+        rows = json.loads(path.read_text())
+        seed_findings(flat, "mask_self", rows, lambda r: "rotary")
+        for r in rows:  # the sink's small value (Guo et al. 2024), per head
+            for l, heads in enumerate(r.get("value_norm_first", [])):
+                for h, v in enumerate(heads):
+                    base = f"train.mask_self.rotary.seed{r['seed']}.{_cond(r)}.L{l}H{h}"
+                    flat[f"{base}.value_norm_first"] = v
+                    flat[f"{base}.value_norm_rest"] = r["value_norm_rest"][l][h]
     for tag in ("depth", "depth_at_step"):
         path = out / f"{prefix}{tag}.json"
         if path.exists():
@@ -718,13 +730,20 @@ def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
             for stat, v in seed_interval([get(r, t) for r, t in by_t[T]]).items():
                 flat[f"{base}.T{T}.{name}.{stat}"] = v
     seeds = sorted({r["seed"] for pairs in by_t.values() for r, _ in pairs})
-    for name, get in series.items():
-        slopes = []
-        for seed in seeds:
-            pts = [(math.log2(T), get(r, t)) for T in lengths for r, t in by_t[T] if r["seed"] == seed]
-            slopes.append(slope([x for x, _ in pts], [y for _, y in pts]))
-        for stat, v in seed_interval(slopes).items():
-            flat[f"{base}.slope_per_doubling.{name}.{stat}"] = v
+    # The trend over every context, and over the contexts where the sink is robust: every seed's
+    # with-<bos> model has alpha_0 > 0.3 on every prompt.
+    robust = [T for T in lengths if all(r["sink_rate"]["0.3"] == 100.0 for r, _ in by_t[T])]
+    flat[f"{base}.robust_lengths"] = ",".join(str(T) for T in robust)
+    for tag, subset in (("slope_per_doubling", lengths), ("slope_per_doubling_robust", robust)):
+        if len(subset) < 2:
+            continue
+        for name, get in series.items():
+            slopes = []
+            for seed in seeds:
+                pts = [(math.log2(T), get(r, t)) for T in subset for r, t in by_t[T] if r["seed"] == seed]
+                slopes.append(slope([x for x, _ in pts], [y for _, y in pts]))
+            for stat, v in seed_interval(slopes).items():
+                flat[f"{base}.{tag}.{name}.{stat}"] = v
 
 
 def text_findings(flat: dict, rows: list[dict]) -> None:
@@ -798,6 +817,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4])
             p.add_argument("--positionals", nargs="+", choices=POSITIONALS, default=["rotary", "standard"])
             p.add_argument("--deep-steps", type=int, default=None, help="steps for depths >= 4 (default: the preset's)")
+            p.add_argument("--fresh", action="store_true",
+                           help="train the 1- and 2-layer runs anew instead of reusing the positional runs' logs")
             p.add_argument("--deep-seeds", type=int, default=None,
                            help="train depths >= 4 for the first N seeds only (default: every seed)")
         if name == "text":

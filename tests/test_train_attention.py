@@ -211,3 +211,16 @@ def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
     assert flat["train.depth.rotary.L2.n_seeds"] == 2 and "train.depth.rotary.L2.prepend.layer_sink_rate.L1.0.3.hi" in flat
     assert "train.modes.mask_self.rotary-maskself-seed1.prepend.L0H0.other_entropy" in flat
     assert mod.main(["depth", "--depths", "0", *small, *common]) == 2  # a bad depth: one clear error
+
+
+def test_logs_that_predate_a_field_are_reused_only_for_its_default():
+    mod = _script()
+    cfg = TrainConfig(**TINY)
+    old = {k: v for k, v in cfg.to_dict().items() if k not in ("mask_self", "text_corpus")}
+    assert mod.same_config({"config": old}, cfg)
+    assert not mod.same_config({"config": old}, TrainConfig(mask_self=True, **TINY))
+    assert not mod.same_config({"config": {**old, "n_layers": 3}}, cfg)
+    assert not mod.same_config({"config": {**old, "no_such_field": 1}}, cfg)
+    rate = {"sink_rate": {"0.3": 40.0, "0.8": 0.0}}
+    assert mod.layer_rates(rate, 1) == {"layer_sink_rate": {"0.3": [40.0], "0.8": [0.0]}}
+    assert mod.layer_rates(rate, 2) == {}  # a 2-layer rate cannot be split after the fact
