@@ -617,6 +617,7 @@ def findings(out: Path, prefix: str = "") -> dict:
     if path.exists():
         rows = json.loads(path.read_text())
         seed_findings(flat, "mask_self", rows, lambda r: "rotary")
+        mask_self_contrasts(flat, out, prefix, rows)
         for r in rows:  # the sink's small value (Guo et al. 2024), per head
             for l, heads in enumerate(r.get("value_norm_first", [])):
                 for h, v in enumerate(heads):
@@ -700,6 +701,45 @@ def seed_findings(flat: dict, tag: str, rows: list[dict], key) -> None:
                 for stat, v in seed_interval(vals).items():
                     if stat != "n":
                         flat[f"train.{tag}.{k}.{name}.{stat}"] = v
+
+
+def mask_self_contrasts(flat: dict, out: Path, prefix: str, rows: list[dict]) -> None:
+    """Paired over seeds (a seed fixes the data and the initialisation): max
+    alpha_0 with `<bos>` minus without, in the masked runs and in the unmasked
+    rotary runs of the positional experiment; and masked minus unmasked, with
+    `<bos>`. Mean and 95 % t interval of each difference."""
+    unmasked = {}
+    for path in [out / f"{prefix}positional.json", *sorted(out.glob(f"{prefix}seed*_positional.json"))]:
+        if path.exists():
+            for r in json.loads(path.read_text()):
+                if r["positional"] == "rotary" and not r.get("mask_self"):
+                    unmasked[(r["seed"], r["inference_bos"])] = r
+    masked = {(r["seed"], r["inference_bos"]): r for r in rows}
+    seeds = sorted({s for s, _ in masked})
+    base = "train.mask_self.contrast"
+    diffs = {
+        "masked.bos_minus_nobos.max_head_score": [masked[(s, True)]["max_head_score"] - masked[(s, False)]["max_head_score"]
+                                                  for s in seeds],
+    }
+    both = [s for s in seeds if (s, True) in unmasked and (s, False) in unmasked]
+    if len(both) >= 2:
+        diffs["unmasked.bos_minus_nobos.max_head_score"] = [
+            unmasked[(s, True)]["max_head_score"] - unmasked[(s, False)]["max_head_score"] for s in both]
+        diffs["masked_minus_unmasked.prepend.max_head_score"] = [
+            masked[(s, True)]["max_head_score"] - unmasked[(s, True)]["max_head_score"] for s in both]
+        diffs["masked_minus_unmasked.prepend.sink_rate.0.3"] = [
+            masked[(s, True)]["sink_rate"]["0.3"] - unmasked[(s, True)]["sink_rate"]["0.3"] for s in both]
+        diffs["masked_minus_unmasked.prepend.val_loss"] = [
+            masked[(s, True)]["val_loss"] - unmasked[(s, True)]["val_loss"] for s in both]
+        for s in both:
+            for cond in (True, False):
+                r = unmasked[(s, cond)]
+                flat[f"{base}.unmasked.seed{s}.{'prepend' if cond else 'none'}.max_head_score"] = r["max_head_score"]
+                flat[f"{base}.unmasked.seed{s}.{'prepend' if cond else 'none'}.sink_rate.0.3"] = r["sink_rate"]["0.3"]
+    for name, vals in diffs.items():
+        if len(vals) >= 2:
+            for stat, v in seed_interval(vals).items():
+                flat[f"{base}.{name}.{stat}"] = v
 
 
 def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
