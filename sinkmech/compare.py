@@ -22,8 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sinkmech.backend import Model
-from sinkmech.dormant.noop import noop_check
-from sinkmech.dormant.scan import scan_heads
+from sinkmech.dormant.discover import discover_heads
 from sinkmech.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
 from sinkmech.sinks import format_eps, sink_scores
@@ -57,8 +56,10 @@ class DormantSummary:
     mode_counts: dict[str, int]
     if_else_heads: list[str]
     candidates: dict[str, dict]  # head label -> scan summary (triggers, fractions, norms)
-    noop: dict[str, dict]  # head label -> no-op check numbers
-    loss_clean: float
+    noop: dict[str, dict]  # head label -> no-op check numbers (NoopResult.to_dict)
+    loss_clean: float | None
+    sweep: list[dict] = field(default_factory=list)  # labels at other (high, low) cuts
+    noop_prompts: list[int] = field(default_factory=list)  # held out from the scan
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -112,10 +113,20 @@ class ModelComparison:
         }
         if self.dormant is not None:
             d = self.dormant
-            out["dormant"] = {"n_prompts": d.n_prompts, "mode_counts": d.mode_counts,
-                              "n_if_else": len(d.if_else_heads), "if_else_heads": d.if_else_heads,
-                              "noop": {h: {k: n[k] for k in ("n_dormant", "n_active", "per_query_dormant",
-                                                             "per_query_active")} for h, n in d.noop.items()}}
+            out["dormant"] = {
+                "n_prompts": d.n_prompts, "mode_counts": d.mode_counts, "n_if_else": len(d.if_else_heads),
+                "if_else_heads": d.if_else_heads, "noop_prompts": len(d.noop_prompts),
+                "validated_lift": {h: d.candidates[h]["validated_lift"] for h in d.if_else_heads},
+                "noop": {h: {k: n[k] for k in ("n_dormant", "n_active", "per_query_dormant", "per_query_active",
+                                                "per_query_dormant_ci", "per_query_active_ci", "zero_dormant",
+                                                "zero_active", "zero_dormant_ci", "zero_active_ci", "detectable")}
+                         for h, n in d.noop.items()},
+                "sweep": {f"{r['high']:g}_{r['low']:g}": {"if_else": r["mode_counts"]["if_else"],
+                                                         "mixed": r["mode_counts"]["mixed"],
+                                                         "active": r["mode_counts"]["active"],
+                                                         "sink": r["mode_counts"]["sink"],
+                                                         "if_else_heads": ", ".join(r["if_else_heads"])}
+                          for r in d.sweep}}
         return out
 
     def to_dataframe(self):
@@ -161,7 +172,10 @@ def compare_model(
         spread_prompts, spread_tokens, spread_position: the one-token swap (a
             token of the next prompt at this content position) on the first
             prompts, cut to `spread_tokens` content tokens.
-        noop_heads: how many of the scan's best candidates the no-op check runs on.
+        dormant_prompts, noop_prompts: the dormant-head scan runs on the first
+            prompts, the no-op check on the next ones (held out from the scan).
+        noop_heads: how many of the closest candidates besides the if_else
+            heads the no-op check runs on.
 
     Returns:
         ModelComparison with one ConditionRow per `<bos>` condition.
@@ -196,20 +210,23 @@ def compare_model(
         )
     dormant = None
     if dormant_prompts > 0:
-        scan = scan_heads(model, items[:dormant_prompts], bos="prepend", max_tokens=max_tokens,
-                          batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
+        pool = load_prompts(prompts)
+        n_noop = min(noop_prompts, len(pool) // 2)  # held out from the scan
+        disc = discover_heads(model, pool, scan_prompts=min(dormant_prompts, len(pool) - n_noop), noop_prompts=n_noop,
+                              n_candidates=noop_heads, max_tokens=max_tokens, batch_size=batch_size,
+                              bos_token_id=bos_token_id, progress=progress)
+        scan, noop = disc.scan, disc.noop
         found = scan.if_else_heads()
-        cands = (found or scan.ranked())[:noop_heads]
-        th = scan.thresholds
-        noop = noop_check(model, items[:noop_prompts], cands, bos="prepend", max_tokens=max_tokens,
-                          batch_size=batch_size, bos_token_id=bos_token_id, high=th.high, low=th.low, progress=False)
+        checked = [(r.layer, r.head) for r in noop.results] if noop is not None else found
         dormant = DormantSummary(
             n_prompts=scan.n_prompts,
             mode_counts=scan.mode_counts(),
             if_else_heads=[_head(*hd) for hd in found],
-            candidates={_head(*hd): scan.head_summary(*hd) for hd in cands},
-            noop={_head(r.layer, r.head): r.to_dict() for r in noop.results},
-            loss_clean=noop.loss_clean,
+            candidates={_head(*hd): scan.head_summary(*hd) for hd in dict.fromkeys(found + checked)},
+            noop={} if noop is None else {_head(r.layer, r.head): r.to_dict() for r in noop.results},
+            loss_clean=None if noop is None else noop.loss_clean,
+            sweep=list(scan.sweep or ()),
+            noop_prompts=list(disc.noop_prompts),
         )
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,

@@ -396,3 +396,31 @@ def patching_heatmaps(
         diverging=diverging,
     )
     return save(fig, path)
+
+
+def mode_sweep(rows: Sequence[Mapping], path: str | os.PathLike, *, title: str = "Head modes at other cuts") -> Path:
+    """The threshold sweep of a head scan (`HeadScan.sweep`): left, if_else
+    heads against `high`, one line per `low`; right, sink / active / mixed
+    heads against `high` at the default `low` 0.2 (else the largest swept).
+
+    Args:
+        rows: dicts with `high`, `low` and `mode_counts`.
+    """
+    if not rows:
+        raise ValueError("no sweep rows to draw")
+    lows = sorted({r["low"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, 2, figsize=(7.0, 2.8), constrained_layout=True)
+    for low in lows:
+        sel = sorted((r for r in rows if r["low"] == low), key=lambda r: r["high"])
+        axes[0].plot([r["high"] for r in sel], [r["mode_counts"]["if_else"] for r in sel], marker="o", label=f"low {low:g}")
+    axes[0].set(xlabel="high (a query is dormant at >= high)", ylabel="if_else heads")
+    axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0].legend(fontsize=7)
+    base = 0.2 if 0.2 in lows else lows[0]
+    sel = sorted((r for r in rows if r["low"] == base), key=lambda r: r["high"])
+    for mode in ("sink", "active", "mixed"):
+        axes[1].plot([r["high"] for r in sel], [r["mode_counts"][mode] for r in sel], marker="o", label=mode)
+    axes[1].set(xlabel="high", ylabel="heads", title=f"low {base:g}")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return save(fig, path)

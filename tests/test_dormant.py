@@ -8,82 +8,13 @@ import json
 
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from sinkmech.dormant.bands import band_layout, band_norms
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
 from tests.conftest import TINY_BOS, make_tiny
-
-TRIGGER = 7
-N_CTX = 32
-LATE = 9  # a token that only occurs late in the sequence
-X_BOS, X_TRIG, X_CONST, X_POS = 0, 1, 2, 3  # residual dims of the planted model
-X_RAND = X_POS + N_CTX
-
-
-def planted_model(kinds: dict[int, str], seed: int = 0) -> HookedTransformer:
-    """Attention-only 2-layer model with hand-set layer-0 heads (others random).
-
-    Residual = one-hot "is <bos>", "is trigger", a constant 1 on every
-    non-<bos> token, a one-hot position, and 10 random features. Logits are
-    written in units of the attention scale, so 15 means 15 after scaling.
-
-    kinds: head -> "if_else" (sink logit +15, -15 when the query token is
-    TRIGGER; previous-token logit +8; the value at <bos> is 0), "sink"
-    (always +15 on <bos>), "prev" (previous token +15), "position" (sink
-    before position 10, previous token from there on).
-    """
-    cfg = HookedTransformerConfig(
-        n_layers=2, d_model=X_RAND + 10, n_heads=4, d_head=N_CTX + 2, n_ctx=N_CTX, d_vocab=50,
-        attn_only=True, normalization_type=None, positional_embedding_type="standard", seed=seed, device="cpu",
-    )
-    model = HookedTransformer(cfg)
-    g = torch.Generator().manual_seed(seed)
-    pos = torch.arange(N_CTX)
-    with torch.no_grad():
-        W_E = torch.zeros(cfg.d_vocab, cfg.d_model)
-        W_E[:, X_CONST] = 1.0
-        W_E[:, X_RAND:] = torch.randn(cfg.d_vocab, 10, generator=g)
-        W_E[TINY_BOS] = 0.0
-        W_E[TINY_BOS, X_BOS] = 1.0
-        W_E[TRIGGER, X_TRIG] = 1.0
-        model.embed.W_E.copy_(W_E)
-        model.pos_embed.W_pos.copy_(torch.zeros(N_CTX, cfg.d_model).index_put_((pos, X_POS + pos), torch.tensor(1.0)))
-        attn = model.blocks[0].attn
-        s = attn.attn_scale
-        for h, kind in kinds.items():
-            for w in (attn.W_Q, attn.W_K):
-                w[h].zero_()
-            attn.W_K[h, X_BOS, 0] = 1.0  # head dim 0: "is <bos>" key
-            p = pos[1:-1]
-            attn.W_K[h, X_POS + p - 1, p] = 1.0  # head dim p: "I am at position p - 1"
-            if kind == "if_else":
-                attn.W_V[h, X_BOS].zero_()
-                attn.W_V[h, X_POS].zero_()
-                attn.W_Q[h, X_CONST, 0] = 15.0 * s
-                attn.W_Q[h, X_TRIG, 0] = -30.0 * s
-                attn.W_Q[h, X_POS + p, p] = 8.0 * s
-            elif kind == "sink":
-                attn.W_Q[h, X_CONST, 0] = 15.0 * s
-            elif kind == "prev":
-                attn.W_Q[h, X_POS + p, p] = 15.0 * s
-            elif kind == "position":
-                attn.W_Q[h, X_POS + pos[:10], 0] = 15.0 * s
-                attn.W_Q[h, X_POS + p, p] = 8.0 * s
-    model.eval()
-    return model
-
-
-def planted_corpus(n: int = 64, length: int = 20, seed: int = 0) -> torch.Tensor:
-    """Random content tokens in [2, 50) with TRIGGER at 10 % of positions."""
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(2, 50, (n, length), generator=g)
-    tokens[tokens == TRIGGER] = 2
-    tokens[torch.rand(n, length, generator=g) < 0.1] = TRIGGER
-    return tokens
-
+from tests.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model
 
 @pytest.fixture(scope="module")
 def planted():
@@ -168,11 +99,41 @@ def test_noop_check_on_planted_heads(planted):
     (dlo, dhi), (alo, ahi) = r.per_query_dormant_ci, r.per_query_active_ci
     assert dlo <= r.per_query_dormant <= dhi and alo <= r.per_query_active <= ahi
     assert max(abs(dlo), abs(dhi)) < 1e-4 and ahi - alo > 100 * (dhi - dlo)
+    # zero-out (Guo et al.): the planted head's <bos> value is exactly 0, so moving it onto <bos> *is* zeroing
+    # its output: the two interventions must agree query for query
+    assert r.zero_dormant == pytest.approx(r.per_query_dormant, abs=1e-6)
+    assert r.zero_active == pytest.approx(r.per_query_active, rel=1e-4)
+    assert r.zero_active_ci == pytest.approx(r.per_query_active_ci, rel=1e-4)
+    assert r.detectable()["zero_out_dormant"] is False and r.detectable()["move_to_first_dormant"] is False
     assert r.n_prompts_dormant == len(corpus) and 0 < r.n_prompts_active <= len(corpus)
     # streamed in batches of 5 prompts: the same per-prompt bookkeeping
     again = noop_check(model, corpus, [(0, 0)], bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, batch_size=5,
                        progress=False).results[0]
     assert again.per_query_active_ci == pytest.approx(r.per_query_active_ci, rel=1e-4)
+
+
+def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():
+    from sinkmech.dormant.noop import effect_text
+
+    assert effect_text(0.4245, (0.22, 0.80)) == "+0.4245 [+0.2200, +0.8000]"
+    assert effect_text(-0.0089, (-0.104, 0.085)) == "no detectable effect (-0.0089 [-0.1040, +0.0850])"
+    assert effect_text(None, None) == "n/a" and "no interval" in effect_text(0.1, None)
+
+
+def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
+    from sinkmech.dormant.discover import discover_heads, split_corpus
+
+    model, corpus, _ = planted
+    found = discover_heads(model, corpus[:40], noop_prompts=8, n_candidates=1, bos_token_id=TINY_BOS, max_tokens=20,
+                           progress=False, sweep=False, n_boot=0)
+    assert found.scan_prompts == tuple(range(32)) and found.noop_prompts == tuple(range(32, 40))
+    assert found.scan.n_prompts == 32 and found.noop.prompt_indices == found.noop_prompts
+    assert [(r.layer, r.head) for r in found.noop.results][0] == (0, 0) and len(found.noop.results) == 2
+    assert found.noop.n_tokens == 8 * 20
+    with pytest.raises(ValueError, match="too few"):
+        split_corpus(8, None, 8)
+    with pytest.raises(ValueError, match="too few"):
+        split_corpus(10, 6, 5)
 
 
 def test_bootstrap_ratio_interval():
@@ -294,7 +255,8 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     for r in payload["noop"]["heads"]:
         assert isinstance(r["delta_loss_dormant"], float) and isinstance(r["delta_loss_active"], float)
         assert r["per_query_dormant_ci"] is None or len(r["per_query_dormant_ci"]) == 2
-    assert all("replication" in e for e in heads)
+    assert all(set(e["trigger_selected_on"]).isdisjoint(e["trigger_validated_on"]) for e in heads)
+    assert all("validated_lift" in e for e in heads)
     captured = capsys.readouterr()
     assert "no-op check" in captured.out and ("top if-else heads" in captured.out or "no head passes" in captured.out)
     assert "out of range" in captured.err
@@ -339,7 +301,8 @@ def test_classify_takes_and_returns_typed_values():
     from sinkmech.dormant.labels import HeadStats, Labels, classify
     from sinkmech.dormant.triggers import Trigger
 
-    t = Trigger("x", 5, "query", 40, 4.0, 10.0, 50.0, 0.9, n_prompts=12, lift_even=9.0, lift_odd=11.0, replicated=True)
+    t = Trigger("x", 5, "query", 40, 4.0, 10.0, 50.0, 0.9, n_prompts=12, count_validated=38, expected_validated=4.0,
+                validated_lift=9.5, prompts_validated=11, p_validated=1e-12, validated=True)
     stats = HeadStats(dormant_fraction=torch.tensor([[0.8, 0.95, 0.02]]),
                       active_fraction=torch.tensor([[0.15, 0.0, 0.9]]),
                       output_norm_dormant=torch.tensor([[0.1, 0.1, float("nan")]]),
@@ -351,19 +314,84 @@ def test_classify_takes_and_returns_typed_values():
     assert any("trigger 'x'@query" in e for e in labels.evidence[0][0])
 
 
-def test_planted_trigger_replicates_on_held_out_prompts(planted):
+def test_planted_trigger_is_chosen_on_some_prompts_and_validated_on_others(planted):
     model, corpus, scan = planted
     top = scan.top_trigger(0, 0)
     assert (top.token_id, top.where) == (TRIGGER, "query")
-    # distinct prompts, brute force: prompts with an active query (first-token attention <= low) on TRIGGER
+    # brute force: active queries (first-token attention <= low) on TRIGGER, per prompt
     tokens = torch.cat([torch.full((len(corpus), 1), TINY_BOS), corpus], dim=1)
     _, cache = model.run_with_cache(tokens, names_filter="blocks.0.attn.hook_pattern")
     active = cache["pattern", 0][:, 0, 1:, 0] <= scan.thresholds.low
-    hit = (active & (tokens[:, 1:] == TRIGGER)).any(1)
-    assert top.n_prompts == int(hit.sum()) > 0.8 * scan.n_prompts and top.replicated
-    assert min(top.lift_even, top.lift_odd) >= scan.thresholds.min_lift
-    rep = json.loads(scan.to_json())["heads"][0]["replication"]
-    assert rep["replicated"] is True and rep["n_prompts"] == top.n_prompts
+    hits = (active & (tokens[:, 1:] == TRIGGER)).sum(1)
+    selected, validated = scan.trigger_split()
+    assert set(selected).isdisjoint(validated) and sorted(selected + validated) == list(range(len(corpus)))
+    # what chose it is counted on the selection prompts only, what judges it on the others only
+    assert top.count == int(hits[selected].sum()) and top.n_prompts == int((hits[selected] > 0).sum())
+    assert top.count_validated == int(hits[validated].sum())
+    assert top.prompts_validated == int((hits[validated] > 0).sum()) > 0.8 * len(validated)
+    assert top.validated and top.validated_lift >= scan.thresholds.min_lift and top.p_validated < 1e-6
+    entry = json.loads(scan.to_json())["heads"][0]
+    assert entry["mode"] == "if_else" and entry["validated_lift"] == pytest.approx(top.validated_lift)
+    assert entry["trigger_selected_on"] == selected and entry["trigger_validated_on"] == validated
+    assert entry["trigger"]["validated"] is True
+
+
+def _modes_over_seeds(kinds: dict, n_prompts: int, seeds, **scan_kw):
+    """Scan the planted model on fresh small corpora; per seed the scan."""
+    model = planted_model(kinds, cut=13)
+    for seed in seeds:
+        corpus = planted_corpus(n=n_prompts, seed=100 + seed)
+        yield scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False,
+                         min_queries=0, sweep=False, n_boot=0, **scan_kw)
+
+
+def test_positional_null_is_never_if_else_even_on_small_corpora():
+    """A head whose mode follows position alone (sink before position 13,
+    previous token after, a zero <bos> value: every if_else criterion but the
+    trigger holds) is not if_else on 24-prompt corpora, even with lax trigger
+    counts where chance candidates abound; the planted if_else head next to it
+    is found on the same corpora."""
+    lax = dict(min_count=2, min_prompts=1)
+    for kw in ({}, lax):
+        for scan in _modes_over_seeds({0: "if_else", 1: "position"}, 24, range(4), **kw):
+            d, a = float(scan.dormant_fraction[0, 1]), float(scan.active_fraction[0, 1])
+            th = scan.thresholds
+            assert d >= th.if_else_min_dormant and a >= th.if_else_min_active and 1 - d - a <= th.if_else_max_between
+            assert scan.output_norm_dormant[0, 1] < th.max_output_ratio * scan.output_norm_active[0, 1]
+            assert scan.mode(0, 1) == "mixed" and scan.mode(0, 0) == "if_else"
+            assert (scan.top_trigger(0, 0).token_id, scan.top_trigger(0, 0).validated) == (TRIGGER, True)
+            # position-adjusted counts: no token of the positional head is over-represented, even when chosen
+            # on 12 prompts; whatever the selection proposes, the held-out prompts do not confirm
+            assert all(t.lift < 1.5 and not t.validated for t in scan.triggers[0][1])
+
+
+def test_sweep_at_the_scan_cut_equals_the_streamed_labels(planted):
+    """The sweep relabels from per-query records; at the scan's own cut it
+    must give exactly the streamed labels (brute force vs fast path)."""
+    from sinkmech.dormant.queries import modes_at
+    from sinkmech.prompts import token_text
+
+    model, _, scan = planted
+    modes, trig = modes_at(scan.records, scan.thresholds, decode=token_text(model))
+    assert modes == scan.modes and set(trig) == {(0, 0)}
+    assert trig[(0, 0)][0] == scan.top_trigger(0, 0)
+    rows = {(r["high"], r["low"]): r for r in scan.sweep}
+    assert rows[(0.8, 0.2)]["mode_counts"] == scan.mode_counts()
+    # the planted heads attend with ~0 or ~1 to <bos>: every cut finds the same if_else head
+    assert all(r["if_else_heads"] == ["L0.H0"] for r in scan.sweep)
+    assert all(r["low"] < r["high"] for r in scan.sweep) and len(scan.sweep) == 18
+
+
+def test_label_uncertainty_from_the_bootstrap(planted):
+    _, _, scan = planted
+    u = scan.uncertainty
+    lo, hi = u.dormant_fraction_ci[..., 0], u.dormant_fraction_ci[..., 1]
+    assert (lo <= scan.dormant_fraction + 1e-6).all() and (scan.dormant_fraction <= hi + 1e-6).all()
+    # the planted sink head rests on <bos> on every query of every prompt: no spread, the label never moves
+    assert lo[0, 1] == hi[0, 1] == 1.0 and u.label_agreement[0, 1] == 1.0
+    assert u.label_agreement[0, 0] == 1.0 and 0 < float(hi[0, 0] - lo[0, 0]) < 0.1
+    entry = json.loads(scan.to_json())["heads"][0]
+    assert entry["uncertainty"]["label_agreement"] == 1.0 and len(entry["uncertainty"]["bimodality_ci"]) == 2
 
 
 def test_a_trigger_seen_in_one_prompt_is_not_an_if_else_trigger():
@@ -374,13 +402,13 @@ def test_a_trigger_seen_in_one_prompt_is_not_an_if_else_trigger():
     model = planted_model({0: "if_else"})
     corpus = planted_corpus(n=16, seed=3)
     corpus[corpus == TRIGGER] = 2
-    corpus[5, 2::2] = TRIGGER  # 9 occurrences, all in prompt 5
+    corpus[4, 2::2] = TRIGGER  # 9 occurrences, all in prompt 4 (a selection prompt)
     kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
-    for min_prompts in (3, 1):  # min_prompts rejects it; without it, replication does (only one half has it)
+    for min_prompts in (3, 1):  # min_prompts rejects it; without it, validation does (none in the held-out prompts)
         scan = scan_heads(model, corpus, min_prompts=min_prompts, min_queries=0, **kw)
         assert float(scan.active_fraction[0, 0]) >= scan.thresholds.if_else_min_active
         assert scan.mode(0, 0) != "if_else" and scan.if_else_heads() == []
     top = scan.top_trigger(0, 0)
-    assert (top.token_id, top.n_prompts, top.replicated) == (TRIGGER, 1, False)
+    assert (top.token_id, top.n_prompts, top.validated, top.count_validated) == (TRIGGER, 1, False, 0)
     assert top.lift >= scan.thresholds.min_lift and top.count >= scan.thresholds.min_count
-    assert any("not replicated" in e for e in scan.evidence[0][0])
+    assert any("not validated" in e for e in scan.evidence[0][0])

@@ -12,12 +12,17 @@ from pathlib import Path
 from sinkmech import models
 from sinkmech.cli.common import UsageError, prompts_arg
 from sinkmech.compare import ModelComparison, compare_model
+from sinkmech.dormant.noop import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.figures_compare import first_token_score_panels, spread_panels
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
+CONFOUNDS = ("Confounds: the default models are 4-bit GGUF checkpoints (Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct "
+             "Q4_1) dequantized to float32, so quantization error is in every number; the two differ in far more than "
+             "the `<bos>` recipe (size, depth, data, tokenizer, architecture); and SmolLM2-Instruct's first token "
+             "`<|im_start|>` opens every chat turn, so \"with `<bos>`\" also means \"a chat turn begins\".")
 
 
 def add_compare_parser(sub) -> None:
@@ -73,13 +78,24 @@ def markdown(results: list[ModelComparison]) -> str:
         lines += ["", f"**{r.model}, dormant heads** ({d.n_prompts} prompts, with `<bos>`): "
                   + ", ".join(f"{n} {m}" for m, n in d.mode_counts.items())
                   + (f"; if-else heads: {', '.join(d.if_else_heads)}" if d.if_else_heads else "; no head passes the if-else rule")
-                  + ". No-op check (loss change per forced query, nats; dormant vs active):"]
+                  + f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
+                  "intervened query, nats, with 95 % bootstrap intervals over prompts (an interval holding 0: no "
+                  "detectable effect):"]
         for name, n in d.noop.items():
-            trig = ", ".join(f"{t['token']!r}" for t in d.candidates.get(name, {}).get("triggers", [])[:3]) or "none"
-            dq = "n/a" if n["per_query_dormant"] is None else f"{n['per_query_dormant']:+.4f}"
-            aq = "n/a" if n["per_query_active"] is None else f"{n['per_query_active']:+.4f}"
-            lines.append(f"- {name}: dormant {dq} ({n['n_dormant']} queries), active {aq} ({n['n_active']} queries); "
-                         f"top triggers {trig}")
+            c = d.candidates.get(name, {})
+            trig = c.get("trigger")
+            t = ("no trigger" if trig is None else f"trigger {trig['token']!r} (validated lift "
+                 + ("n/a" if trig["validated_lift"] is None else f"x{trig['validated_lift']:.1f}")
+                 + ("" if trig["validated"] else ", not validated") + ")")
+            e = lambda v, ci: effect_text(n[v], n[ci])  # noqa: E731
+            lines.append(f"- {name} ({c.get('mode', '?')}; {t}): move to first, dormant "
+                         f"{e('per_query_dormant', 'per_query_dormant_ci')} ({n['n_dormant']} queries), active "
+                         f"{e('per_query_active', 'per_query_active_ci')} ({n['n_active']} queries); zero out, dormant "
+                         f"{e('zero_dormant', 'zero_dormant_ci')}, active {e('zero_active', 'zero_active_ci')}")
+        if d.sweep:
+            lines += ["", "if_else heads at other (high, low) cuts: " + "; ".join(
+                f"{r['high']:g}/{r['low']:g}: {', '.join(r['if_else_heads']) or 'none'}" for r in d.sweep)]
+    lines += ["", CONFOUNDS]
     return "\n".join(lines) + "\n"
 
 

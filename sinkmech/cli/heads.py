@@ -7,23 +7,11 @@ import json
 import sys
 
 from sinkmech import models
-from sinkmech.cli.common import (
-    BOS_HELP,
-    UsageError,
-    add_bos_token,
-    add_common,
-    bos_token_arg,
-    write_results,
-)
-from sinkmech.cli.shard import (
-    add_shard_flags,
-    already_done,
-    model_settings,
-    prompts_sha256,
-    shard_run,
-)
-from sinkmech.dormant.labels import Thresholds
-from sinkmech.dormant.noop import noop_check, noop_heads
+from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
+from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, prompts_sha256, shard_run
+from sinkmech.dormant.discover import split_corpus
+from sinkmech.dormant.labels import Thresholds, mode_meaning
+from sinkmech.dormant.noop import effect_text, noop_check, noop_heads
 from sinkmech.dormant.scan import accumulate, scan_heads
 from sinkmech.figures import heatmap_panels, save
 from sinkmech.hooks import parse_head
@@ -43,8 +31,8 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--low", type=float, default=0.2, help="a query is active at first-token attention <= LOW")
     p.add_argument("--min-lift", type=float, default=3.0, help="if_else needs a trigger with at least this lift")
     p.add_argument("--min-count", type=int, default=5, help="... on at least this many active queries")
-    p.add_argument("--min-prompts", type=int, default=3, help="... in at least this many distinct prompts (and the trigger "
-                   "must replicate on the even and the odd prompts separately)")
+    p.add_argument("--min-prompts", type=int, default=3, help="... in at least this many distinct prompts; the trigger is "
+                   "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
     p.add_argument("--noop", type=int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
     p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check")
@@ -61,12 +49,12 @@ def _trigger_text(triggers: list, n: int = 3) -> str:
                      for t in triggers[:n]) or "-"
 
 
-def _replication(rep: dict | None) -> str:
-    """The top trigger's lift on the even / odd prompts, '+' if both reach min_lift."""
-    if rep is None:
+def _validation(t: dict | None) -> str:
+    """A trigger's lift on the selection / validation prompts, '+' if validated."""
+    if t is None:
         return "-"
     f = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
-    return f"{f(rep['lift_even'])}/{f(rep['lift_odd'])}{'+' if rep['replicated'] else '-'}"
+    return f"{f(t['lift'])}/{f(t['validated_lift'])}{'+' if t['validated'] else '-'}"
 
 
 def print_heads_table(scan, top: int) -> None:
@@ -87,9 +75,24 @@ def print_heads_table(scan, top: int) -> None:
                  if e["output_norm_dormant"] is not None and e["output_norm_active"] else None)
         print(f"{f'{l}.{h}':>7} {e['mode']:>8} {_fmt(e['if_else_score'], '.2f'):>6} {_fmt(e['first_token_attention'], '.2f'):>6} "
               f"{_fmt(e['dormant_fraction'], '.2f'):>6} {_fmt(e['active_fraction'], '.2f'):>6} {_fmt(e['value_norm_first'], '.2f'):>8} "
-              f"{_fmt(e['value_norm_active'], '.2f'):>8} {_fmt(ratio, '.2f'):>8} {_replication(e['replication']):>12}  "
+              f"{_fmt(e['value_norm_active'], '.2f'):>8} {_fmt(ratio, '.2f'):>8} {_validation(e['trigger']):>12}  "
               f"{_trigger_text(e['triggers'])}")
-    print("held-out: the top trigger's lift on the even / odd prompts; + = replicated (both >= min lift)")
+    sel, val = scan.trigger_split()
+    print(f"held-out: the chosen trigger's lift on the {len(sel)} selection (even) / {len(val)} validation (odd) prompts; "
+          "+ = validated there")
+    print("modes: " + "; ".join(f"{k}: {v}" for k, v in mode_meaning(scan.thresholds).items()))
+    if scan.sweep:
+        print_sweep(scan.sweep)
+
+
+def print_sweep(rows: list[dict]) -> None:
+    """Mode counts at every (high, low) cut: does a conclusion survive another cut?"""
+    print("\nthreshold sweep (every other threshold fixed):")
+    print(f"{'high':>5} {'low':>5} {'sink':>5} {'active':>6} {'mixed':>6} {'if_else':>7}  if_else heads")
+    for r in rows:
+        c = r["mode_counts"]
+        print(f"{r['high']:>5.2f} {r['low']:>5.2f} {c['sink']:>5} {c['active']:>6} {c['mixed']:>6} {c['if_else']:>7}  "
+              + (", ".join(r["if_else_heads"]) or "-"))
 
 
 def print_head_profile(scan, layer: int, head: int) -> None:
@@ -97,9 +100,13 @@ def print_head_profile(scan, layer: int, head: int) -> None:
     print(f"\nhead {layer}.{head}: {e['mode']} (if_else score {_fmt(e['if_else_score'], '.2f')})")
     for why in e["evidence"]:
         print(f"  - {why}")
+    u = e["uncertainty"] or {}
     for k in ("first_token_attention", "dormant_fraction", "active_fraction", "bimodality", "value_norm_first",
               "value_norm_rest", "value_norm_active", "value_norm_dormant", "output_norm_active", "output_norm_dormant"):
-        print(f"  {k:<22} {_fmt(e[k])}")
+        ci = u.get(k + "_ci")
+        print(f"  {k:<22} {_fmt(e[k])}" + ("" if ci is None else f"  [{_fmt(ci[0])}, {_fmt(ci[1])}]"))
+    if u:
+        print(f"  label '{e['mode']}' kept in {100 * u['label_agreement']:.0f}% of bootstrap resamples of the prompts")
     print("  first-token attention histogram (fraction of queries per bin)")
     n = len(e["histogram"])
     for i, frac in enumerate(e["histogram"]):
@@ -115,22 +122,19 @@ def print_head_profile(scan, layer: int, head: int) -> None:
     for t in e["triggers"]:
         rate = "" if t["active_rate"] is None else f", active {t['active_rate']:.2f} of the time"
         print(f"    {t['token']!r:>14} @{t['where']:<8} n={t['count']:<5} in {t['n_prompts']:<4} prompts lift {t['lift']:.2f} "
-              f"(expected {t['expected']:.1f}{rate}; even/odd prompts {_replication(t)})")
-
-
-def _ci(ci) -> str:
-    return "n/a" if ci is None else f"[{ci[0]:+.5f}, {ci[1]:+.5f}]"
+              f"(expected {t['expected']:.1f}{rate}; selection/validation {_validation(t)})")
 
 
 def print_noop(check) -> None:
-    print(f"\nno-op check (force onto the first token; clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens; "
-          f"{100 * check.ci_level:.0f}% bootstrap interval over prompts)")
-    print(f"{'head':>7} {'n_dorm':>7} {'n_act':>6} {'dloss dorm':>11} {'dloss act':>10} {'per-q dorm':>11} {'interval':>22} "
-          f"{'per-q act':>10} {'interval':>22}")
+    print(f"\nno-op check (clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens): loss change per intervened "
+          f"query, nats, {100 * check.ci_level:.0f}% bootstrap interval over prompts; an interval holding 0 reads "
+          "'no detectable effect'")
     for r in check.results:
-        print(f"{f'{r.layer}.{r.head}':>7} {r.n_dormant:>7} {r.n_active:>6} {r.delta_loss_dormant:>11.5f} "
-              f"{r.delta_loss_active:>10.5f} {_fmt(r.per_query_dormant, '.5f'):>11} {_ci(r.per_query_dormant_ci):>22} "
-              f"{_fmt(r.per_query_active, '.5f'):>10} {_ci(r.per_query_active_ci):>22}")
+        print(f"  L{r.layer}.H{r.head} ({r.n_dormant} dormant / {r.n_active} active queries in "
+              f"{r.n_prompts_dormant} / {r.n_prompts_active} prompts)")
+        for name, (value, ci) in r.effects().items():
+            how, _, mode = name.rpartition("_")
+            print(f"    {how.replace('_', ' '):>14} on {mode:<8} queries: {effect_text(value, ci)}")
 
 
 def cmd_heads(args) -> None:
@@ -139,7 +143,13 @@ def cmd_heads(args) -> None:
     if args.min_prompts < 1:
         raise UsageError(f"--min-prompts must be >= 1, got {args.min_prompts}")
     prompts = load_prompts(args.prompts)
-    shard = shard_run(args, prompts, bos=args.bos, noop=args.noop, noop_prompts=args.noop_prompts,
+    n_noop = args.noop_prompts if (args.noop > 0 or args.head) else 0
+    try:  # the no-op check runs on prompts held out from the scan
+        scan_rows, noop_rows = split_corpus(len(prompts), None, n_noop)
+    except ValueError as e:
+        raise UsageError(f"{e}; lower --noop-prompts or give more prompts") from None
+    scanned = prompts[: len(scan_rows)]
+    shard = shard_run(args, scanned, bos=args.bos, noop=args.noop, noop_prompts=args.noop_prompts,
                       prompts_file=args.prompts)
     if shard is not None:
         if args.head:
@@ -147,14 +157,14 @@ def cmd_heads(args) -> None:
         if args.resume and already_done(args.json, shard, "heads"):
             print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
             return
-        return heads_shard(args, prompts, shard)
+        return heads_shard(args, scanned, shard)
     model = models.load_model(args.model)
     bos_id = bos_token_arg(model, args)
     target = parse_head(args.head, model) if args.head else None
-    scan = scan_heads(model, prompts, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
+    scan = scan_heads(model, scanned, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
                       bos_token_id=bos_id, high=args.high, low=args.low, min_lift=args.min_lift,
                       min_count=args.min_count, min_prompts=args.min_prompts)
-    heads_output(args, model, prompts, scan, bos_id, target)
+    heads_output(args, model, prompts, scan, bos_id, target, noop_rows)
 
 
 def heads_shard(args, prompts, shard) -> None:
@@ -175,37 +185,45 @@ def heads_shard(args, prompts, shard) -> None:
 
 def merged_heads(part, args) -> None:
     """`sinkmech merge` for heads parts: loads the model the parts were run on (its
-    token texts and band layout; the no-op check, when asked, runs on it), then
-    prints and writes what `heads` writes."""
+    token texts and band layout; the no-op check, when asked, runs on it, on the
+    prompts after the scanned ones), then prints and writes what `heads` writes.
+    A merged scan has no per-query records: no threshold sweep, no bootstrap."""
     from sinkmech.cli.shard import model_sha256
 
     s = part.settings
     if model_sha256(s["model"]) != s["model_sha256"]:
         raise UsageError(f"the model {s['model']!r} is not the file the parts were run on (its sha256 differs)")
     prompts = load_prompts(s["prompts_file"]) if s["noop"] > 0 else None
-    if prompts is not None and prompts_sha256(prompts) != s["prompts_sha256"]:
-        raise UsageError(f"the no-op check needs the parts' prompts, and {s['prompts_file']} has changed since")
+    noop_rows = range(0)
+    if prompts is not None:
+        scan_rows, noop_rows = split_corpus(len(prompts), None, s["noop_prompts"])
+        if prompts_sha256(prompts[: len(scan_rows)]) != s["prompts_sha256"]:
+            raise UsageError(f"the no-op check needs the parts' prompts, and {s['prompts_file']} has changed since")
     model = models.load_model(s["model"])
     scan = heads_result(part, model)
     th = s["thresholds"]
     run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"], "high": th["high"],
                                 "low": th["low"], "noop_prompts": s["noop_prompts"], "max_tokens": s["max_tokens"],
                                 "batch_size": 16})
-    heads_output(run, model, prompts, scan, s["bos_token_id"], None)
+    heads_output(run, model, prompts, scan, s["bos_token_id"], None, noop_rows)
 
 
-def heads_output(args, model, prompts, scan, bos_id, target) -> None:
-    """The table, the no-op check and the outputs of `heads` (one scan, sharded or not)."""
-    if not target:  # --head L.H prints just that head's profile
-        print_heads_table(scan, args.top)
+def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -> None:
+    """The table, the no-op check (on `noop_rows` of `prompts`, held out from the
+    scan) and the outputs of `heads` (one scan, sharded or not)."""
     check_heads = [target] if target else noop_heads(scan, args.noop)
     check = None
-    if check_heads and (args.noop > 0 or target):
-        check = noop_check(model, prompts[: args.noop_prompts], check_heads, bos=args.bos, max_tokens=args.max_tokens,
-                           batch_size=args.batch_size, bos_token_id=bos_id, high=args.high, low=args.low)
+    if check_heads and len(noop_rows):
+        check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
+                           max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
+                           high=scan.thresholds.high, low=scan.thresholds.low, prompt_indices=noop_rows)
+    if not target:  # --head L.H prints just that head's profile
+        print_heads_table(scan, args.top)
     if target:
         print_head_profile(scan, *target)
     if check is not None:
+        print(f"(no-op check on prompts {noop_rows.start}-{noop_rows.stop - 1}, held out from the scan on prompts "
+              f"0-{scan.n_prompts - 1})")
         print_noop(check)
 
     def payload() -> dict:
@@ -213,6 +231,7 @@ def heads_output(args, model, prompts, scan, bos_id, target) -> None:
         if target:
             out["profile"] = scan.profile(*target)
         out["noop"] = json.loads(check.to_json()) if check is not None else None
+        out["prompt_split"] = {"scan_prompts": list(range(scan.n_prompts)), "noop_prompts": list(noop_rows)}
         return out
 
     def png_out() -> None:

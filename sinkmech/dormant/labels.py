@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sinkmech.dormant.triggers import Trigger
+from sinkmech.dormant.triggers import Trigger, chosen_trigger
 
 Mode = Literal["sink", "active", "if_else", "mixed", "insufficient"]
 # "insufficient": too few queries for any label (see Thresholds.min_queries).
@@ -30,14 +30,17 @@ class Thresholds:
     when <= `low`, "between" otherwise. A head is
     - `if_else` when dormant_fraction >= `if_else_min_dormant`, active_fraction
       >= `if_else_min_active`, between fraction <= `if_else_max_between`,
-      one of its triggers (the top few per place, ranked by evidence; see
-      `sinkmech.dormant.triggers`) has lift >= `min_lift` on >= `min_count` active queries
-      in >= `min_prompts` distinct prompts, and replicates (lift >= `min_lift`
-      on the even and on the odd prompts separately), and
-      output_norm_dormant / output_norm_active <= `max_output_ratio`;
+      output_norm_dormant / output_norm_active <= `max_output_ratio`, and the
+      one trigger chosen on the selection prompts is validated on the disjoint
+      validation prompts (lift >= `min_lift` on >= `min_count` active queries
+      in >= `min_prompts` prompts, Poisson p <= `alpha` / heads; see
+      `sinkmech.dormant.triggers`);
     - else `sink` when dormant_fraction >= `sink_min_dormant`;
-    - else `active` when dormant_fraction <= `active_max_dormant`;
+    - else `active` when dormant_fraction <= `active_max_dormant`: the head
+      *rarely* puts >= `high` on the first token. It says nothing about how
+      far below `high` it stays (`active_fraction` does);
     - else `mixed`.
+    `MODE_MEANING` spells this out for readers of the JSON.
     """
 
     high: float = 0.8
@@ -54,6 +57,7 @@ class Thresholds:
     # Below this many queries per head no label is given: the if_else rule alone
     # needs min_count active queries at an active fraction of if_else_min_active.
     min_queries: int = 500
+    alpha: float = 0.05  # family-wise level of the trigger validation (Bonferroni over heads)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.low < self.high <= 1.0:
@@ -67,8 +71,25 @@ class Thresholds:
                 f"thresholds out of order: active_max_dormant ({self.active_max_dormant}) must be "
                 f"< sink_min_dormant ({self.sink_min_dormant})"
             )
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
         if self.min_lift < 1.0 or self.min_count < 1 or self.max_output_ratio <= 0 or self.min_prompts < 1:
             raise ValueError("need min_lift >= 1, min_count >= 1, min_prompts >= 1 and max_output_ratio > 0")
+
+
+def mode_meaning(th: Thresholds) -> dict[str, str]:
+    """What each label means at these thresholds, in words (for JSON and reports)."""
+    return {
+        "sink": f"dormant (first-token attention >= {th.high:g}) on >= {th.sink_min_dormant:g} of queries, "
+                "and not if_else",
+        "active": f"dormant on <= {th.active_max_dormant:g} of queries: rarely puts >= {th.high:g} on the first "
+                  f"token (not necessarily <= {th.low:g}: see active_fraction)",
+        "if_else": f"dormant on >= {th.if_else_min_dormant:g}, active (<= {th.low:g}) on >= {th.if_else_min_active:g}, "
+                   f"between on <= {th.if_else_max_between:g} of queries, resting output <= {th.max_output_ratio:g} x the "
+                   "active one, and a trigger chosen on the selection prompts validated on the held-out ones",
+        "mixed": f"dormant on between {th.active_max_dormant:g} and {th.sink_min_dormant:g} of queries, not if_else",
+        "insufficient": f"fewer than {th.min_queries} queries per head: no label",
+    }
 
 
 @dataclass(frozen=True)
@@ -125,19 +146,18 @@ def classify(
         for h in range(H):
             d, a, r, lift = float(dorm[l, h]), float(act[l, h]), float(ratio[l, h]), float(best_lift[l, h])
             between = max(0.0, 1.0 - d - a)
-            lifted = [t for t in triggers[l][h] if t.lift >= th.min_lift]
-            strong = [t for t in lifted if t.replicated and t.n_prompts >= th.min_prompts]
-            top = (strong or lifted or list(triggers[l][h]) or [None])[0]
-            trig = (f"trigger {top.token!r}@{top.where} lift {top.lift:.1f} (n={top.count} in {top.n_prompts} prompts; "
-                    f"held-out halves {_lift(top.lift_even)} / {_lift(top.lift_odd)}"
-                    f"{'' if top.replicated else ', not replicated'})" if top
-                    else f"no trigger on >= {th.min_count} active queries in >= {th.min_prompts} prompts")
+            top = chosen_trigger(triggers[l][h], th.min_lift)
+            trig = (f"trigger {top.token!r}@{top.where} chosen on the selection prompts (lift {top.lift:.1f}, "
+                    f"n={top.count} in {top.n_prompts} prompts), validation prompts: lift {_lift(top.validated_lift)} "
+                    f"(n={top.count_validated} in {top.prompts_validated} prompts, p={_p(top.p_validated)})"
+                    f"{'' if top.validated else ', not validated'}" if top
+                    else f"no trigger on >= {th.min_count} active queries in >= {th.min_prompts} selection prompts")
             ratio_txt = "n/a" if math.isnan(r) else f"{r:.2f}"
             checks = [
                 (d >= th.if_else_min_dormant, f"dormant {d:.2f} {'>=' if d >= th.if_else_min_dormant else '<'} {th.if_else_min_dormant}"),
                 (a >= th.if_else_min_active, f"active {a:.3f} {'>=' if a >= th.if_else_min_active else '<'} {th.if_else_min_active}"),
                 (between <= th.if_else_max_between, f"between {between:.2f} {'<=' if between <= th.if_else_max_between else '>'} {th.if_else_max_between}"),
-                (bool(strong), f"{trig} {'>=' if top.lift >= th.min_lift else '<'} {th.min_lift}" if top else trig),
+                (top is not None and top.validated, trig),
                 (not math.isnan(r) and r <= th.max_output_ratio,
                  f"output norm dormant/active {ratio_txt} {'<=' if r <= th.max_output_ratio else 'not <='} {th.max_output_ratio}"),
             ]
@@ -172,6 +192,10 @@ def classify(
 
 def _lift(x: float | None) -> str:
     return "n/a" if x is None else f"x{x:.1f}"
+
+
+def _p(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1g}"
 
 
 def _failed(checks: list[tuple[bool, str]]) -> str:

@@ -1,14 +1,20 @@
 """The no-op check of a dormant head (Guo et al. 2024; Barbero et al. 2025, Sec. 3.2).
 
-Force the head to put all of its attention on the first token, once on the
-queries where it was dormant anyway and once on the queries where it was
-active, and compare next-token loss with the clean run. For a true if-else
-head the first costs almost nothing (its resting mode is an approximate
-no-op) and the second clearly more. Because dormant queries usually far
-outnumber active ones, the cost is also given per forced query, with a
-bootstrap confidence interval over prompts (prompts resampled with
-replacement; the per-query cost is summed loss change / forced queries of the
-resample), since queries of one prompt are not independent.
+Two interventions, each on the queries where the head was dormant and,
+separately, on those where it was active, against the clean run's
+next-token loss:
+- *move to first*: the head puts all of its attention on the first token;
+  on dormant queries (already >= `high` there) this can only change a little
+  by construction;
+- *zero out* (Guo et al.'s ablation): the head's output z is set to 0. If
+  resting is a no-op, zeroing a resting head costs nothing either.
+For a true if-else head both cost ~nothing on dormant queries and clearly more
+on active ones. Dormant queries usually far outnumber active ones, so each
+cost is given per intervened query, with a bootstrap interval over prompts
+(prompts resampled with replacement; per-query cost = summed loss change /
+intervened queries of the resample), since queries of one prompt are not
+independent. Run it on prompts that did not choose the head or its trigger
+(`sinkmech.dormant.discover`).
 """
 
 from __future__ import annotations
@@ -24,14 +30,30 @@ from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
 from sinkmech.dormant.scan import as_token_batch
-from sinkmech.hooks import act_name, all_to_first_hook, check_head
+from sinkmech.hooks import act_name, all_to_first_hook, check_head, zero_head_hook
 from sinkmech.loss import token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
 
 
+INTERVENTIONS = ("move_to_first", "zero_out")
+
+
+def effect_text(value: float | None, ci, *, fmt: str = "+.4f", unit: str = "") -> str:
+    """`+0.4245 [+0.2200, +0.8000]`, or `no detectable effect (...)` when the
+    interval holds zero; "n/a" without a value."""
+    if value is None:
+        return "n/a"
+    if ci is None:
+        return f"{value:{fmt}}{unit} (no interval)"
+    text = f"{value:{fmt}}{unit} [{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
+    return f"no detectable effect ({text})" if ci[0] <= 0.0 <= ci[1] else text
+
+
 @dataclass(frozen=True)
 class NoopResult:
-    """Loss changes (intervened - clean, nats) of forcing one head onto the first token."""
+    """Loss changes (intervened - clean, nats) of intervening on one head: the
+    `per_query_*` fields move it onto the first token, the `zero_*` fields
+    zero its output (each on its dormant and on its active queries)."""
 
     layer: int
     head: int
@@ -45,11 +67,27 @@ class NoopResult:
     per_query_active_ci: tuple[float, float] | None = None
     n_prompts_dormant: int = 0  # prompts with at least one forced query
     n_prompts_active: int = 0
+    zero_dormant: float | None = None  # zero-out, summed loss change / zeroed queries
+    zero_active: float | None = None
+    zero_dormant_ci: tuple[float, float] | None = None
+    zero_active_ci: tuple[float, float] | None = None
+
+    def effects(self) -> dict[str, tuple[float | None, tuple[float, float] | None]]:
+        """(per-query effect, interval) by `<intervention>_<mode>`."""
+        return {"move_to_first_dormant": (self.per_query_dormant, self.per_query_dormant_ci),
+                "move_to_first_active": (self.per_query_active, self.per_query_active_ci),
+                "zero_out_dormant": (self.zero_dormant, self.zero_dormant_ci),
+                "zero_out_active": (self.zero_active, self.zero_active_ci)}
+
+    def detectable(self) -> dict[str, bool | None]:
+        """Per effect: does its interval exclude zero (None: no interval)."""
+        return {k: None if ci is None else not ci[0] <= 0.0 <= ci[1] for k, (_, ci) in self.effects().items()}
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("per_query_dormant_ci", "per_query_active_ci"):
+        for k in ("per_query_dormant_ci", "per_query_active_ci", "zero_dormant_ci", "zero_active_ci"):
             d[k] = None if d[k] is None else list(d[k])
+        d["detectable"] = self.detectable()
         return d
 
 
@@ -63,6 +101,7 @@ class NoopCheck:
     low: float
     ci_level: float = 0.95
     n_boot: int = 1000
+    prompt_indices: tuple[int, ...] | None = None  # which prompts of the corpus it ran on, when known
 
     def to_dataframe(self):
         import pandas as pd
@@ -72,6 +111,7 @@ class NoopCheck:
     def to_json(self) -> str:
         return json.dumps({"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
                            "high": self.high, "low": self.low, "ci_level": self.ci_level, "n_boot": self.n_boot,
+                           "prompt_indices": None if self.prompt_indices is None else list(self.prompt_indices),
                            "heads": [r.to_dict() for r in self.results]})
 
 
@@ -99,6 +139,7 @@ def noop_check(
     ci_level: float = 0.95,
     n_boot: int = 1000,
     seed: int = 0,
+    prompt_indices: Sequence[int] | None = None,
     progress: bool = True,
 ) -> NoopCheck:
     """Loss change of forcing each head onto the first token on its dormant
@@ -113,6 +154,8 @@ def noop_check(
         high, low: the query-mode thresholds (use the scan's).
         ci_level, n_boot, seed: the bootstrap interval of the per-query costs
             (percentile interval over `n_boot` resamples of the prompts).
+        prompt_indices: where these prompts sit in a larger corpus (recorded
+            only, so a reader can check they are disjoint from the scan's).
 
     Returns:
         NoopCheck with one NoopResult per head, in the given order.
@@ -126,8 +169,9 @@ def noop_check(
     batch, _ = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     heads = [(int(l), int(h)) for l, h in heads]
     sums = {lh: {"n_dormant": 0, "n_active": 0, "dormant": 0.0, "active": 0.0} for lh in heads}
-    # per prompt: summed loss change and forced queries, for the bootstrap
-    per_prompt = {lh: {m: (torch.zeros(len(batch)), torch.zeros(len(batch))) for m in ("dormant", "active")} for lh in heads}
+    # per prompt: summed loss change and intervened queries, for the bootstrap
+    keys = [(i, m) for i in INTERVENTIONS for m in ("dormant", "active")]
+    per_prompt = {lh: {k: (torch.zeros(len(batch)), torch.zeros(len(batch))) for k in keys} for lh in heads}
     loss_sum, n_tokens = 0.0, 0
     layers = sorted({l for l, _ in heads})
     for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not progress, unit="batch"):
@@ -149,32 +193,43 @@ def noop_check(
                 n = int(queries.sum())
                 if n == 0:
                     continue
-                hooked = _loss(model, part.tokens, [(act_name("pattern", layer), all_to_first_hook(head, queries))])
-                delta = torch.where(valid_loss, hooked - clean, torch.zeros_like(clean)).sum(1)
-                sums[lh][mode] += float(delta.sum())
-                sums[lh]["n_" + mode] += n
-                d_sum, q_sum = per_prompt[lh][mode]
-                d_sum[rows] += delta.float().cpu()
-                q_sum[rows] += queries.sum(1).float().cpu()
+                for how, hook in (("move_to_first", (act_name("pattern", layer), all_to_first_hook(head, queries))),
+                                  ("zero_out", (act_name("z", layer), zero_head_hook(head, queries)))):
+                    hooked = _loss(model, part.tokens, [hook])
+                    delta = torch.where(valid_loss, hooked - clean, torch.zeros_like(clean)).sum(1)
+                    if how == "move_to_first":
+                        sums[lh][mode] += float(delta.sum())
+                        sums[lh]["n_" + mode] += n
+                    d_sum, q_sum = per_prompt[lh][(how, mode)]
+                    d_sum[rows] += delta.float().cpu()
+                    q_sum[rows] += queries.sum(1).float().cpu()
     if n_tokens == 0:
         raise ValueError("no next-token predictions: every prompt has a single token")
     g = torch.Generator().manual_seed(seed)
     resample = torch.randint(0, len(batch), (n_boot, len(batch)), generator=g)
-    ci = {lh: {m: bootstrap_ratio_ci(*per_prompt[lh][m], resample, ci_level) for m in ("dormant", "active")}
-          for lh in heads}
+    ci = {lh: {k: bootstrap_ratio_ci(*per_prompt[lh][k], resample, ci_level) for k in keys} for lh in heads}
+
+    def ratio(lh, k) -> float | None:
+        d, q = per_prompt[lh][k]
+        return float(d.double().sum() / q.double().sum()) if float(q.sum()) > 0 else None
+
     results = tuple(
         NoopResult(
             layer=l, head=h, n_dormant=s["n_dormant"], n_active=s["n_active"],
             delta_loss_dormant=s["dormant"] / n_tokens, delta_loss_active=s["active"] / n_tokens,
             per_query_dormant=s["dormant"] / s["n_dormant"] if s["n_dormant"] else None,
             per_query_active=s["active"] / s["n_active"] if s["n_active"] else None,
-            per_query_dormant_ci=ci[(l, h)]["dormant"], per_query_active_ci=ci[(l, h)]["active"],
-            n_prompts_dormant=int((per_prompt[(l, h)]["dormant"][1] > 0).sum()),
-            n_prompts_active=int((per_prompt[(l, h)]["active"][1] > 0).sum()),
+            per_query_dormant_ci=ci[(l, h)][("move_to_first", "dormant")],
+            per_query_active_ci=ci[(l, h)][("move_to_first", "active")],
+            n_prompts_dormant=int((per_prompt[(l, h)][("move_to_first", "dormant")][1] > 0).sum()),
+            n_prompts_active=int((per_prompt[(l, h)][("move_to_first", "active")][1] > 0).sum()),
+            zero_dormant=ratio((l, h), ("zero_out", "dormant")), zero_active=ratio((l, h), ("zero_out", "active")),
+            zero_dormant_ci=ci[(l, h)][("zero_out", "dormant")], zero_active_ci=ci[(l, h)][("zero_out", "active")],
         )
         for (l, h), s in sums.items()
     )
-    return NoopCheck(results, loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, n_boot)
+    return NoopCheck(results, loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, n_boot,
+                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices))
 
 
 def bootstrap_ratio_ci(

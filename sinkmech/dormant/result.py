@@ -16,8 +16,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sinkmech.dormant.labels import MODES, Mode, Thresholds
-from sinkmech.dormant.triggers import Trigger
+from sinkmech.dormant.labels import MODES, Mode, Thresholds, mode_meaning
+from sinkmech.dormant.queries import QueryRecords, Uncertainty
+from sinkmech.dormant.triggers import Trigger, chosen_trigger, split_prompts
 from sinkmech.prompts import Bos
 
 
@@ -63,6 +64,9 @@ class HeadScan:
     bos: Bos
     max_tokens: int
     model_name: str = ""
+    uncertainty: Uncertainty | None = None  # bootstrap over prompts (sinkmech.dormant.queries)
+    sweep: tuple[dict, ...] | None = None  # labels at other (high, low) cuts
+    records: QueryRecords | None = None  # per-query records (not written to JSON)
 
     @property
     def n_layers(self) -> int:
@@ -94,23 +98,27 @@ class HeadScan:
         return [(int(i) // self.n_heads, int(i) % self.n_heads) for i in order]
 
     def top_trigger(self, layer: int, head: int) -> Trigger | None:
-        """The trigger the if_else rule judges: the best-ranked one with lift >=
-        min_lift (else the best-ranked one), or None."""
-        ts = self.triggers[layer][head]
-        lifted = [t for t in ts if t.lift >= self.thresholds.min_lift]
-        good = [t for t in lifted if t.replicated]
-        return (good or lifted or list(ts) or [None])[0]
+        """The trigger the if_else rule judges (`triggers.chosen_trigger`), or None."""
+        return chosen_trigger(self.triggers[layer][head], self.thresholds.min_lift)
+
+    def trigger_split(self) -> tuple[list[int], list[int]]:
+        """(selection, validation) prompt indices of the triggers: disjoint."""
+        return split_prompts(self.n_prompts)
 
     def head_summary(self, layer: int, head: int) -> dict:
         """The JSON entry of one head (the `heads` contract plus evidence).
-        `replication`: the top trigger's lift on the even / odd prompts and
-        whether both reach min_lift (None: no trigger)."""
+        `trigger_selected_on` / `trigger_validated_on`: the prompt indices that
+        chose the head's trigger and those that judged it (disjoint);
+        `validated_lift`: the chosen trigger's lift on the latter (None: no
+        trigger); `uncertainty`: bootstrap intervals over prompts."""
         def num(x: Tensor) -> float | None:
             v = float(x)
             return None if math.isnan(v) else v
 
         l, h = layer, head
         top = self.top_trigger(l, h)
+        selected, validated = self.trigger_split()
+        u = self.uncertainty
         return {
             "layer": l,
             "head": h,
@@ -127,9 +135,16 @@ class HeadScan:
             "output_norm_active": num(self.output_norm_active[l, h]),
             "output_norm_dormant": num(self.output_norm_dormant[l, h]),
             "triggers": [t.to_dict() for t in self.triggers[l][h]],
-            "replication": None if top is None else {
-                "token": top.token, "where": top.where, "n_prompts": top.n_prompts,
-                "lift_even": top.lift_even, "lift_odd": top.lift_odd, "replicated": top.replicated},
+            "trigger": None if top is None else top.to_dict(),
+            "trigger_selected_on": selected,
+            "trigger_validated_on": validated,
+            "validated_lift": None if top is None else top.validated_lift,
+            "uncertainty": None if u is None else {
+                "dormant_fraction_ci": u.dormant_fraction_ci[l, h].tolist(),
+                "active_fraction_ci": u.active_fraction_ci[l, h].tolist(),
+                "bimodality_ci": u.bimodality_ci[l, h].tolist(),
+                "label_agreement": num(u.label_agreement[l, h]),
+            },
             "evidence": list(self.evidence[l][h]),
         }
 
@@ -155,8 +170,16 @@ class HeadScan:
         rows = [self.head_summary(l, h) for l in range(self.n_layers) for h in range(self.n_heads)]
         for r in rows:
             r["triggers"] = trigger_text(r["triggers"], 3, sep="; ")
-            rep = r.pop("replication")
-            r["trigger_replicated"] = None if rep is None else rep["replicated"]
+            top = r.pop("trigger")
+            r["trigger_validated"] = None if top is None else top["validated"]
+            r.pop("trigger_selected_on")
+            r.pop("trigger_validated_on")
+            u = r.pop("uncertainty") or {}
+            for k, ci in u.items():
+                if k.endswith("_ci"):
+                    r[k.removesuffix("_ci") + "_lo"], r[k.removesuffix("_ci") + "_hi"] = ci
+                else:
+                    r[k] = ci
             r["evidence"] = "; ".join(r["evidence"])
         return pd.DataFrame(rows)
 
@@ -176,6 +199,12 @@ class HeadScan:
                 "rotary": self.rotary,
                 "thresholds": vars(self.thresholds),
                 "mode_counts": self.mode_counts(),
+                "mode_meaning": mode_meaning(self.thresholds),
+                "trigger_selected_on": self.trigger_split()[0],
+                "trigger_validated_on": self.trigger_split()[1],
+                "sweep": None if self.sweep is None else list(self.sweep),
+                "bootstrap": None if self.uncertainty is None else {"n_boot": self.uncertainty.n_boot,
+                                                                     "level": self.uncertainty.level},
                 "heads": heads,
             }
         ))

@@ -20,8 +20,9 @@ from tqdm.auto import tqdm
 from sinkmech.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
+from sinkmech.dormant.queries import QueryRecords, bootstrap_labels, threshold_sweep
 from sinkmech.dormant.result import HeadScan
-from sinkmech.dormant.triggers import TriggerCounter
+from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, token_text, tokenize
 
@@ -78,8 +79,11 @@ def scan_heads(
     max_output_ratio: float = 0.5,
     min_prompts: int = 3,
     min_queries: int = 500,
+    alpha: float = 0.05,
     top_triggers: int = 5,
     n_bins: int = 20,
+    sweep: bool = True,
+    n_boot: int = 200,
     progress: bool = True,
 ) -> HeadScan:
     """Profile every head in one streamed pass and label it (see `Thresholds`).
@@ -95,8 +99,14 @@ def scan_heads(
         batch_size: prompts per forward pass.
         bos_token_id: for models without a tokenizer (prompts only).
         high, low, ...: the thresholds documented in `Thresholds`.
-        top_triggers: triggers kept per head and place (query / previous / key).
+        top_triggers: triggers kept per head and place (query / previous / key),
+            chosen on the even-numbered prompts, judged on the odd-numbered
+            ones (`sinkmech.dormant.triggers`).
         n_bins: histogram bins of first-token attention.
+        sweep: also label every head at the cuts of
+            `sinkmech.dormant.queries.SWEEP_HIGH` x `SWEEP_LOW` (`HeadScan.sweep`).
+        n_boot: bootstrap resamples of the prompts for the label uncertainty
+            (`HeadScan.uncertainty`; 0: none).
 
     Returns:
         HeadScan. `bands` holds [layer, head_index, band] means of the band
@@ -108,14 +118,15 @@ def scan_heads(
     """
     th = Thresholds(high, low, sink_min_dormant, active_max_dormant, if_else_min_dormant,
                     if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio,
-                    int(min_prompts), int(min_queries))
-    if batch_size < 1 or n_bins < 2 or top_triggers < 1:
-        raise ValueError("need batch_size >= 1, n_bins >= 2 and top_triggers >= 1")
+                    int(min_prompts), int(min_queries), alpha)
+    if batch_size < 1 or n_bins < 2 or top_triggers < 1 or n_boot < 0:
+        raise ValueError("need batch_size >= 1, n_bins >= 2, top_triggers >= 1 and n_boot >= 0")
     batch, max_tokens = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
     acc = accumulate(model, batch, th, n_bins=n_bins, batch_size=batch_size, progress=progress)
-    return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens)
+    return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens, sweep=sweep,
+                      n_boot=n_boot)
 
 
 def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int = 20, batch_size: int = 16,
@@ -150,10 +161,17 @@ class _Accumulator:
         self.hist = z(L, H, n_bins)
         self.pos = {k: z(L, H, P) for k in ("f", "active")}
         self.pos_total = z(P)
+        # per query, for the sweep and the bootstrap (sinkmech.dormant.queries)
+        N = len(batch)
+        self.rec_first = torch.zeros(N, L, H, P)
+        self.rec_key = torch.zeros(N, L, H, P, dtype=torch.int32)
+        self.rec_out = torch.zeros(N, L, H, P)
+        self.recorded = False  # an accumulator rebuilt from summed shards has no per-query records
         self.band_keys = ("q_first", "q_rest", "k_first", "k_rest", "q_dormant", "q_active",
                           "logit_first_dormant", "logit_first_active", "logit_key_active")
         self.band = {k: z(L, H, C) for k in self.band_keys}
         self.n_prompts = 0
+        self.first_prompt = first_prompt
         self.next_prompt = first_prompt  # the global index of the next prompt (it decides a trigger's half)
         self.triggers = TriggerCounter(L, H, cfg.d_vocab, P, dev)
         self.rotary = cfg.positional_embedding_type == "rotary"
@@ -239,8 +257,16 @@ class _Accumulator:
         logit_k = band_products(self.layout, einops.rearrange(q, "b p h d -> b h p d"), k_att).double() / self.scale[l]
         bd["logit_key_active"][l] += einops.einsum(logit_k, am, "b h p c, b h p -> h c")
         self.triggers.add_layer(l, part.tokens, active, key_index, prompt_ids)
+        rows = (prompt_ids - self.first_prompt).cpu()  # rows of this batch, whatever the global index
+        self.recorded = True
+        self.rec_first[rows, l, :, :P] = f.cpu()
+        self.rec_key[rows, l, :, :P] = key_index.int().cpu()
+        self.rec_out[rows, l, :, :P] = out.float().cpu()
 
-    def finish(self, th: Thresholds, *, decode: TokenStr, top_triggers: int, max_tokens: int) -> HeadScan:
+    def finish(self, th: Thresholds, *, decode: TokenStr, top_triggers: int, max_tokens: int, sweep: bool = True,
+               n_boot: int = 200) -> HeadScan:
+        """Labels, triggers, and (with per-query records: not for summed shards)
+        the threshold sweep and the bootstrap."""
         s = {k: v.cpu() for k, v in self.sums.items()}
         n = float(self.pos_total.sum())
         if n == 0:
@@ -254,9 +280,13 @@ class _Accumulator:
         pos_total = self.pos_total.cpu()
         by_pos = {k: (v.cpu() / pos_total).where(pos_total > 0, torch.tensor(float("nan"), dtype=torch.float64))
                   for k, v in self.pos.items()}
-        triggers, best = self.triggers.finalize(by_pos["active"].float(), decode=decode,
+        valid = self.batch.mask.cpu().clone()
+        valid[:, 0] = False
+        records = (QueryRecords(self.rec_first, self.rec_key, self.rec_out, self.batch.tokens.cpu(), valid)
+                   if self.recorded else None)
+        triggers, best = self.triggers.finalize(decode=decode,
                                                 min_count=th.min_count, top_k=top_triggers,
-                                                min_prompts=th.min_prompts, min_lift=th.min_lift)
+                                                min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha)
         div = lambda a, b: (a / b).float()  # noqa: E731  (0/0 -> NaN: that mode never occurred)
         bands = {}
         for k, v in self.band.items():
@@ -281,6 +311,12 @@ class _Accumulator:
         )
         labels = classify(HeadStats(kw["dormant_fraction"], kw["active_fraction"], kw["output_norm_dormant"],
                                     kw["output_norm_active"]), triggers, best, th, n_queries=int(n))
+        L, H = best.shape
+        chosen = [[chosen_trigger(triggers[l][h], th.min_lift) for h in range(H)] for l in range(L)]
+        trigger_ok = torch.tensor([[c is not None and c.validated for c in row] for row in chosen])
+        uncertainty = (bootstrap_labels(records, th, labels.modes, trigger_ok, n_boot=n_boot)
+                       if n_boot > 0 and records is not None else None)
+        sweep_rows = tuple(threshold_sweep(records, th, decode=decode)) if sweep and records is not None else None
         return HeadScan(
             **kw,
             bands=bands,
@@ -298,4 +334,7 @@ class _Accumulator:
             bos=self.batch.bos,
             max_tokens=max_tokens,
             model_name=self.model.cfg.model_name,
+            uncertainty=uncertainty,
+            sweep=sweep_rows,
+            records=records,
         )

@@ -20,11 +20,15 @@ which weighs lift by how many queries back it.
 
 Queries of one prompt are not independent (a token repeated in one prompt can
 make a "trigger" of a few queries), and the top trigger is picked among
-thousands of candidates. So a trigger also needs active queries in at least
-`min_prompts` distinct prompts, and each trigger carries its lift measured
-separately on the even- and odd-numbered prompts (each half's own token
-occurrences; the head's position profile); it *replicates* when both halves
-reach `min_lift`.
+thousands of candidates, so what picks a trigger never judges it. The prompts
+are split by index parity: candidates are counted and ranked on the even-
+numbered prompts only (*selection*: `count`, `expected`, `lift`, `n_prompts`,
+`log_lr`), and the head's one chosen trigger (the best-ranked with selection
+lift >= `min_lift`) is judged on the odd-numbered prompts (*validation*: its
+own token occurrences there, the head's position profile). It is `validated`
+when there it reaches lift >= `min_lift` on >= `min_count` active queries in
+>= `min_prompts` prompts and the Poisson upper tail P(X >= count | expected)
+is <= `alpha` / (layers x heads), a Bonferroni bound over every head scanned.
 """
 
 from __future__ import annotations
@@ -40,22 +44,37 @@ Where = Literal["query", "previous", "key"]
 WHERES: tuple[Where, ...] = ("query", "previous", "key")
 
 
+SELECT, VALIDATE = 0, 1  # the halves of the prompts: even-numbered ones select, odd-numbered ones validate
+
+
+def split_prompts(n_prompts: int) -> tuple[list[int], list[int]]:
+    """(selection, validation) prompt indices of a corpus of `n_prompts`: the
+    even- and the odd-numbered prompts (disjoint)."""
+    return list(range(0, n_prompts, 2)), list(range(1, n_prompts, 2))
+
+
 @dataclass(frozen=True)
 class Trigger:
-    """One over-represented token on a head's active queries."""
+    """One over-represented token on a head's active queries. `count`,
+    `expected`, `lift`, `n_prompts` and `log_lr` are measured on the selection
+    prompts (they chose it); the `*_validated` fields on the disjoint
+    validation prompts (they judge it)."""
 
     token: str
     token_id: int
     where: Where
-    count: int  # active queries with this token there
+    count: int  # active queries with this token there (selection prompts)
     expected: float  # position-adjusted count if tokens did not matter
     lift: float  # count / expected
     log_lr: float  # Poisson log-likelihood ratio 2[n ln(n/e) - (n - e)]: the ranking key
-    active_rate: float | None  # P(active | token there); None for "key"
-    n_prompts: int = 0  # distinct prompts with an active query with this token there
-    lift_even: float | None = None  # lift on the even-numbered prompts alone (None: no expected count there)
-    lift_odd: float | None = None
-    replicated: bool = False  # both halves reach min_lift
+    active_rate: float | None  # P(active | token there), selection prompts; None for "key"
+    n_prompts: int = 0  # distinct selection prompts with an active query with this token there
+    count_validated: int = 0
+    expected_validated: float = 0.0
+    validated_lift: float | None = None  # None: the token never occurs where it could count on the validation prompts
+    prompts_validated: int = 0
+    p_validated: float | None = None  # Poisson P(X >= count_validated | expected_validated)
+    validated: bool = False  # the validation rule of the module docstring holds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,31 +83,22 @@ class Trigger:
 class TriggerCounter:
     """Streaming trigger accumulators, dense over the vocabulary.
 
-    Memory: 9 x layer x head x vocab floats on the model's device (counts of
-    active queries per half of the prompts, and distinct prompts, per place).
-    Prompts are split by the parity of `prompt_ids`.
+    Memory: 12 x layer x head x vocab floats on the model's device (counts of
+    active queries and of distinct prompts per half of the prompts, per
+    place). Prompts are split by the parity of `prompt_ids` (`split_prompts`).
     """
 
     def __init__(self, n_layers: int, n_heads: int, d_vocab: int, n_pos: int, device) -> None:
-        shape = (2, n_layers, n_heads, d_vocab)  # [half: even / odd prompts, ...]
+        shape = (2, n_layers, n_heads, d_vocab)  # [half: selection (even) / validation (odd) prompts, ...]
         self.observed_half = {w: torch.zeros(shape, device=device) for w in WHERES}
-        self.prompts = {w: torch.zeros(shape[1:], device=device) for w in WHERES}
+        self.prompts_half = {w: torch.zeros(shape, device=device) for w in WHERES}
         self.key_positions_half = torch.zeros(2, n_layers, n_heads, n_pos, device=device)  # active queries per attended key
         # occurrences of token t at query position p, for the query and previous token
         self.occurrences_half = {w: torch.zeros(2, d_vocab, n_pos, device=device) for w in ("query", "previous")}
+        # each head's active queries and all queries per position: its position profile in each half
+        self.active_pos_half = torch.zeros(2, n_layers, n_heads, n_pos, device=device)
+        self.queries_pos_half = torch.zeros(2, n_pos, device=device)
         self.n_pos = n_pos
-
-    @property
-    def observed(self) -> dict[str, Tensor]:
-        return {w: v.sum(0) for w, v in self.observed_half.items()}
-
-    @property
-    def occurrences(self) -> dict[str, Tensor]:
-        return {w: v.sum(0) for w, v in self.occurrences_half.items()}
-
-    @property
-    def key_positions(self) -> Tensor:
-        return self.key_positions_half.sum(0)
 
     def add_tokens(self, tokens: Int[Tensor, "batch pos"], valid: Bool[Tensor, "batch pos"],
                    prompt_ids: Int[Tensor, " batch"] | None = None) -> None:
@@ -99,6 +109,8 @@ class TriggerCounter:
         half = _half(prompt_ids, B, tokens.device)
         pos = torch.arange(P, device=tokens.device).expand(B, P)
         prev = torch.roll(tokens, 1, dims=1)
+        self.queries_pos_half.view(-1).index_add_(0, (half[:, None] * self.n_pos + pos)[valid],
+                                                  torch.ones(int(valid.sum()), device=tokens.device))
         for where, tok in (("query", tokens), ("previous", prev)):
             occ = self.occurrences_half[where]
             flat = ((half[:, None] * tok.new_tensor(occ.shape[1]) + tok) * self.n_pos + pos)[valid]
@@ -117,86 +129,97 @@ class TriggerCounter:
         key (>= 1) of each query; `prompt_ids` as in `add_tokens`."""
         B, H, P = active.shape
         act = active.float()
-        half = _half(prompt_ids, B, tokens.device)[:, None, None].expand(B, H, P)
+        half_row = _half(prompt_ids, B, tokens.device)
+        half = half_row[:, None, None].expand(B, H, P)
         row = torch.arange(B, device=tokens.device)[:, None, None].expand(B, H, P)
         tok_q = tokens[:, None, :].expand(B, H, P)
         tok_prev = torch.roll(tokens, 1, dims=1)[:, None, :].expand(B, H, P)
         tok_key = torch.gather(tokens[:, None, :].expand(B, H, P), 2, key_index)
         head = torch.arange(H, device=tokens.device)[None, :, None].expand(B, H, P)
-        L, V = self.prompts["query"].shape[0], self.prompts["query"].shape[-1]
+        L, V = self.observed_half["query"].shape[1], self.observed_half["query"].shape[-1]
         for where, tok in (("query", tok_q), ("previous", tok_prev), ("key", tok_key)):
             cell = (head * V + tok)
             self.observed_half[where].view(-1).index_add_(0, (half * (L * H * V) + layer * H * V + cell).flatten(), act.flatten())
             # distinct prompts: one count per (row, head, token) with any active query
             seen = torch.unique((row * (H * V) + cell)[active])
-            self.prompts[where][layer].view(-1).index_add_(0, seen % (H * V), torch.ones_like(seen, dtype=act.dtype))
+            where_half = half_row[seen // (H * V)]
+            self.prompts_half[where].view(-1).index_add_(0, where_half * (L * H * V) + layer * H * V + seen % (H * V),
+                                                          torch.ones_like(seen, dtype=act.dtype))
         n = self.n_pos
         self.key_positions_half.view(-1).index_add_(0, (half * (L * H * n) + layer * H * n + head * n + key_index).flatten(),
                                                     act.flatten())
+        qpos = torch.arange(P, device=tokens.device)[None, None, :].expand(B, H, P)
+        self.active_pos_half.view(-1).index_add_(0, (half * (L * H * n) + layer * H * n + head * n + qpos).flatten(),
+                                                 act.flatten())
 
     def finalize(
         self,
-        active_by_pos: Float[Tensor, "layer head_index pos"],
         *,
         decode,
         min_count: int,
         top_k: int,
         min_prompts: int = 1,
         min_lift: float = 1.0,
+        alpha: float = 0.05,
+        n_tests: int | None = None,
     ) -> tuple[list[list[list[Trigger]]], Float[Tensor, "layer head_index"]]:
-        """Top triggers per head: top_k per place with count >= min_count in
-        >= min_prompts distinct prompts and lift > 1, ranked by `log_lr`; and
-        the best lift among them per head. Each carries its lift on the even
-        and odd prompts; `replicated` when both reach `min_lift`.
+        """Top triggers per head, chosen on the selection prompts: top_k per
+        place with count >= min_count in >= min_prompts distinct prompts and
+        lift > 1, ranked by `log_lr`, each with its numbers on the validation
+        prompts; and the best selection lift among them per head.
 
         Args:
-            active_by_pos: each head's active rate at each query position.
             decode: token id -> readable string.
+            alpha: family-wise level of the validation test (Bonferroni over
+                `n_tests` heads, default every head counted here).
         """
-        L, H, _ = active_by_pos.shape
-        rate = torch.nan_to_num(active_by_pos).to(self.key_positions_half.device)
-        occurrences = self.occurrences
-        at_pos = occurrences["query"]  # token frequency at each position (positions >= 1)
-        freq = at_pos / at_pos.sum(0, keepdim=True).clamp(min=1)
+        _, L, H, _ = self.active_pos_half.shape
+        # each head's active rate at each query position, in each half
+        rate = self.active_pos_half / self.queries_pos_half[:, None, None, :].clamp(min=1)
+        max_p = alpha / (n_tests or L * H)
 
-        def expect(where: str, half: int | None) -> Tensor:
+        def expect(where: str, half: int) -> Tensor:
             if where == "key":
-                keys = self.key_positions if half is None else self.key_positions_half[half]
-                return torch.einsum("lhp,vp->lhv", keys, freq)
-            occ_w = occurrences[where] if half is None else self.occurrences_half[where][half]
-            return torch.einsum("lhp,vp->lhv", rate, occ_w)
+                # the head kept its positions, the tokens there were drawn from that half's frequencies
+                at_pos = self.occurrences_half["query"][half]
+                freq = at_pos / at_pos.sum(0, keepdim=True).clamp(min=1)
+                return torch.einsum("lhp,vp->lhv", self.key_positions_half[half], freq)
+            return torch.einsum("lhp,vp->lhv", rate[half], self.occurrences_half[where][half])
 
-        occ = {w: occurrences[w].sum(-1).cpu() for w in ("query", "previous")}
         best = torch.zeros(L, H)
         out: list[list[list[Trigger]]] = [[[] for _ in range(H)] for _ in range(L)]
         for where in WHERES:
-            obs, exp = self.observed_half[where].sum(0), expect(where, None)
-            ok = (obs >= min_count) & (self.prompts[where] >= min_prompts) & (exp > 0)
+            obs, exp = self.observed_half[where][SELECT], expect(where, SELECT)
+            n_prompts = self.prompts_half[where][SELECT]
+            ok = (obs >= min_count) & (n_prompts >= min_prompts) & (exp > 0)
             lift = torch.where(ok, obs / exp.clamp(min=1e-12), 0.0)
             # rank by evidence, not lift alone: rare tokens reach huge lifts on a handful of counts
             llr = 2 * (obs * torch.log(lift.clamp(min=1e-12)) - (obs - exp))
             llr = torch.where(ok & (lift > 1), llr, -1.0)
             vals, ids = llr.topk(min(top_k, llr.shape[-1]), dim=-1)
-            # each half's lift at the kept candidates only
-            half_lift = []
-            for half in (0, 1):
-                o = torch.gather(self.observed_half[where][half], -1, ids)
-                e = torch.gather(expect(where, half), -1, ids)
-                half_lift.append(torch.where(e > 0, o / e.clamp(min=1e-12), torch.tensor(float("nan"), device=e.device)).cpu())
+            # the validation prompts, at the kept candidates only
+            at = lambda x: torch.gather(x, -1, ids).cpu()  # noqa: E731
+            v_obs, v_exp, v_prompts = at(self.observed_half[where][VALIDATE]), at(expect(where, VALIDATE)), \
+                at(self.prompts_half[where][VALIDATE])
+            v_p = poisson_upper_tail(v_obs, v_exp)
+            occ_sel = (self.occurrences_half[where][SELECT].sum(-1).cpu() if where != "key" else None)
             vals, ids = vals.cpu(), ids.cpu()
-            obs_c, exp_c, lift_c, prompts_c = obs.cpu(), exp.cpu(), lift.cpu(), self.prompts[where].cpu()
+            obs_c, exp_c, lift_c, prompts_c = obs.cpu(), exp.cpu(), lift.cpu(), n_prompts.cpu()
             for l in range(L):
                 for h in range(H):
                     for k, (g, t) in enumerate(zip(vals[l, h].tolist(), ids[l, h].tolist())):
                         if g < 0:
                             break
                         n = float(obs_c[l, h, t])
-                        rate_t = n / float(occ[where][t]) if where != "key" else None
-                        even, odd = (_num(x[l, h, k]) for x in half_lift)
-                        replicated = even is not None and odd is not None and min(even, odd) >= min_lift
+                        rate_t = n / float(occ_sel[t]) if occ_sel is not None else None
+                        vo, ve, vn = float(v_obs[l, h, k]), float(v_exp[l, h, k]), int(v_prompts[l, h, k])
+                        v_lift = vo / ve if ve > 0 else None
+                        p = float(v_p[l, h, k]) if ve > 0 else None
+                        ok_v = (v_lift is not None and v_lift >= min_lift and vo >= min_count and vn >= min_prompts
+                                and p is not None and p <= max_p)
                         out[l][h].append(Trigger(decode(t), t, where, int(round(n)), float(exp_c[l, h, t]),
                                                  float(lift_c[l, h, t]), g, rate_t, int(prompts_c[l, h, t]),
-                                                 even, odd, replicated))
+                                                 int(round(vo)), ve, v_lift, vn, p, bool(ok_v)))
         for l in range(L):
             for h in range(H):
                 out[l][h].sort(key=lambda tr: -tr.log_lr)
@@ -204,12 +227,24 @@ class TriggerCounter:
         return out, best
 
 
+def chosen_trigger(triggers, min_lift: float) -> Trigger | None:
+    """The one trigger a head's label is judged on, chosen on the selection
+    prompts alone: the best-ranked with selection lift >= `min_lift`, else the
+    best-ranked; None without a candidate. Only this one is validated, so
+    the validation prompts test one hypothesis per head."""
+    ts = list(triggers)
+    lifted = [t for t in ts if t.lift >= min_lift]
+    return (lifted or ts or [None])[0]
+
+
+def poisson_upper_tail(observed: Tensor, expected: Tensor) -> Tensor:
+    """P(X >= observed) for X ~ Poisson(expected): the regularised lower
+    incomplete gamma P(observed, expected) (1 at observed 0)."""
+    o, e = observed.double(), expected.double().clamp(min=1e-300)
+    return torch.where(o > 0, torch.special.gammainc(o.clamp(min=1e-12), e), torch.ones_like(o))
+
+
 def _half(prompt_ids: Tensor | None, n: int, device) -> Tensor:
-    """0 for even-numbered prompts, 1 for odd ones."""
+    """0 (selection) for even-numbered prompts, 1 (validation) for odd ones."""
     ids = torch.arange(n, device=device) if prompt_ids is None else prompt_ids.to(device)
     return (ids % 2).long()
-
-
-def _num(x: Tensor) -> float | None:
-    v = float(x)
-    return None if v != v else v

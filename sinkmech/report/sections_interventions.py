@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from sinkmech import figures
-from sinkmech.dormant.noop import noop_check, noop_heads
-from sinkmech.dormant.scan import scan_heads
+from sinkmech.dormant.labels import mode_meaning
+from sinkmech.dormant.discover import discover_heads
+from sinkmech.dormant.noop import effect_text
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
 from sinkmech.perturb import corpus_swaps, perturbation_spread
@@ -99,55 +100,53 @@ def _ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _nats(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.4f}"
-
-
 def _triggers(entry: dict, n: int = 3) -> str:
     return ", ".join(f"{t['token']!r}@{t['where']} x{t['lift']:.1f} ({t['n_prompts']}p)"
                      for t in entry["triggers"][:n]) or "none"
 
 
-def _replication(rep: dict | None) -> str:
-    if rep is None:
+def _validation(t: dict | None) -> str:
+    if t is None:
         return "no trigger"
     f = lambda x: "n/a" if x is None else f"x{x:.1f}"  # noqa: E731
-    return f"{f(rep['lift_even'])} / {f(rep['lift_odd'])} ({'replicated' if rep['replicated'] else 'not replicated'})"
-
-
-def _interval(ci) -> str:
-    return "n/a" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return f"{f(t['lift'])} / {f(t['validated_lift'])} ({'validated' if t['validated'] else 'not validated'})"
 
 
 def dormant_section(ctx: ReportContext) -> Section:
     """Dormant (if-else) heads: labels, the best candidates' norms, bands and no-op check."""
     model = ctx.model
-    scan = scan_heads(model, ctx.first(ctx.scan_prompts), bos="prepend", max_tokens=ctx.max_tokens,
-                      batch_size=ctx.batch_size, bos_token_id=ctx.bos_token_id, progress=ctx.progress)
+    items = ctx.first(ctx.scan_prompts + ctx.noop_prompts)
+    n_noop = min(ctx.noop_prompts, len(items) // 2)  # held out from the scan
+    disc = discover_heads(model, items, scan_prompts=min(ctx.scan_prompts, len(items) - n_noop), noop_prompts=n_noop,
+                          n_candidates=ctx.n_heads, max_tokens=ctx.max_tokens, batch_size=ctx.batch_size,
+                          bos_token_id=ctx.bos_token_id, progress=ctx.progress)
+    scan, noop = disc.scan, disc.noop
     found = scan.if_else_heads()
     ranked = found or scan.ranked()
     shown = ranked[: max(6, ctx.n_heads)]
     cands = ranked[: ctx.n_heads]
-    checked = noop_heads(scan, ctx.n_heads)  # every if_else head and the closest candidates besides
     entries = {head_label(*hd): scan.head_summary(*hd) for hd in shown}
     counts = scan.mode_counts()
     table = table_html(
         ["head", "mode", "if-else score", "dormant frac.", "active frac.", "||v|| first token", "||v|| read when active",
          "output norm dormant / active", "top triggers (token@where x lift, prompts)",
-         "top trigger on even / odd prompts"],
+         "chosen trigger: lift on selection / held-out prompts"],
         [[name, e["mode"], e["if_else_score"], e["dormant_fraction"], e["active_fraction"], e["value_norm_first"],
           e["value_norm_active"], _ratio(e["output_norm_dormant"], e["output_norm_active"]), _triggers(e),
-          _replication(e["replication"])]
+          _validation(e["trigger"])]
          for name, e in entries.items()])
     th = scan.thresholds
-    noop = noop_check(model, ctx.first(ctx.noop_prompts), checked, bos="prepend", max_tokens=ctx.max_tokens,
-                      batch_size=ctx.batch_size, bos_token_id=ctx.bos_token_id, high=th.high, low=th.low, progress=False)
+    noop_results = noop.results if noop is not None else ()
     noop_table = table_html(
-        ["head", "mode", "dormant queries", "active queries", "loss change per forced dormant query",
-         f"{100 * noop.ci_level:.0f}% interval", "loss change per forced active query", f"{100 * noop.ci_level:.0f}% interval"],
-        [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active, _nats(r.per_query_dormant),
-          _interval(r.per_query_dormant_ci), _nats(r.per_query_active), _interval(r.per_query_active_ci)]
-         for r in noop.results])
+        ["head", "mode", "dormant queries", "active queries", "move to first, dormant", "move to first, active",
+         "zero out, dormant", "zero out, active"],
+        [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active,
+          *(effect_text(v, ci) for v, ci in r.effects().values())] for r in noop_results])
+    sweep_figs = ctx.figure("dormant_sweep", lambda p: figures.mode_sweep(
+        scan.sweep, p, title=f"Head modes at other (high, low) cuts ({scan.n_prompts} prompts)")) if scan.sweep else []
+    sweep_table = table_html(["high", "low", "sink", "active", "mixed", "if_else", "if_else heads"],
+                             [[r["high"], r["low"], *(r["mode_counts"][m] for m in ("sink", "active", "mixed", "if_else")),
+                               ", ".join(r["if_else_heads"]) or "-"] for r in scan.sweep or ()])
     names = [head_label(*hd) for hd in cands]
     get = lambda t: [float(t[hd]) for hd in cands]  # noqa: E731
     bar_figs = ctx.figure("dormant_norms", lambda p: figures.head_norm_bars(
@@ -166,26 +165,39 @@ def dormant_section(ctx: ReportContext) -> Section:
     summary = {
         "n_prompts": scan.n_prompts, "max_tokens": scan.max_tokens, "n_queries": scan.n_queries, "mode_counts": counts,
         "if_else_heads": [head_label(*hd) for hd in found], "candidates": entries,
-        "noop": {"n_prompts": min(ctx.noop_prompts, ctx.n_prompts), "loss_clean": noop.loss_clean,
-                 "ci_level": noop.ci_level, "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
+        "sweep": list(scan.sweep or ()),
+        "trigger_selected_on": scan.trigger_split()[0], "trigger_validated_on": scan.trigger_split()[1],
+        "noop": None if noop is None else {
+            "n_prompts": len(disc.noop_prompts), "prompt_indices": list(disc.noop_prompts),
+            "loss_clean": noop.loss_clean, "ci_level": noop.ci_level,
+            "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
     }
     body = (
         f"<p>Every head profiled over {scan.n_prompts} prompts x {ctx.max_tokens} tokens with &lt;bos&gt; "
         f"({scan.n_queries} queries). A query is dormant when its attention on position 0 is >= {th.high:g}, active "
         f"at <= {th.low:g}. Labels: " + html.escape(", ".join(f"{v} {k}" for k, v in counts.items())) + f". {verdict}</p>"
-        + table + f"<p>A trigger counts only with active queries in >= {th.min_prompts} distinct prompts, and the "
-        f"if-else label needs the top trigger to reach lift {th.min_lift:g} on the even and on the odd prompts "
-        "separately (last column).</p>"
-        + f"<p>No-op check on {summary['noop']['n_prompts']} prompts, for every if-else head and the "
-        f"{ctx.n_heads} closest candidates besides: the head is forced onto the first token "
-        "on its dormant queries (should cost ~nothing) and on its active ones; next-token loss change in nats per "
-        f"forced query, with a {100 * noop.ci_level:.0f}% bootstrap interval over prompts "
-        f"(clean loss {noop.loss_clean:.3f}).</p>" + noop_table
+        + table + f"<p>Triggers are chosen on the even-numbered prompts ({len(scan.trigger_split()[0])}) and judged on the "
+        f"odd-numbered ones ({len(scan.trigger_split()[1])}): the if-else label needs the chosen trigger to reach lift "
+        f"{th.min_lift:g} there on >= {th.min_count} active queries in >= {th.min_prompts} prompts, with a Poisson "
+        f"p <= {th.alpha:g} / {scan.n_layers * scan.n_heads} heads (last column). What each label means: "
+        + html.escape("; ".join(f"{k}: {v}" for k, v in mode_meaning(th).items())) + ".</p>"
+        + (f"<p>No-op check on {len(disc.noop_prompts)} prompts held out from the scan (prompts "
+           f"{disc.noop_prompts[0]}-{disc.noop_prompts[-1]}; the scan used 0-{disc.scan_prompts[-1]}), for every if-else "
+           f"head and the {ctx.n_heads} closest candidates besides. Two interventions, each on the head's dormant and "
+           "on its active queries: <i>move to first</i> puts all of its attention on the first token (on dormant "
+           "queries, already >= high there, it can only change a little), <i>zero out</i> (Guo et al.) sets its "
+           "output to 0. Next-token loss change in nats per intervened query, with a "
+           f"{100 * noop.ci_level:.0f}% bootstrap interval over prompts; an interval that holds zero reads "
+           f"\"no detectable effect\" (clean loss {noop.loss_clean:.3f}).</p>" + noop_table
+           if noop is not None else "<p>No no-op check: too few prompts to hold some out from the scan.</p>")
+        + "<p>Threshold sweep: every head relabelled at other (high, low) cuts, every other threshold as above, "
+        "so a reader sees whether a label survives another cut.</p>" + sweep_table
+        + (figure_html(sweep_figs, "Mode counts over the (high, low) cuts", ctx.out) if sweep_figs else "")
         + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
                       "(no bar: the head never was in that mode)", ctx.out)
         + figure_html(band_figs, f"Norm bands of {head_label(*best)}", ctx.out)
     )
-    return Section("dormant", "Dormant (if-else) heads", body, tuple(bar_figs + band_figs), summary)
+    return Section("dormant", "Dormant (if-else) heads", body, tuple(bar_figs + band_figs + sweep_figs), summary)
 
 
 def ablation_section(ctx: ReportContext) -> Section:
