@@ -29,6 +29,11 @@ demo: $(STAMP)
 	$(BIN)/sinkmech report --model smollm2 --out figures/smollm2 --overwrite --findings figures/findings.json
 	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first.
 	$(BIN)/sinkmech sinks --model smollm2 --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
+	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models.
+	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model gemma3-270m --contrast --n-prompts 64 --json figures/contrast_gemma3-270m.json --findings figures/findings.json
+	# The paper's theory at a CPU size: Jacobian vs path bound and attention smoothness, with and without <bos>.
+	$(BIN)/python scripts/theory.py --out figures/theory.json --findings figures/findings.json
 
 # The report tests open the page in headless Chromium. Installed here when we
 # can (root with apt-get); otherwise stop before the tests and say how.

@@ -43,6 +43,11 @@ class ConditionRow:
     spread: float  # mean relative residual change of the positions after the swap, over layers
     per_layer_score: list[float]  # mean alpha_0 per layer
     per_layer_spread: list[float]  # mean change after the swap, per residual layer (0 = embeddings)
+    # curves over fractional depth (residual layer / n_layers), each point a mean over prompts with its 95 %
+    # bootstrap interval over prompts: relative change and reach (share of later positions changed > 0.1)
+    depth: list[float] = field(default_factory=list)
+    spread_curve: list[list[float]] = field(default_factory=list)  # [layer] -> [mean, lo, hi]
+    reach_curve: list[list[float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -101,7 +106,8 @@ class ModelComparison:
         condition the sink rates, loss, spread and scores; the with/without
         contrasts; the dormant-head counts and no-op numbers."""
         c = {k: {"sink_rate": r.sink_rate, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score,
-                 "uniform_score": r.uniform_score, "per_layer_score": r.per_layer_score}
+                 "uniform_score": r.uniform_score, "per_layer_score": r.per_layer_score,
+                 "curve_at_depth": _depth_points(r)}
              for k, r in self.conditions.items()}
         pre, none = self.conditions["prepend"], self.conditions["none"]
         out = {
@@ -138,6 +144,32 @@ class ModelComparison:
             row.update({f"sink_rate_{e}": v for e, v in r.sink_rate.items()})
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+def _depth_points(r: ConditionRow, depths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> dict:
+    """The spread and reach curves at a few fractional depths (the nearest layer)."""
+    out = {}
+    if not r.depth:
+        return out
+    for d in depths:
+        i = min(range(len(r.depth)), key=lambda j: abs(r.depth[j] - d))
+        out[f"{d:g}"] = {"depth": r.depth[i], "spread": r.spread_curve[i] if r.spread_curve else None,
+                         "reach": r.reach_curve[i] if r.reach_curve else None}
+    return out
+
+
+def prompt_curve(x: Float[Tensor, "prompt layer"], *, n_boot: int = 1000, level: float = 0.95,
+                 seed: int = 0) -> list[list[float]]:
+    """Per layer: [mean over prompts, lo, hi], a percentile bootstrap interval
+    over prompts (prompts without a value dropped)."""
+    x = x.double()
+    x = x[~x.isnan().any(1)]
+    if len(x) == 0:
+        return []
+    g = torch.Generator().manual_seed(seed)
+    means = x[torch.randint(0, len(x), (n_boot, len(x)), generator=g)].mean(1)  # [boot, layer]
+    q = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64), dim=0)
+    return [[float(m), float(lo), float(hi)] for m, lo, hi in zip(x.mean(0), q[0], q[1])]
 
 
 def _head(l: int, h: int) -> str:
@@ -194,6 +226,8 @@ def compare_model(
     spread = perturbation_spread(model, content, perturbation=swaps, batch_size=batch_size,
                                  bos_token_id=bos_token_id, progress=progress)
     later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
+    curves = {k: [prompt_curve(v[i]) for i in range(len(CONDITIONS))] for k, v in spread.per_prompt().items()}
+    depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
         scores = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True, progress=progress)
@@ -207,6 +241,9 @@ def compare_model(
             spread=float(later[i].mean()),
             per_layer_score=scores.per_layer().tolist(),
             per_layer_spread=later[i].tolist(),
+            depth=depth,
+            spread_curve=curves["mean_change"][i],
+            reach_curve=curves["reach"][i],
         )
     dormant = None
     if dormant_prompts > 0:

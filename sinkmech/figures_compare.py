@@ -72,3 +72,31 @@ def spread_panels(per_model: Mapping[str, Mapping[str, ArrayLike]], path: str | 
     layer (0 = embeddings), with and without `<bos>`, one panel per model."""
     return _panels(per_model, path, title=f"Perturbation spread: one token swapped at content position {position}",
                    ylabel="mean ||h'-h|| / ||h|| after the swap", xlabel="layer (0 = embeddings)", sharey=False)
+
+
+def depth_curves(per_model: Mapping[str, Mapping[str, tuple]], path: str | os.PathLike, *, ylabel: str,
+                 title: str) -> Path:
+    """Curves over fractional depth (0 = embeddings, 1 = last layer), one line
+    per model and condition, with a shaded 95 % interval over prompts, so
+    models of different depth compare point by point.
+
+    Args:
+        per_model: model -> {condition: (depth [layer], curve [layer] of [mean, lo, hi])}.
+    """
+    if not per_model:
+        raise ValueError("no models to draw")
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 1.4, 2.8), constrained_layout=True)
+    for model, series in per_model.items():
+        for cond, style in zip(CONDITIONS, ("-", "--")):
+            if cond not in series or not len(series[cond][1]):
+                continue
+            depth, curve = np.asarray(series[cond][0], dtype=float), np.asarray(series[cond][1], dtype=float)
+            line, = ax.plot(depth, curve[:, 0], style, linewidth=1.2, label=f"{model}, {CONDITION_LABELS[cond]}")
+            ax.fill_between(depth, curve[:, 1], curve[:, 2], color=line.get_color(), alpha=0.15, linewidth=0)
+    ax.set_xlabel("fractional depth (residual layer / layers)", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3, linewidth=0.5)
+    ax.legend(fontsize=6)
+    ax.set_title(title, fontsize=9)
+    return save(fig, path)

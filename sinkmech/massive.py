@@ -3,15 +3,23 @@ activations in large language models", Sec. 2-3).
 
 Per residual layer and dimension d: |h_0[d]| against the median of |h_t[d]|
 over the other real positions t >= 1 of the same prompt, both averaged over
-prompts (ratio of means). The onset is the first residual layer whose
-first-token norm ratio ||h_0|| / mean_t ||h_t|| exceeds a threshold; the massive
-dimensions are the top dimensions by that ratio at the onset layer.
+prompts (ratio of means), and each dimension's share h_0[d]^2 / ||h_0||^2 of
+the first token's squared norm. The onset is the first residual layer whose
+first-token norm ratio ||h_0|| / mean_t ||h_t|| exceeds a threshold. The
+massive dimensions are Sun et al.'s: at the onset layer, |h_0[d]| > 100 and
+>= 1000 x the median magnitude of the hidden state (all real positions and
+dimensions of that layer; `sun_min_abs`, `sun_min_ratio`).
 
-Intervention: at the `resid_pre` of every layer from the onset on (the
+Intervention, at the `resid_pre` of every layer from the onset on (the
 residual stream carries the dimensions forward and later layers could rebuild
-them, so they are reset at each layer), the chosen dimensions at position 0 are
-set to their mean over the other real positions of the same prompt. Measured:
-the content next-token loss (sinkmech.loss targets) and the sink rate.
+them, so they are reset at each layer), the chosen dimensions at position 0
+are either
+- `others_mean`: set to their mean over the other real positions of the same
+  prompt, which *removes* the massive value, or
+- `sun_mean`: set to the first token's own mean value over the prompts (Sun
+  et al.'s intervention, which keeps the magnitude and removes only its
+  variation over inputs).
+Measured: the content next-token loss (sinkmech.loss targets) and the sink rate.
 """
 
 from __future__ import annotations
@@ -44,17 +52,32 @@ class MassiveDims:
     threshold: float
     bos: Bos
     model_name: str = ""
+    sq_share: Float[Tensor, "resid_layer d_model"] | None = None  # mean over prompts of h_0[d]^2 / ||h_0||^2
+    hidden_median: Float[Tensor, " resid_layer"] | None = None  # mean over prompts of median |h| (all positions, dims)
+    first_mean: Float[Tensor, "resid_layer d_model"] | None = None  # mean over prompts of h_0[d] (signed)
+    sun_min_abs: float = 100.0
+    sun_min_ratio: float = 1000.0
 
     @property
     def dim_ratio(self) -> Float[Tensor, "resid_layer d_model"]:
         return self.first_abs / self.median_abs.clamp(min=1e-12)
 
+    def sun_dims(self, layer: int) -> tuple[int, ...]:
+        """Dimensions passing Sun et al.'s criterion at `layer`, largest first."""
+        if self.hidden_median is None:
+            return ()
+        f = self.first_abs[layer]
+        ok = (f > self.sun_min_abs) & (f >= self.sun_min_ratio * float(self.hidden_median[layer]))
+        idx = ok.nonzero()[:, 0]
+        return tuple(int(d) for d in idx[f[idx].argsort(descending=True)])
+
     @property
     def massive_dims(self) -> tuple[int, ...]:
-        """Top dimensions at the onset layer (empty when there is no onset)."""
+        """Sun et al.'s massive dimensions at the onset layer (empty when there
+        is no onset or none passes)."""
         if self.onset_layer is None:
             return ()
-        return tuple(int(d) for d in self.top_dims[self.onset_layer])
+        return self.sun_dims(self.onset_layer)
 
     def to_dataframe(self):
         """Long format: one row per (resid_layer, top rank)."""
@@ -70,12 +93,19 @@ class MassiveDims:
 
     def to_dict(self) -> dict:
         ratio = self.dim_ratio
+        share = (lambda l, d: None) if self.sq_share is None else (lambda l, d: float(self.sq_share[l, d]))  # noqa: E731
+        onset = self.onset_layer
         return {
             "model": self.model_name, "bos": self.bos, "threshold": self.threshold,
-            "onset_layer": self.onset_layer, "massive_dims": list(self.massive_dims),
+            "criterion": f"|h_0[d]| > {self.sun_min_abs:g} and >= {self.sun_min_ratio:g} x the hidden state's median "
+                         "magnitude (Sun et al. 2024), at the onset layer",
+            "onset_layer": onset, "massive_dims": list(self.massive_dims),
+            "massive_dim_share": {str(d): share(onset, d) for d in self.massive_dims},
+            "hidden_median": None if self.hidden_median is None else self.hidden_median.tolist(),
             "norm_ratio": self.norm_ratio.tolist(),
             "top_dims": [
-                [{"dim": int(d), "first_abs": float(self.first_abs[l, d]), "ratio": float(ratio[l, d])} for d in dims]
+                [{"dim": int(d), "first_abs": float(self.first_abs[l, d]), "ratio": float(ratio[l, d]),
+                  "share": share(l, d)} for d in dims]
                 for l, dims in enumerate(self.top_dims.tolist())
             ],
         }
@@ -88,6 +118,14 @@ def _check(batch: TokenBatch, batch_size: int) -> None:
     batch.batches(batch_size)  # checks batch_size and that there are prompts
     if int(batch.lengths.min()) < 2:
         raise ValueError("every prompt needs at least 2 positions (position 0 against the rest)")
+
+
+def hidden_median(resid: Float[Tensor, "batch pos d_model"], lengths: Int[Tensor, " batch"]) -> Float[Tensor, " batch"]:
+    """Per prompt: the median magnitude of its hidden state (|h_t[d]| over every
+    real position, the first included, and every dimension): Sun et al.'s yardstick."""
+    a = resid.float().abs()
+    real = torch.arange(a.shape[1], device=a.device)[None, :] < lengths[:, None]
+    return a.masked_fill(~real[..., None], float("nan")).flatten(1).nanmedian(dim=1).values
 
 
 def dim_stats(
@@ -111,6 +149,8 @@ def massive_dims(
     *,
     top_k: int = 4,
     threshold: float = 10.0,
+    sun_min_abs: float = 100.0,
+    sun_min_ratio: float = 1000.0,
     batch_size: int = 16,
     progress: bool = True,
 ) -> MassiveDims:
@@ -120,6 +160,9 @@ def massive_dims(
         batch: right-padded tokens, at least 2 positions per prompt.
         top_k: dimensions reported per residual layer.
         threshold: onset = first resid_layer with norm ratio > threshold.
+        sun_min_abs, sun_min_ratio: Sun et al.'s criterion for a massive
+            dimension (|h_0[d]| > sun_min_abs and >= sun_min_ratio x the median
+            magnitude of the hidden state).
 
     Returns:
         MassiveDims over resid_layer 0 .. n_layers (embeddings .. last block's output).
@@ -130,8 +173,8 @@ def massive_dims(
     if threshold <= 0:
         raise ValueError(f"threshold must be > 0, got {threshold}")
     L, D, P = model.cfg.n_layers, model.cfg.d_model, len(batch)
-    first, med = torch.zeros(L + 1, D), torch.zeros(L + 1, D)
-    n0, nr = torch.zeros(L + 1), torch.zeros(L + 1)
+    first, med, share, signed = (torch.zeros(L + 1, D) for _ in range(4))
+    n0, nr, hmed = torch.zeros(L + 1), torch.zeros(L + 1), torch.zeros(L + 1)
     for _, part in tqdm(batch.batches(batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
 
         def make(i: int):
@@ -141,6 +184,9 @@ def massive_dims(
                 med[i] += m.sum(0).cpu()
                 n0[i] += a.sum().cpu()
                 nr[i] += b.sum().cpu()
+                share[i] += (f ** 2 / (a ** 2)[:, None].clamp(min=1e-30)).sum(0).cpu()
+                signed[i] += resid[:, 0].float().sum(0).cpu()
+                hmed[i] += hidden_median(resid, part.lengths).sum().cpu()
 
             return hook
 
@@ -150,7 +196,9 @@ def massive_dims(
     top = (first / med.clamp(min=1e-12)).topk(top_k, dim=-1).indices
     above = (ratio > threshold).nonzero()
     onset = int(above[0]) if len(above) else None
-    return MassiveDims(first, med, ratio, top, onset, float(threshold), batch.bos, model.cfg.model_name)
+    return MassiveDims(first, med, ratio, top, onset, float(threshold), batch.bos, model.cfg.model_name,
+                       sq_share=share / P, hidden_median=hmed / P, first_mean=signed / P,
+                       sun_min_abs=float(sun_min_abs), sun_min_ratio=float(sun_min_ratio))
 
 
 @dataclass(frozen=True)
@@ -164,6 +212,7 @@ class MassiveIntervention:
     scores_clean: Float[Tensor, "prompt layer head_index"]
     scores_reset: Float[Tensor, "prompt layer head_index"]
     bos: Bos
+    mode: str = "others_mean"  # see RESETS
 
     def sink_rate(self, eps: float, which: str = "clean") -> float:
         scores = {"clean": self.scores_clean, "reset": self.scores_reset}[which]
@@ -171,7 +220,8 @@ class MassiveIntervention:
 
     def to_dict(self, eps: Sequence[float] = DEFAULT_EPS) -> dict:
         return {
-            "bos": self.bos, "dims": list(self.dims), "from_layer": self.from_layer,
+            "bos": self.bos, "mode": self.mode, "meaning": RESETS[self.mode], "dims": list(self.dims),
+            "from_layer": self.from_layer,
             "loss_clean": self.loss_clean, "loss_reset": self.loss_reset,
             "sink_rate_clean": {format_eps(e): self.sink_rate(e, "clean") for e in eps},
             "sink_rate_reset": {format_eps(e): self.sink_rate(e, "reset") for e in eps},
@@ -187,22 +237,33 @@ class MassiveIntervention:
                              for c, l in (("clean", self.loss_clean), ("reset", self.loss_reset))])
 
 
-def reset_dims_hook(dims: Sequence[int], lengths: Tensor):
-    """On `resid_pre`: position 0's `dims` become their mean over real positions t >= 1."""
+RESETS = {
+    "others_mean": "position 0's dims set to their mean over the prompt's other positions (removes the massive value)",
+    "sun_mean": "position 0's dims set to the first token's own mean value over the prompts (Sun et al.)",
+}
+
+
+def reset_dims_hook(dims: Sequence[int], lengths: Tensor, values: Tensor | None = None):
+    """On `resid_pre`: position 0's `dims` become their mean over real positions
+    t >= 1 (`values` None), or the given `values` [dims] (the "sun_mean" reset)."""
     idx = torch.tensor(list(dims), dtype=torch.long)
 
     def hook(resid: Float[Tensor, "batch pos d_model"], hook):
+        out = resid.clone()
+        if values is not None:
+            out[:, 0, idx.to(resid.device)] = values.to(resid.device, resid.dtype)
+            return out
         pos = torch.arange(resid.shape[1], device=resid.device)
         rest = ((pos[None, :] >= 1) & (pos[None, :] < lengths[:, None])).to(resid.dtype)
         mean = torch.einsum("bpd,bp->bd", resid[:, :, idx.to(resid.device)], rest) / rest.sum(-1, keepdim=True)
-        out = resid.clone()
         out[:, 0, idx.to(resid.device)] = mean
         return out
 
     return hook
 
 
-def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer: int | None, progress: bool):
+def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer: int | None, progress: bool,
+                     values: Tensor | None = None):
     L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(batch)
     scores = torch.zeros(P, L, H)
     total, n = 0.0, 0
@@ -219,7 +280,8 @@ def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer
 
         hooks = [(act_name("pattern", l), pattern_hook) for l in range(L)] + [(act_name("resid_post", L - 1), final_hook)]
         if dims:
-            hooks += [(act_name("resid_pre", l), reset_dims_hook(dims, part.lengths)) for l in range(from_layer, L)]
+            hooks += [(act_name("resid_pre", l), reset_dims_hook(dims, part.lengths, None if values is None else values[l]))
+                      for l in range(from_layer, L)]
         run(model, part.tokens, hooks, stop_at_layer=L)
         t, k = resid_token_losses(model, store["resid"], part.tokens, target_mask(part))
         total, n = total + t, n + k
@@ -234,6 +296,8 @@ def reset_massive_dims(
     *,
     dims: Sequence[int],
     from_layer: int,
+    mode: str = "others_mean",
+    first_mean: Float[Tensor, "resid_layer d_model"] | None = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> MassiveIntervention:
@@ -243,6 +307,8 @@ def reset_massive_dims(
         dims: residual dimensions to reset (e.g. `MassiveDims.massive_dims`).
         from_layer: the reset runs at resid_pre of layers from_layer .. n_layers-1
             (e.g. `MassiveDims.onset_layer`; must be < n_layers).
+        mode: "others_mean" or "sun_mean" (`RESETS`); "sun_mean" needs
+            `first_mean` (`MassiveDims.first_mean`, from the same bos condition).
 
     Returns:
         MassiveIntervention (scores are alpha_0 [prompt, layer, head_index], as sinks.py).
@@ -253,6 +319,13 @@ def reset_massive_dims(
         raise ValueError(f"dims must be one or more indices in [0, {model.cfg.d_model}), got {dims}")
     if not 0 <= from_layer < model.cfg.n_layers:
         raise ValueError(f"from_layer must lie in [0, {model.cfg.n_layers}), got {from_layer}")
+    if mode not in RESETS:
+        raise ValueError(f"mode must be one of {tuple(RESETS)}, got {mode!r}")
+    values = None
+    if mode == "sun_mean":
+        if first_mean is None or first_mean.shape[0] < model.cfg.n_layers:
+            raise ValueError("the sun_mean reset needs first_mean [resid_layer, d_model] (MassiveDims.first_mean)")
+        values = first_mean[:, list(dims)]
     loss_c, sc = _loss_and_scores(model, batch, batch_size, (), None, progress)
-    loss_r, sr = _loss_and_scores(model, batch, batch_size, dims, from_layer, progress)
-    return MassiveIntervention(dims, from_layer, loss_c, loss_r, sc, sr, batch.bos)
+    loss_r, sr = _loss_and_scores(model, batch, batch_size, dims, from_layer, progress, values)
+    return MassiveIntervention(dims, from_layer, loss_c, loss_r, sc, sr, batch.bos, mode)

@@ -93,6 +93,18 @@ class PerturbationSpread:
             "spread_fraction": ((vals > self.threshold).float() * w).sum((1, 3)) / n,
         }
 
+    def per_prompt(self) -> dict[str, Tensor]:
+        """Per prompt, over its own later positions: mean change and reach (the
+        fraction whose change exceeds `threshold`), [bos, prompt, resid_layer];
+        NaN for a prompt without a later position."""
+        later = self.later()[None, :, None, :].expand_as(self.change)
+        w = later.float()
+        vals = torch.where(later, self.change, torch.zeros(()))
+        n = w.sum(-1)
+        nan = torch.tensor(float("nan"))
+        return {"mean_change": torch.where(n > 0, vals.sum(-1) / n.clamp(min=1), nan),
+                "reach": torch.where(n > 0, ((vals > self.threshold).float() * w).sum(-1) / n.clamp(min=1), nan)}
+
     def to_dataframe(self):
         import pandas as pd
 

@@ -64,6 +64,30 @@ def default_corpus(
     return [" ".join(all_words[s : s + words]) for s in starts]
 
 
+def python_source_corpus(n_prompts: int = DEFAULT_N_PROMPTS, chars: int = 400) -> list[str]:
+    """`n_prompts` windows of Python source, each the consecutive non-blank
+    lines from an evenly spaced start until `chars` characters are reached,
+    cut from the standard library's own top-level `.py` files in name order
+    (no download; the code counterpart of `default_corpus`, for contrasts of
+    prose and code as in Guo et al. 2024). Deterministic for a given Python
+    version."""
+    import sysconfig
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    lines = [ln.rstrip() for f in files for ln in f.read_text(encoding="utf-8", errors="replace").splitlines()
+             if ln.strip()]
+    span = len(lines) - 200
+    if n_prompts < 1 or span < n_prompts:
+        raise ValueError(f"cannot cut {n_prompts} prompts from the standard library's sources")
+    out = []
+    for i in range(n_prompts):
+        start, text = i * span // n_prompts, []
+        while sum(len(t) + 1 for t in text) < chars:
+            text.append(lines[start + len(text)])
+        out.append("\n".join(text))
+    return out
+
+
 def load_prompts(source: PromptSource = None) -> list[str] | list[list[int]]:
     """Prompts from a list of strings, a text file (one prompt per line), a
     JSONL file with a `text` field, or None for the default corpus. Lists of

@@ -112,8 +112,14 @@ def heads_partial(acc, batch, settings: dict, *, prompt_index: Sequence[int], sh
                 "d_vocab": cfg.d_vocab, "bos": batch.bos, "n_bins": acc.n_bins, "n_pos": int(acc.pos_total.shape[0]),
                 "thresholds": dict(vars(acc.th))}
     n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total
+    # per-query records (the threshold sweep and the bootstrap read them): rows, one per prompt
+    width = acc.rec_first.shape[-1]
+    tokens = torch.zeros(len(batch), width, dtype=torch.long)
+    tokens[:, : batch.tokens.shape[1]] = batch.tokens.cpu()
+    rows = {"lengths": batch.lengths.cpu().numpy(), "tokens": tokens.numpy(), "rec_first": acc.rec_first.numpy(),
+            "rec_key": acc.rec_key.long().numpy(), "rec_out": acc.rec_out.numpy()}
     part = shard_part("heads", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_total,
-                      rows={"lengths": batch.lengths.cpu().numpy()}, sums={})
+                      rows=rows, sums={})
     return Partial(**{**part.__dict__, "sums": sums})
 
 
@@ -128,8 +134,15 @@ def heads_result(part: Partial, model, *, top_triggers: int = 5):
     th = Thresholds(**s["thresholds"])
     lengths = torch.from_numpy(part.rows["lengths"])
     width = int(lengths.max())
-    batch = TokenBatch(torch.zeros(len(lengths), width, dtype=torch.long), lengths, s["bos"], None)
+    tokens = (torch.from_numpy(part.rows["tokens"])[:, :width] if "tokens" in part.rows
+              else torch.zeros(len(lengths), width, dtype=torch.long))
+    batch = TokenBatch(tokens, lengths, s["bos"], None)
     acc = _Accumulator(model, batch, th, s["n_bins"])
+    if "rec_first" in part.rows:  # per-query records: the merged scan has its sweep and bootstrap too
+        for name in ("rec_first", "rec_key", "rec_out"):
+            rec = torch.from_numpy(np.ascontiguousarray(part.rows[name]))[..., :width]
+            setattr(acc, name, rec.int() if name == "rec_key" else rec)
+        acc.recorded = True
     state = scan_state(acc)
     if set(state) != set(part.sums) - {"n_prompts"}:
         raise ValueError("the heads part holds other statistics than this sinkmech's scan: it cannot be merged")

@@ -9,6 +9,15 @@ layers still apply. Perplexity is computed over the same scored tokens in
 every setting: the next-token losses of query positions scored_from .. T-2
 (default scored_from = W + max(keep), after the window has filled), from the
 final residual stream unembedded in chunks (no logits held whole).
+
+Positions: every key keeps its original position (the rotary angle of key k
+is k's), which is what a mask over one full forward pass gives. StreamingLLM
+instead re-assigns positions inside its rolling cache (the kept first keys
+and the window are numbered 0 .. keep + W - 1); that needs a token-by-token
+cache and is not implemented here. Keeping k first keys also gives a query k
+more keys than the window alone, so every keep > 0 comes with its control: a
+plain window of W + k keys (`control_ppl`), the same number of keys without
+the first ones.
 """
 
 from __future__ import annotations
@@ -85,6 +94,7 @@ class StreamResult:
     full_ppl: float
     keep: tuple[int, ...]
     ppl: tuple[float, ...]
+    control_ppl: tuple[float | None, ...] = ()  # per keep: a plain window of window + keep keys (None for keep 0)
 
     def to_dict(self) -> dict:
         return {
@@ -93,7 +103,9 @@ class StreamResult:
             "n_tokens": self.n_tokens,
             "scored_from": self.scored_from,
             "full_ppl": self.full_ppl,
-            "results": [{"keep": k, "ppl": p} for k, p in zip(self.keep, self.ppl)],
+            "positions": "original (keys keep their own positions; StreamingLLM's cache re-indexing is not applied)",
+            "results": [{"keep": k, "ppl": p, "control_window": self.window + k if k else None, "control_ppl": c}
+                        for k, p, c in zip(self.keep, self.ppl, self.control_ppl or (None,) * len(self.keep))],
         }
 
     def to_json(self) -> str:
@@ -164,7 +176,14 @@ def stream_perplexity(
         hook = window_hook(window, k)
         hooks = [(act_name("attn_scores", l), hook) for l in range(L)]
         ppls.append(_ppl(model, tokens, mask, hooks))
+    controls = []  # the W + k control: as many keys as keep k gives, none of them the first
+    for k in keep:
+        if k == 0:
+            controls.append(None)
+            continue
+        hook = window_hook(window + k, 0)
+        controls.append(_ppl(model, tokens, mask, [(act_name("attn_scores", l), hook) for l in range(L)]))
     return StreamResult(
         model=model.cfg.model_name, window=window, n_tokens=T, scored_from=scored_from,
-        n_scored=int(mask.sum()), full_ppl=full, keep=keep, ppl=tuple(ppls),
+        n_scored=int(mask.sum()), full_ppl=full, keep=keep, ppl=tuple(ppls), control_ppl=tuple(controls),
     )

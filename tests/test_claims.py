@@ -1,7 +1,7 @@
 """The measurement fixes of issue 11 seen from the commands: --bos-token is
 resolved to one token id, `perturb --sensitivity` reports the rank correlation
 of the path bound, `heads` checks every if_else head plus candidates with
-intervals, and reports trigger replication."""
+intervals, and reports triggers validated on held-out prompts."""
 
 from __future__ import annotations
 
@@ -113,9 +113,12 @@ def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, 
     checked = [(r["layer"], r["head"]) for r in d["noop"]["heads"]]
     assert set(checked[: len(if_else)]) == set(if_else) and len(checked) == len(if_else) + 2
     assert all("per_query_dormant_ci" in r and "per_query_active_ci" in r for r in d["noop"]["heads"])
-    assert all("replication" in e for e in d["heads"])
+    assert all(set(e["trigger_selected_on"]).isdisjoint(e["trigger_validated_on"]) for e in d["heads"])
+    # the no-op check ran on the prompts the scan did not see
+    assert d["prompt_split"]["noop_prompts"] == d["noop"]["prompt_indices"]
+    assert not set(d["prompt_split"]["scan_prompts"]) & set(d["noop"]["prompt_indices"])
     text = capsys.readouterr().out
-    assert "held-out" in text and "bootstrap interval" in text
+    assert "held-out" in text and "bootstrap interval" in text and "zero out" in text
 
 
 def test_noop_heads_takes_all_if_else_heads_then_candidates():

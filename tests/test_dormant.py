@@ -412,3 +412,46 @@ def test_a_trigger_seen_in_one_prompt_is_not_an_if_else_trigger():
     assert (top.token_id, top.n_prompts, top.validated, top.count_validated) == (TRIGGER, 1, False, 0)
     assert top.lift >= scan.thresholds.min_lift and top.count >= scan.thresholds.min_count
     assert any("not validated" in e for e in scan.evidence[0][0])
+
+
+def test_contrast_finds_a_domain_dormant_head_and_nothing_between_like_corpora():
+    """The planted if-else head rests on a corpus without its trigger and wakes
+    on one full of it: the contrast finds it, chosen on one half of each
+    corpus and confirmed on the other; two corpora drawn alike give nothing."""
+    from sinkmech.dormant.contrast import contrast_heads
+
+    model = planted_model({0: "if_else", 1: "sink", 2: "prev", 3: "position"}, cut=13)
+    g = torch.Generator().manual_seed(9)
+
+    def corpus(seed: int, trigger_rate: float) -> torch.Tensor:
+        c = planted_corpus(n=32, seed=seed)
+        c[c == TRIGGER] = 2
+        c[torch.rand(c.shape, generator=g) < trigger_rate] = TRIGGER
+        return c
+
+    kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False, sweep=False, n_boot=0, min_queries=0)
+    prose, code, prose2 = (scan_heads(model, corpus(s, r), **kw) for s, r in ((5, 0.0), (6, 0.5), (7, 0.0)))
+    found = contrast_heads(prose, code, name_a="prose", name_b="code")
+    assert [(h.layer, h.head) for h in found.confirmed()] == [(0, 0)]
+    h = found.confirmed()[0]
+    assert h.diff_selected > 0.3 and h.diff_validated > 0.3 and h.diff_validated_ci[0] > 0
+    assert h.dormant_a > 0.99 and h.mode_a == "sink"
+    assert json.loads(found.to_json())["n_confirmed"] == 1
+    assert contrast_heads(prose, prose2).confirmed() == []
+    with pytest.raises(ValueError, match="thresholds"):
+        contrast_heads(prose, scan_heads(model, corpus(8, 0.1), high=0.7, **kw))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["heads", "--contrast", "--head", "1.1"], "--contrast runs two whole scans"),
+    (["heads", "--findings", "f.json"], "--findings goes with --contrast"),
+    (["heads", "--contrast", "nope.txt"], "not found"),
+    (["heads", "--n-prompts", "8", "--noop-prompts", "8"], "too few"),
+])
+def test_heads_flags_are_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
+    from sinkmech import cli, models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error:") and "Traceback" not in err

@@ -39,19 +39,26 @@ def test_massive_dims_equal_per_dimension_loop(tiny_model, ragged):
 
 
 def test_planted_massive_dim_is_found(tiny_model, ragged):
-    """A huge value written into dim 5 of position 0 from resid_pre 1 on: exactly dim 5, onset at layer 1."""
+    """A huge value written into dim 5 of position 0 from resid_pre 1 on: exactly dim 5 (Sun et al.'s
+    criterion: > 100 and >= 1000x the hidden state's median), onset at layer 1, nearly all of the norm;
+    a second, smaller planted dim (> 100 but far below 1000x the median) is not massive."""
 
     def plant(resid, hook):
         out = resid.clone()
-        out[:, 0, 5] += 500.0
+        out[:, 0, 5] += 5000.0
+        out[:, 0, 7] += 150.0
         return out
 
     with tiny_model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
-        res = massive_dims(tiny_model, ragged, top_k=1, threshold=10.0, progress=False)
+        res = massive_dims(tiny_model, ragged, top_k=2, threshold=10.0, progress=False)
     assert res.onset_layer == 1
+    assert float(res.hidden_median[1]) < 4.0 and 150 / float(res.hidden_median[1]) < 1000 < 5000 / 4.0
     assert res.massive_dims == (5,)
     assert int(res.top_dims[2, 0]) == 5  # carried forward by the residual stream
-    assert res.to_dict()["massive_dims"] == [5]
+    d = res.to_dict()
+    assert d["massive_dims"] == [5] and d["massive_dim_share"]["5"] > 0.99
+    assert torch.allclose(res.sq_share[1].sum(), torch.tensor(1.0), atol=1e-4)
+    assert float(res.first_mean[1, 5]) > 4900
 
 
 def test_reset_undoes_a_planted_dim(tiny_model, ragged):
@@ -84,3 +91,20 @@ def test_massive_bad_input(tiny_model, ragged):
     one = tokenize(tiny_model, [[3]], bos="none", min_tokens=1)
     with pytest.raises(ValueError, match="at least 2"):
         massive_dims(tiny_model, one)
+
+
+def test_sun_mean_reset_is_a_no_op_when_the_first_token_is_fixed(tiny_model, ragged):
+    """Position 0 sees only itself: with <bos> always first its residual is the same in every prompt, so
+    Sun et al.'s set-to-mean changes nothing, while removing the dims (others_mean) does."""
+    md = massive_dims(tiny_model, ragged, top_k=2, threshold=1.0, progress=False)
+    dims = tuple(int(d) for d in md.top_dims[1])
+    sun = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="sun_mean", first_mean=md.first_mean,
+                             progress=False)
+    others = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, progress=False)
+    assert abs(sun.loss_reset - sun.loss_clean) < 1e-5 and torch.allclose(sun.scores_reset, sun.scores_clean, atol=1e-5)
+    assert abs(others.loss_reset - others.loss_clean) > 1e-4
+    assert sun.to_dict()["mode"] == "sun_mean" and others.mode == "others_mean"
+    with pytest.raises(ValueError, match="first_mean"):
+        reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="sun_mean")
+    with pytest.raises(ValueError, match="mode"):
+        reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="zero")

@@ -85,12 +85,12 @@ def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     assert p["swaps"][0][0] == PLANTED[int(prompts[0, pos])]
     # dormant heads: the same scan, and the no-op check of the first candidate
     d = s["dormant"]
-    scan = scan_heads(tiny_model, prompts, **kw)
+    scan = scan_heads(tiny_model, prompts[:6], **kw)  # 12 prompts: the last 6 are held out for the no-op check
     assert d["n_queries"] == scan.n_queries and d["mode_counts"]["active"] == sum(r.count("active") for r in scan.modes)
     first = next(iter(d["candidates"].values()))
     assert (first["layer"], first["head"]) == (scan.if_else_heads() or scan.ranked())[0]
     assert first["dormant_fraction"] == pytest.approx(float(scan.dormant_fraction[first["layer"], first["head"]]))
-    check = noop_check(tiny_model, prompts[:12], [(first["layer"], first["head"])], **kw)  # noop_prompts 32, capped by n_prompts 12
+    check = noop_check(tiny_model, prompts[6:12], [(first["layer"], first["head"])], **kw)  # held out from the scan
     got = d["noop"]["heads"][f"L{first['layer']}.H{first['head']}"]
     assert got["delta_loss_dormant"] == pytest.approx(check.results[0].delta_loss_dormant, abs=1e-7)
     assert got["n_active"] == check.results[0].n_active

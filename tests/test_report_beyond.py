@@ -90,12 +90,14 @@ def test_massive_section_resets_from_the_onset(tiny_model, prompts, tmp_path, mo
     # A low threshold gives the tiny model an onset, so the reset runs and is reported.
     import sinkmech.report.sections_beyond as sb
 
-    monkeypatch.setattr(sb, "massive_dims", lambda *a, **k: massive_dims(*a, **{**k, "threshold": 1.01}))
+    monkeypatch.setattr(sb, "massive_dims", lambda *a, **k: massive_dims(*a, **{**k, "threshold": 1.01, "sun_min_abs": 0.0,
+                                                                                 "sun_min_ratio": 0.0}))
     rep = report.build_report(tiny_model, tmp_path / "r", sections=[massive_section], prompts=prompts, n_prompts=4,
                               max_tokens=12, **KW)
     m = rep.summary["sections"]["massive"]
     assert m["onset_layer"] is not None and m["reset"]["from_layer"] == m["onset_layer"]
     assert m["reset"]["dims"] == m["massive_dims"] and m["reset"]["n_prompts"] == 2
+    assert set(m["resets"]) == {"others_mean", "sun_mean"}
     assert "On the first 2 prompts" in rep.index.read_text()
 
 

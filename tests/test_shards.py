@@ -209,8 +209,8 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
         for perm in itertools.permutations(parts):
             got = heads_result(merge(perm), model)
             assert got.modes == one.modes
-            assert [[[(t.token_id, t.where, t.count, t.n_prompts, t.replicated) for t in ts] for ts in row]
-                    for row in got.triggers] == [[[(t.token_id, t.where, t.count, t.n_prompts, t.replicated)
+            assert [[[(t.token_id, t.where, t.count, t.n_prompts, t.validated) for t in ts] for ts in row]
+                    for row in got.triggers] == [[[(t.token_id, t.where, t.count, t.n_prompts, t.validated)
                                                    for t in ts] for ts in row] for row in one.triggers]
             # batches of 5 fall differently in a shard: float32 rounding only. The
             # bimodality of a head that always rests on <bos> is a ratio of

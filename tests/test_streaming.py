@@ -60,6 +60,10 @@ def test_stream_equals_explicit_mask(tiny_model, seq):
         assert math.isclose(p, brute_ppl(tiny_model, seq, 6, k, 9), rel_tol=1e-5)
     assert math.isclose(res.full_ppl, brute_ppl(tiny_model, seq, None, 0, 9), rel_tol=1e-5)
     assert res.ppl[0] != pytest.approx(res.full_ppl, rel=1e-4)  # the window does change the model
+    # the W + k control: a plain window of 6 + k keys, brute force
+    assert res.control_ppl[0] is None
+    for k, c in zip(res.keep[1:], res.control_ppl[1:]):
+        assert math.isclose(c, brute_ppl(tiny_model, seq, 6 + k, 0, 9), rel_tol=1e-5)
 
 
 def test_window_covering_everything_is_full_attention(tiny_model, seq):
@@ -71,8 +75,9 @@ def test_window_covering_everything_is_full_attention(tiny_model, seq):
 
 def test_stream_to_dict_contract(tiny_model, seq):
     d = stream_perplexity(tiny_model, seq, window=4, keep=(0, 1), progress=False).to_dict()
-    assert set(d) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "results"}
-    assert [set(r) for r in d["results"]] == [{"keep", "ppl"}] * 2
+    assert set(d) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "results"}
+    assert [set(r) for r in d["results"]] == [{"keep", "ppl", "control_window", "control_ppl"}] * 2
+    assert d["results"][1]["control_window"] == 5 and d["results"][0]["control_ppl"] is None
     assert d["n_tokens"] == 41 and d["window"] == 4
 
 

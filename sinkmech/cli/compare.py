@@ -15,7 +15,7 @@ from sinkmech.compare import ModelComparison, compare_model
 from sinkmech.dormant.noop import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record
-from sinkmech.figures_compare import first_token_score_panels, spread_panels
+from sinkmech.figures_compare import depth_curves, first_token_score_panels, spread_panels
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
@@ -70,7 +70,16 @@ def markdown(results: list[ModelComparison]) -> str:
     lines += ["", f"{first.n_prompts} prompts x {first.max_tokens} content tokens for sink rates and loss (the same "
               "content targets 1..n-1 in both conditions); spread: mean relative residual change ||h'-h||/||h|| of "
               f"the positions after a one-token swap at content position {first.spread_position}, averaged over "
-              f"layers, {first.spread_prompts} prompts."]
+              f"layers, {first.spread_prompts} prompts. The models differ in depth, so that one average does not "
+              "compare them: `spread_by_depth.png` and `reach_by_depth.png` give the curves over fractional depth "
+              "with 95 % bootstrap intervals over prompts (reach: the share of later positions changed by > 0.1)."]
+    for r in results:
+        f = r.findings()
+        for c in CONDITIONS:
+            cur = {d: v for d, v in f[c]["curve_at_depth"].items() if v["reach"]}
+            if cur:
+                lines.append(f"- {r.model}, {CONDITION_LABELS[c]}: reach at fractional depth " + ", ".join(
+                    f"{d}: {v['reach'][0]:.2f} [{v['reach'][1]:.2f}, {v['reach'][2]:.2f}]" for d, v in cur.items()))
     for r in results:
         d = r.dormant
         if d is None:
@@ -132,6 +141,12 @@ def cmd_compare(args) -> None:
                                      uniform={r.model: r.conditions["prepend"].uniform_score for r in results})
             spread_panels({r.model: {c: r.conditions[c].per_layer_spread for c in CONDITIONS} for r in results},
                           tmp / f"spread{suffix}", position=results[0].spread_position)
+            for what, label in (("reach", "share of later positions changed > 0.1"),
+                                ("spread", "mean ||h'-h|| / ||h|| after the swap")):
+                depth_curves({r.model: {c: (r.conditions[c].depth, getattr(r.conditions[c], f"{what}_curve"))
+                                        for c in CONDITIONS} for r in results},
+                             tmp / f"{what}_by_depth{suffix}", ylabel=label,
+                             title=f"One-token swap: {what} over fractional depth (95 % interval over prompts)")
     if args.findings is not None:
         for r in results:
             record(args.findings, flatten(f"{r.model}.compare", r.findings()), replace_prefix=f"{r.model}.compare")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 from sinkmech import models
 from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
@@ -14,6 +16,7 @@ from sinkmech.dormant.labels import Thresholds, mode_meaning
 from sinkmech.dormant.noop import effect_text, noop_check, noop_heads
 from sinkmech.dormant.scan import accumulate, scan_heads
 from sinkmech.figures import heatmap_panels, save
+from sinkmech.findings import flatten, record
 from sinkmech.hooks import parse_head
 from sinkmech.partial import write_partial
 from sinkmech.prompts import load_prompts, tokenize
@@ -35,7 +38,15 @@ def add_heads_parser(sub) -> None:
                    "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
     p.add_argument("--noop", type=int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
-    p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check")
+    p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check, held out from the "
+                   "scan (the last ones of the corpus)")
+    p.add_argument("--contrast", nargs="?", const=PYTHON_SOURCE, default=None, metavar="PROMPTS_B",
+                   help="heads whose mode differs between --prompts (default: Python-docs prose) and PROMPTS_B "
+                   f"(a prompt file; alone or '{PYTHON_SOURCE}': windows of the standard library's .py files), "
+                   "chosen on the even prompts of each and confirmed on the odd ones; no no-op check")
+    p.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts of each corpus (default: all)")
+    p.add_argument("--findings", type=Path, default=None,
+                   help="with --contrast: merge its numbers into this findings file under <model>.contrast")
     add_shard_flags(p)
     p.set_defaults(func=cmd_heads)
 
@@ -85,7 +96,7 @@ def print_heads_table(scan, top: int) -> None:
         print_sweep(scan.sweep)
 
 
-def print_sweep(rows: list[dict]) -> None:
+def print_sweep(rows: Sequence[dict]) -> None:
     """Mode counts at every (high, low) cut: does a conclusion survive another cut?"""
     print("\nthreshold sweep (every other threshold fixed):")
     print(f"{'high':>5} {'low':>5} {'sink':>5} {'active':>6} {'mixed':>6} {'if_else':>7}  if_else heads")
@@ -137,12 +148,74 @@ def print_noop(check) -> None:
             print(f"    {how.replace('_', ' '):>14} on {mode:<8} queries: {effect_text(value, ci)}")
 
 
+PYTHON_SOURCE = "python-source"
+
+
+def print_contrast(c) -> None:
+    print(f"\ncontrast: {c.name_a} ({c.n_prompts_a} prompts) vs {c.name_b} ({c.n_prompts_b} prompts); dormant "
+          f"fraction (first-token attention >= {c.high:g}) {c.name_a} - {c.name_b}, heads chosen at |diff| >= "
+          f"{c.min_diff:g} on the even prompts, confirmed on the odd ones ({100 * c.level:.0f}% family-wise interval)")
+    print(f"{c.name_a}: " + ", ".join(f"{v} {k}" for k, v in c.mode_counts_a.items()))
+    print(f"{c.name_b}: " + ", ".join(f"{v} {k}" for k, v in c.mode_counts_b.items()))
+    if not c.heads:
+        print("no head differs by that much on the selection halves")
+    for h in c.heads:
+        lo, hi = h.diff_validated_ci
+        print(f"  L{h.layer}.H{h.head}: dormant {h.dormant_a:.2f} ({h.mode_a}) vs {h.dormant_b:.2f} ({h.mode_b}); "
+              f"diff {h.diff_selected:+.2f} chosen, {h.diff_validated:+.2f} [{lo:+.2f}, {hi:+.2f}] held out: "
+              + ("confirmed" if h.confirmed else "not confirmed"))
+    print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed")
+
+
+def cmd_contrast(args) -> None:
+    """`heads --contrast`: two scans, one contrast."""
+    from sinkmech.dormant.contrast import contrast_heads
+    from sinkmech.prompts import python_source_corpus
+
+    a = load_prompts(args.prompts)
+    b = python_source_corpus() if args.contrast == PYTHON_SOURCE else load_prompts(args.contrast)
+    if args.n_prompts is not None:
+        a, b = a[: args.n_prompts], b[: args.n_prompts]
+    if min(len(a), len(b)) < 4:
+        raise UsageError(f"--contrast needs >= 4 prompts in each corpus, got {len(a)} and {len(b)}")
+    names = ("prose" if args.prompts is None else str(args.prompts),
+             "python-source" if args.contrast == PYTHON_SOURCE else str(args.contrast))
+    model = models.load_model(args.model)
+    bos_id = bos_token_arg(model, args)
+    kw = dict(bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
+              high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count,
+              min_prompts=args.min_prompts, sweep=False, n_boot=0)
+    scans = [scan_heads(model, corpus, **kw) for corpus in (a, b)]
+    contrast = contrast_heads(*scans, name_a=names[0], name_b=names[1])
+    print_contrast(contrast)
+    if args.findings is not None:
+        c = contrast.to_dict()
+        c["heads"] = {f"L{h['layer']}.H{h['head']}": h for h in c.pop("heads")}
+        c["confirmed_heads"] = ", ".join(f"L{h.layer}.H{h.head}" for h in contrast.confirmed())
+        record(args.findings, flatten(f"{args.model}.contrast", c), replace_prefix=f"{args.model}.contrast")
+        print(f"recorded findings in {args.findings}", file=sys.stderr)
+
+    def payload() -> dict:
+        return {"model": args.model, "bos": args.bos, "contrast": contrast.to_dict()}
+
+    write_results(args, payload, None)
+
+
 def cmd_heads(args) -> None:
     if args.top < 1 or args.noop < 0 or args.noop_prompts < 1:
         raise UsageError("--top and --noop-prompts must be >= 1, --noop >= 0")
     if args.min_prompts < 1:
         raise UsageError(f"--min-prompts must be >= 1, got {args.min_prompts}")
+    if args.contrast is not None:
+        if args.head or getattr(args, "shard", None):
+            raise UsageError("--contrast runs two whole scans: not with --head or --shard")
+    elif args.findings is not None:
+        raise UsageError("--findings goes with --contrast (the scan's own findings come from `sinkmech compare`)")
+    if args.contrast is not None:
+        return cmd_contrast(args)
     prompts = load_prompts(args.prompts)
+    if args.n_prompts is not None:
+        prompts = prompts[: args.n_prompts]
     n_noop = args.noop_prompts if (args.noop > 0 or args.head) else 0
     try:  # the no-op check runs on prompts held out from the scan
         scan_rows, noop_rows = split_corpus(len(prompts), None, n_noop)

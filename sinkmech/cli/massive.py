@@ -7,7 +7,7 @@ from __future__ import annotations
 from sinkmech import models
 from sinkmech.cli.common import add_common, prompts_arg, warn_short, write_results
 from sinkmech.figures_beyond import massive_figure
-from sinkmech.massive import massive_dims, reset_massive_dims
+from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
 
 
@@ -19,7 +19,12 @@ def add_massive_parser(sub) -> None:
     p.add_argument("--top", type=int, default=4, help="dimensions listed per layer (default 4)")
     p.add_argument("--threshold", type=float, default=10.0,
                    help="onset: first layer where ||h_0|| / mean ||h_t|| exceeds this (default 10)")
-    p.add_argument("--no-reset", action="store_true", help="skip the reset intervention (two more passes)")
+    p.add_argument("--sun-min-abs", type=float, default=100.0,
+                   help="a massive dimension has |h_0[d]| above this (Sun et al.: 100)")
+    p.add_argument("--sun-min-ratio", type=float, default=1000.0,
+                   help="... and at least this many times the hidden state's median magnitude (Sun et al.: ~1000)")
+    p.add_argument("--no-reset", action="store_true", help="skip the two reset interventions (others_mean and Sun's "
+                   "sun_mean; four more passes)")
     p.set_defaults(func=cmd_massive)
 
 
@@ -34,12 +39,16 @@ def print_massive_table(md, reset) -> None:
     if md.onset_layer is None:
         print(f"no layer passes the threshold {md.threshold:g}: no massive activation")
         return
-    print(f"massive dims: {list(md.massive_dims)} from residual layer {md.onset_layer} (0 = embeddings)")
-    if reset is not None:
-        print()
+    dims = md.massive_dims
+    print(f"massive dims (Sun et al.: |h_0[d]| > {md.sun_min_abs:g} and >= {md.sun_min_ratio:g} x the hidden state's "
+          f"median {float(md.hidden_median[md.onset_layer]):.3g}) at residual layer {md.onset_layer}: "
+          + (", ".join(f"{d} ({100 * float(md.sq_share[md.onset_layer, d]):.1f}% of ||h_0||^2)" for d in dims)
+             if dims else "none"))
+    for r in reset or ():
+        print(f"\nreset {r.mode}: {RESETS[r.mode]}")
         print(f"{'run':>6} {'loss':>8} " + " ".join(f"{'rate>' + format(e, 'g'):>9}" for e in DEFAULT_EPS))
-        for c, loss in (("clean", reset.loss_clean), ("reset", reset.loss_reset)):
-            print(f"{c:>6} {loss:>8.3f} " + " ".join(f"{reset.sink_rate(e, c):>8.1f}%" for e in DEFAULT_EPS))
+        for c, loss in (("clean", r.loss_clean), ("reset", r.loss_reset)):
+            print(f"{c:>6} {loss:>8.3f} " + " ".join(f"{r.sink_rate(e, c):>8.1f}%" for e in DEFAULT_EPS))
 
 
 def cmd_massive(args) -> None:
@@ -49,12 +58,13 @@ def cmd_massive(args) -> None:
         raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {args.top}")
     batch = tokenize(model, prompts, bos=args.bos, max_tokens=args.max_tokens)
     warn_short(batch, args.max_tokens)
-    md = massive_dims(model, batch, top_k=args.top, threshold=args.threshold, batch_size=args.batch_size)
+    md = massive_dims(model, batch, top_k=args.top, threshold=args.threshold, sun_min_abs=args.sun_min_abs,
+                      sun_min_ratio=args.sun_min_ratio, batch_size=args.batch_size)
     reset = None
-    if not args.no_reset and md.onset_layer is not None and md.onset_layer < model.cfg.n_layers:
-        reset = reset_massive_dims(model, batch, dims=md.massive_dims, from_layer=md.onset_layer,
-                                   batch_size=args.batch_size)
+    if not args.no_reset and md.massive_dims and md.onset_layer < model.cfg.n_layers:
+        reset = [reset_massive_dims(model, batch, dims=md.massive_dims, from_layer=md.onset_layer, mode=mode,
+                                    first_mean=md.first_mean, batch_size=args.batch_size) for mode in RESETS]
     print_massive_table(md, reset)
     payload = {**md.to_dict(), "n_prompts": len(batch), **batch.used(args.max_tokens),
-               "reset": None if reset is None else reset.to_dict()}
+               "reset": None if reset is None else {r.mode: r.to_dict() for r in reset}}
     write_results(args, payload, lambda: print(f"wrote {massive_figure(md, args.png, model_name=args.model)}"))

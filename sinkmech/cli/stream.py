@@ -49,9 +49,10 @@ def print_stream_table(result) -> None:
     print(f"perplexity over {result.n_scored} tokens (positions {result.scored_from}..{result.n_tokens - 2} predict the next)")
     print(f"{'attention':>28} {'ppl':>10}")
     print(f"{'full':>28} {result.full_ppl:>10.2f}")
-    for k, p in zip(result.keep, result.ppl):
+    for k, p, c in zip(result.keep, result.ppl, result.control_ppl or (None,) * len(result.keep)):
         label = f"last {result.window}" + (f" + first {k}" if k else " only")
-        print(f"{label:>28} {p:>10.2f}")
+        print(f"{label:>28} {p:>10.2f}" + ("" if c is None else f"   (control: last {result.window + k} only, {c:.2f})"))
+    print("keys keep their original positions (StreamingLLM re-indexes them inside its cache: not applied here)")
 
 
 def cmd_stream(args) -> None:

@@ -14,7 +14,7 @@ import html
 from sinkmech import figures_beyond
 from sinkmech.eval_length import long_prompts, sinks_vs_length
 from sinkmech.key_sinks import key_sink_scores
-from sinkmech.massive import massive_dims, reset_massive_dims
+from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS, TokenBatch, tokenize
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
 from sinkmech.sinks import format_eps
@@ -93,22 +93,32 @@ def massive_section(ctx: ReportContext) -> Section:
         body += (f"No layer passes the norm ratio threshold {md.threshold:g} (largest ratio "
                  f"{float(md.norm_ratio.max()):.1f}): no massive activation, so nothing is reset.</p>")
     else:
-        body += (f"The ratio first exceeds {md.threshold:g} at residual layer {md.onset_layer}; the massive "
-                 f"dimensions there are {', '.join(map(str, md.massive_dims))}. ")
-        if md.onset_layer < ctx.model.cfg.n_layers:
-            part = batch.slice(0, max(1, len(batch) // 2))  # two more passes: half the prompts keep the cost down
-            reset = reset_massive_dims(ctx.model, part, dims=md.massive_dims, from_layer=md.onset_layer,
-                                       batch_size=ctx.batch_size, progress=ctx.progress)
-            summary["reset"] = {**reset.to_dict(), "n_prompts": len(part)}
+        dims = md.massive_dims
+        body += (f"The ratio first exceeds {md.threshold:g} at residual layer {md.onset_layer}; there, by Sun et al.'s "
+                 f"criterion (|h_0[d]| &gt; {md.sun_min_abs:g} and &gt;= {md.sun_min_ratio:g} x the hidden state's median "
+                 f"magnitude, {float(md.hidden_median[md.onset_layer]):.3g}) the massive dimensions are "
+                 + (", ".join(f"{d} ({100 * float(md.sq_share[md.onset_layer, d]):.1f}% of the squared norm)"
+                              for d in dims) if dims else "none") + ". ")
+        if dims and md.onset_layer < ctx.model.cfg.n_layers:
+            part = batch.slice(0, max(1, len(batch) // 2))  # more passes: half the prompts keep the cost down
+            resets = [reset_massive_dims(ctx.model, part, dims=dims, from_layer=md.onset_layer, mode=mode,
+                                         first_mean=md.first_mean, batch_size=ctx.batch_size, progress=ctx.progress)
+                      for mode in RESETS]
+            summary["reset"] = {**resets[0].to_dict(), "n_prompts": len(part)}  # others_mean, as before
+            summary["resets"] = {r.mode: {**r.to_dict(), "n_prompts": len(part)} for r in resets}
             e = format_eps(DEFAULT_EPS[0])
-            body += (f"On the first {len(part)} prompts, setting them at position 0 to their mean over the other "
-                     "positions, at every layer from the "
-                     f"onset on, moves the content loss from {reset.loss_clean:.3f} to {reset.loss_reset:.3f} nats "
-                     f"and the sink rate (alpha_0 &gt; {e}) from {reset.sink_rate(DEFAULT_EPS[0]):.1f}% to "
-                     f"{reset.sink_rate(DEFAULT_EPS[0], 'reset'):.1f}%.</p>")
-            rows = [[c, l] + [f"{reset.sink_rate(x, c):.1f}" for x in DEFAULT_EPS]
-                    for c, l in (("clean", reset.loss_clean), ("reset", reset.loss_reset))]
+            body += (f"On the first {len(part)} prompts, at every layer from the onset on, two resets of them at "
+                     "position 0: " + "; ".join(
+                         f"<i>{r.mode}</i> ({html.escape(RESETS[r.mode])}) moves the content loss from "
+                         f"{r.loss_clean:.3f} to {r.loss_reset:.3f} nats and the sink rate (alpha_0 &gt; {e}) from "
+                         f"{r.sink_rate(DEFAULT_EPS[0]):.1f}% to {r.sink_rate(DEFAULT_EPS[0], 'reset'):.1f}%"
+                         for r in resets) + ".</p>")
+            rows = [[c if c == "clean" else f"reset ({r.mode})", l] + [f"{r.sink_rate(x, c):.1f}" for x in DEFAULT_EPS]
+                    for i, r in enumerate(resets) for c, l in (("clean", r.loss_clean), ("reset", r.loss_reset))
+                    if c == "reset" or i == 0]
             body += table_html(["run", "content loss (nats)", *(f"sink rate % (eps {x:g})" for x in DEFAULT_EPS)], rows)
+        elif not dims:
+            body += "No dimension passes Sun et al.'s criterion, so nothing is reset.</p>"
         else:
             body += "The onset is after the last layer, so there is no later layer to reset them in.</p>"
     body += figure_html(figs, "First-token norm ratio and massive dimensions per residual layer", ctx.out)
