@@ -34,6 +34,20 @@ def test_compare_model_equals_the_analyses_it_runs(tiny_model):
     assert res.conditions["none"].per_layer_spread == pytest.approx(spread[1].tolist(), abs=1e-6)
     assert res.conditions["prepend"].spread == pytest.approx(float(spread[0].mean()), abs=1e-6)
     assert res.dormant is not None and len(res.dormant.noop) == 2
+    # the no-op check ran on prompts the scan did not see
+    assert res.dormant.noop_prompts == [4, 5] and res.dormant.n_prompts == 4
+    # reach and spread curves over fractional depth: per-prompt means, brute force
+    full = perturbation_spread(tiny_model, content, perturbation=corpus_swaps(content, 2), bos_token_id=TINY_BOS,
+                               progress=False)
+    later = full.later()
+    row = res.conditions["none"]
+    assert row.depth == pytest.approx([l / tiny_model.cfg.n_layers for l in range(tiny_model.cfg.n_layers + 1)])
+    for l in range(len(row.depth)):
+        reach = [float((full.change[1, p, l][later[p]] > full.threshold).float().mean()) for p in range(3)]
+        mean, lo, hi = row.reach_curve[l]
+        assert mean == pytest.approx(sum(reach) / 3, abs=1e-6) and lo <= mean + 1e-9 and mean <= hi + 1e-9
+        assert min(reach) - 1e-9 <= lo and hi <= max(reach) + 1e-9
+    assert set(res.findings()["none"]["curve_at_depth"]) == {"0.25", "0.5", "0.75", "1"}
     json.loads(res.to_json())
     with pytest.raises(ValueError, match="spread_position"):
         compare_model(tiny_model, rows, spread_tokens=4, spread_position=3, bos_token_id=TINY_BOS)
@@ -94,3 +108,18 @@ def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
     assert s["model"] == "gemma3-270m" and (s["n_layers"], s["n_heads"]) == (18, 4)
     assert sum(s["sections"]["dormant"]["mode_counts"].values()) == 18 * 4
     assert len(s["sections"]["ablation"]["effects"]) == 18
+
+
+def test_depth_curves_and_sweep_figures_draw(tmp_path):
+    from sinkmech.figures import mode_sweep
+    from sinkmech.figures_compare import depth_curves
+
+    curve = [[0.1, 0.05, 0.2], [0.5, 0.4, 0.6], [0.9, 0.8, 1.0]]
+    out = depth_curves({"a": {"prepend": ([0, 0.5, 1], curve), "none": ([0, 0.5, 1], curve)},
+                        "b": {"prepend": ([0, 1], curve[:2])}}, tmp_path / "d.png", ylabel="reach", title="t")
+    assert out.stat().st_size > 1000
+    rows = [{"high": h, "low": l, "mode_counts": {"sink": 1, "active": 2, "mixed": 3, "if_else": int(h < 0.7)}}
+            for h in (0.8, 0.6) for l in (0.2, 0.1)]
+    assert mode_sweep(rows, tmp_path / "s.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="no sweep rows"):
+        mode_sweep([], tmp_path / "x.png")
