@@ -45,7 +45,13 @@ from sinkmech.train.data import sink_tokens  # noqa: E402
 from sinkmech.train.emergence import emergence  # noqa: E402
 from sinkmech.train.intervals import seed_interval, slope  # noqa: E402
 from sinkmech.train.run import TrainConfig, hardware, train_to_log  # noqa: E402
-from sinkmech.train_figures import context_length_plot, depth_plot, emergence_plot, training_curves  # noqa: E402
+from sinkmech.train_figures import (  # noqa: E402
+    context_length_plot,
+    context_length_seeds_plot,
+    depth_plot,
+    emergence_plot,
+    training_curves,
+)
 
 # Sizes. cpu: Guo et al.'s one-layer, one-head model with learned absolute
 # positions, where a thresholded sink forms: on a probe of exactly this config
@@ -822,6 +828,10 @@ def cmd_findings(args) -> dict:
     if not flat:
         raise ValueError(f"no experiment JSON under {out}")
     (out / f"{args.prefix}findings_train.json").write_text(json.dumps(flat, indent=1))
+    if "train.context_length_seeds.lengths" in flat:  # the intervals over seeds, drawn from the findings
+        context_length_seeds_plot(flat, out / f"{args.prefix}context_length_seeds.png",
+                                  title=f"Context length, seeds {flat['train.context_length_seeds.seeds']}: "
+                                        "every model scored on the same tokens")
     print(f"wrote {len(flat)} values to {out / (args.prefix + 'findings_train.json')}")
     return flat
 

@@ -187,3 +187,35 @@ def depth_plot(rows: Sequence[dict], path: str | os.PathLike, *, title: str = ""
     if title:
         fig.suptitle(title, fontsize=10)
     return save(fig, path)
+
+
+def context_length_seeds_plot(flat: Mapping, path: str | os.PathLike, *, title: str = "") -> Path:
+    """Max alpha_0 (with and without `<bos>`) and the loss gap without `<bos>`
+    against training context: the mean over seeds with its 95 % t interval,
+    read from the findings (`train.context_length_seeds.T<T>.<series>.{mean,lo,hi}`)."""
+    base = "train.context_length_seeds"
+    if f"{base}.lengths" not in flat:
+        raise ValueError("no context-length intervals over seeds in the findings")
+    lengths = [int(t) for t in str(flat[f"{base}.lengths"]).split(",")]
+    robust = {int(t) for t in str(flat.get(f"{base}.robust_lengths", "")).split(",") if t}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
+    for ax, series in ((axes[0], (("prepend.max_head_score", "with <bos>", "tab:blue"),
+                                  ("none.max_head_score", "without <bos>", "tab:orange"))),
+                       (axes[1], (("loss_gap", "loss without <bos> - with", "tab:red"),))):
+        for key, label, color in series:
+            mean = [flat[f"{base}.T{T}.{key}.mean"] for T in lengths]
+            lo = [flat[f"{base}.T{T}.{key}.lo"] for T in lengths]
+            hi = [flat[f"{base}.T{T}.{key}.hi"] for T in lengths]
+            ax.fill_between(lengths, lo, hi, color=color, alpha=0.15)
+            ax.plot(lengths, mean, "o-", color=color, label=f"{label} (mean, 95 % interval over seeds)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{T}{'' if T in robust else ' (not robust)'}" for T in lengths], fontsize=8)
+        ax.set_xlabel("training context length T", fontsize=9)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("max head alpha_0", fontsize=9)
+    axes[0].set_ylim(-0.1, 1.1)
+    axes[1].set_ylabel("nats/token", fontsize=9)
+    axes[1].axhline(0.0, color="0.5", lw=0.8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save(fig, path)

@@ -224,3 +224,16 @@ def test_logs_that_predate_a_field_are_reused_only_for_its_default():
     rate = {"sink_rate": {"0.3": 40.0, "0.8": 0.0}}
     assert mod.layer_rates(rate, 1) == {"layer_sink_rate": {"0.3": [40.0], "0.8": [0.0]}}
     assert mod.layer_rates(rate, 2) == {}  # a 2-layer rate cannot be split after the fact
+
+
+def test_context_length_seeds_plot_reads_the_findings(tmp_path):
+    from sinkmech.train_figures import context_length_seeds_plot
+
+    base = "train.context_length_seeds"
+    flat = {f"{base}.lengths": "32,64", f"{base}.robust_lengths": "64"}
+    for T in (32, 64):
+        for key in ("prepend.max_head_score", "none.max_head_score", "loss_gap"):
+            flat.update({f"{base}.T{T}.{key}.{s}": v for s, v in (("mean", 0.5), ("lo", 0.4), ("hi", 0.6))})
+    assert context_length_seeds_plot(flat, tmp_path / "c.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="no context-length"):
+        context_length_seeds_plot({}, tmp_path / "d.png")
