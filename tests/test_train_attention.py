@@ -237,3 +237,40 @@ def test_context_length_seeds_plot_reads_the_findings(tmp_path):
     assert context_length_seeds_plot(flat, tmp_path / "c.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no context-length"):
         context_length_seeds_plot({}, tmp_path / "d.png")
+
+
+def test_text_experiment_rows_and_moonshot_flags(tmp_path):
+    mod = _script()
+    common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
+    small = ["--steps", "2", "--quiet", "--set", "text_corpus=docs", "text_limit_bytes=400000", "context_length=32",
+             "tokens_per_step=64", "d_model=16", "eval_prompts=2", "val_windows=2"]
+    assert mod.main(["text", "--weight-decays", "0.1", "--fixed-bos", "yes", "no", *small, *common]) == 0
+    rows = json.loads((tmp_path / "fig" / "text.json").read_text())
+    assert [(r["fixed_bos"], r["inference_bos"]) for r in rows] == [(True, True), (True, False), (False, True),
+                                                                     (False, False)]
+    assert {r["data"] for r in rows} == {"text"} and {r["n_layers"] for r in rows} == {2}
+    assert mod.main(["findings", *common[:2]]) == 0
+    flat = json.loads((tmp_path / "fig" / "findings_train.json").read_text())
+    run = rows[0]["run"]
+    reached = rows[0]["sink_rate"]["0.3"] >= 50 and rows[1]["sink_rate"]["0.3"] <= rows[0]["sink_rate"]["0.3"] / 2
+    assert flat[f"train.text.{run}.moonshot_reached"] is reached
+    assert flat[f"train.text.{run}.loss_gap"] == pytest.approx(rows[1]["val_loss"] - rows[0]["val_loss"])
+    # A second call adds its runs to text.json and keeps the earlier ones.
+    assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, *common]) == 0
+    assert len(json.loads((tmp_path / "fig" / "text.json").read_text())) == 6
+
+
+@pytest.mark.parametrize(("with_bos", "without", "reached"), [(60.0, 30.0, True), (60.0, 31.0, False),
+                                                               (40.0, 0.0, False)])
+def test_moonshot_needs_half_the_heads_and_half_the_rate_gone(with_bos, without, reached):
+    mod = _script()
+
+    def row(inference_bos: bool, rate: float) -> dict:
+        return {"run": "r", "seed": 0, "inference_bos": inference_bos, "sink_rate": {"0.3": rate, "0.8": 0.0},
+                "max_head_score": 0.5, "mean_head_score": 0.3, "val_loss": 1.0, "steps": 10, "train_seconds": 1.0,
+                "n_layers": 2, "n_heads": 4, "d_model": 128, "context_length": 256, "weight_decay": 0.1,
+                "tokens_per_step": 4096, "uniform_score": 0.07}
+
+    flat: dict = {}
+    mod.text_findings(flat, [row(True, with_bos), row(False, without)])
+    assert flat["train.text.r.moonshot_reached"] is reached and flat["train.text.closest_run"] == "r"
