@@ -125,13 +125,15 @@ def parse_sets(items: list[str] | None) -> dict:
 
 
 def layer_rates(condition: dict, n_layers: int) -> dict:
-    """{"layer_sink_rate": {eps: [per layer %]}} from an evaluation; a log
-    that predates the per-layer record has it only for one layer, where it is
-    the whole model's rate; else {}."""
+    """{"layer_sink_rate": {eps: [per layer %]}} from an evaluation. A log
+    that predates the per-layer record still determines it where the whole
+    model's rate does: one layer, or a rate of 0 % or 100 % (then every layer
+    has it); else {}."""
     if "layer_sink_rate" in condition:
         return {"layer_sink_rate": condition["layer_sink_rate"]}
-    if n_layers == 1:
-        return {"layer_sink_rate": {eps: [v] for eps, v in condition["sink_rate"].items()}}
+    rates = condition["sink_rate"]
+    if n_layers == 1 or all(v in (0.0, 100.0) for v in rates.values()):
+        return {"layer_sink_rate": {eps: [v] * n_layers for eps, v in rates.items()}}
     return {}
 
 
@@ -364,7 +366,7 @@ def cmd_depth(args) -> list[dict]:
     specs = []
     for i, seed in enumerate(args.seeds):  # seed-major: a cut-short sweep still has every depth
         for depth in args.depths:
-            if depth >= 4 and args.deep_seeds is not None and i >= args.deep_seeds:
+            if depth > 1 and args.deep_seeds is not None and i >= args.deep_seeds:
                 continue
             for positional in args.positionals:
                 steps = args.deep_steps if (args.deep_steps and depth >= 4) else None
@@ -870,7 +872,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--fresh", action="store_true",
                            help="train the 1- and 2-layer runs anew instead of reusing the positional runs' logs")
             p.add_argument("--deep-seeds", type=int, default=None,
-                           help="train depths >= 4 for the first N seeds only (default: every seed)")
+                           help="depths above 1 for the first N seeds only (default: every seed)")
         if name == "text":
             p.add_argument("--depths", type=int, nargs="+", default=[2])
             p.add_argument("--weight-decays", type=float, nargs="+", default=[0.1, 0.0])

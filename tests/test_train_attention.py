@@ -223,7 +223,9 @@ def test_logs_that_predate_a_field_are_reused_only_for_its_default():
     assert not mod.same_config({"config": {**old, "no_such_field": 1}}, cfg)
     rate = {"sink_rate": {"0.3": 40.0, "0.8": 0.0}}
     assert mod.layer_rates(rate, 1) == {"layer_sink_rate": {"0.3": [40.0], "0.8": [0.0]}}
-    assert mod.layer_rates(rate, 2) == {}  # a 2-layer rate cannot be split after the fact
+    assert mod.layer_rates(rate, 2) == {}  # a 2-layer rate of 40 % cannot be split after the fact
+    none = {"sink_rate": {"0.3": 0.0, "0.8": 0.0}}  # ... but 0 % means 0 % in every layer
+    assert mod.layer_rates(none, 2) == {"layer_sink_rate": {"0.3": [0.0, 0.0], "0.8": [0.0, 0.0]}}
 
 
 def test_context_length_seeds_plot_reads_the_findings(tmp_path):
