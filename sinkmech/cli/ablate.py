@@ -4,6 +4,8 @@ optionally, estimated by attribution patching."""
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
+from dataclasses import dataclass
 
 from sinkmech import models
 from sinkmech.cli.common import (
@@ -15,7 +17,14 @@ from sinkmech.cli.common import (
     prompts_arg,
     write_results,
 )
-from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, shard_run
+from sinkmech.cli.shard import (
+    add_shard_flags,
+    already_done,
+    base_settings,
+    model_settings,
+    run_command_on_ray,
+    shard_run,
+)
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
@@ -34,39 +43,70 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
     p.add_argument("--top", type=int, default=10, help="heads listed, by effect (default 10)")
     add_metric(p)
-    add_shard_flags(p)
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_ablate)
 
 
+@dataclass(frozen=True)
+class AblateTask:
+    """Per-head ablations on one shard (`--shard`, or a Ray worker's)."""
+
+    model: str
+    mode: str
+    bos: str
+    metric: str
+    answers: tuple[str, str] | None
+    max_tokens: int
+    max_rows: int
+    n_prompts_total: int
+    settings: dict
+
+    def load(self):
+        model = models.load_model(self.model)
+        return model, answers(model, Namespace(answers=self.answers))
+
+    def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        model, ids = state
+        batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
+        result = head_ablations(model, batch, mode=self.mode, bos=self.bos, metric=self.metric, answers=ids,
+                                max_tokens=self.max_tokens, max_rows=self.max_rows, progress=False)
+        return ablate_partial(result, batch, {**self.settings, **model_settings(model)}, prompt_index=index,
+                              shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+
+
 def cmd_ablate(args) -> None:
-    shard = None
-    if args.shard is not None or args.resume:
+    if args.shard is not None or args.resume or args.ray is not None:
         if args.mode == "mean" or args.attribution:
-            raise UsageError("--shard: the mean ablation and --attribution need the whole corpus at once (the mean "
-                             "output, one backward pass); shard mask_first, all_to_first or zero")
+            raise UsageError("--shard / --ray: the mean ablation and --attribution need the whole corpus at once "
+                             "(the mean output, one backward pass); shard mask_first, all_to_first or zero")
         prompts = prompts_arg(args)
-        shard = shard_run(args, prompts, bos=args.bos, mode=args.mode, metric=args.metric, answers=args.answers)
+        extra = {"bos": args.bos, "mode": args.mode, "metric": args.metric, "answers": args.answers}
+        if args.ray is not None:
+            settings = base_settings(args, prompts, **extra)
+            return merged_ablate(run_command_on_ray(args, prompts, ablate_task(args, prompts, settings), "ablate",
+                                                    settings), args)
+        shard = shard_run(args, prompts, **extra)
         if args.resume and already_done(args.json, shard, "ablate"):
             print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
             return
+        task = ablate_task(args, prompts, shard.settings)
+        part = task.run(task.load(), shard.i, shard.n, shard.index, [prompts[i] for i in shard.index])
+        print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
+        return
     model = models.load_model(args.model)
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
     prompts = prompts_arg(args)
-    if shard is not None:
-        batch = tokenize(model, [prompts[i] for i in shard.index], bos=args.bos, max_tokens=args.max_tokens)
-        result = head_ablations(model, batch, max_rows=max(args.batch_size, 1) * 8, **kw)
-        part = ablate_partial(result, batch, {**shard.settings, **model_settings(model)}, prompt_index=shard.index,
-                              shard=(shard.i, shard.n), n_prompts_total=shard.n_total)
-        print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
-        return
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8, **kw)
     ablate_output(args, model, prompts, exact, kw)
 
 
+def ablate_task(args, prompts, settings: dict) -> AblateTask:
+    return AblateTask(args.model, args.mode, args.bos, args.metric, tuple(args.answers) if args.answers else None,
+                      args.max_tokens, max(args.batch_size, 1) * 8, len(prompts), settings)
+
+
 def merged_ablate(part, args) -> None:
     """`sinkmech merge` for ablate parts: the list and --json / --png as `ablate` writes them."""
-    from argparse import Namespace
-
     from sinkmech.shards import ablate_result
 
     s = part.settings

@@ -6,11 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech import models
 from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
-from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, prompts_sha256, shard_run
+from sinkmech.cli.shard import (
+    add_shard_flags, already_done, base_settings, model_settings, prompts_sha256, run_command_on_ray, shard_run,
+)
 from sinkmech.dormant.discover import split_corpus
 from sinkmech.dormant.labels import Thresholds, mode_meaning
 from sinkmech.dormant.noop import effect_text, noop_check, noop_heads
@@ -47,7 +50,7 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts of each corpus (default: all)")
     p.add_argument("--findings", type=Path, default=None,
                    help="with --contrast: merge its numbers into this findings file under <model>.contrast")
-    add_shard_flags(p)
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_heads)
 
 
@@ -207,8 +210,8 @@ def cmd_heads(args) -> None:
     if args.min_prompts < 1:
         raise UsageError(f"--min-prompts must be >= 1, got {args.min_prompts}")
     if args.contrast is not None:
-        if args.head or getattr(args, "shard", None):
-            raise UsageError("--contrast runs two whole scans: not with --head or --shard")
+        if args.head or getattr(args, "shard", None) or getattr(args, "ray", None):
+            raise UsageError("--contrast runs two whole scans: not with --head, --shard or --ray")
     elif args.findings is not None:
         raise UsageError("--findings goes with --contrast (the scan's own findings come from `sinkmech compare`)")
     if args.contrast is not None:
@@ -222,8 +225,14 @@ def cmd_heads(args) -> None:
     except ValueError as e:
         raise UsageError(f"{e}; lower --noop-prompts or give more prompts") from None
     scanned = prompts[: len(scan_rows)]
-    shard = shard_run(args, scanned, bos=args.bos, noop=args.noop, noop_prompts=args.noop_prompts,
-                      prompts_file=args.prompts)
+    extra = {"bos": args.bos, "noop": args.noop, "noop_prompts": args.noop_prompts, "prompts_file": args.prompts}
+    if args.ray is not None:
+        if args.head:
+            raise UsageError("--head is not run on Ray: run it on the merged result")
+        settings = base_settings(args, scanned, **extra)
+        return merged_heads(run_command_on_ray(args, scanned, heads_task(args, scanned, settings), "heads", settings),
+                            args)
+    shard = shard_run(args, scanned, **extra)
     if shard is not None:
         if args.head:
             raise UsageError("--head prints one head of the whole scan: run it on the merged result, not a shard")
@@ -240,19 +249,44 @@ def cmd_heads(args) -> None:
     heads_output(args, model, prompts, scan, bos_id, target, noop_rows)
 
 
+@dataclass(frozen=True)
+class HeadsTask:
+    """The head scan's running sums on one shard (`--shard`, or a Ray worker's)."""
+
+    model: str
+    bos_token: str | None
+    bos: str
+    max_tokens: int
+    batch_size: int
+    thresholds: dict
+    n_prompts_total: int
+    settings: dict
+
+    def load(self):
+        model = models.load_model(self.model)
+        return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
+
+    def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        model, bos_id = state
+        batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
+        # every shard counts positions up to the longest a prompt can be, so the parts add up
+        n_pos = min(self.max_tokens, model.cfg.n_ctx - 1) + batch.offset
+        acc = accumulate(model, batch, Thresholds(**self.thresholds), batch_size=self.batch_size,
+                         first_prompt=index.start, n_pos=n_pos, progress=False)
+        return heads_partial(acc, batch, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
+                             prompt_index=index, shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+
+
+def heads_task(args, prompts, settings: dict) -> HeadsTask:
+    th = {"high": args.high, "low": args.low, "min_lift": args.min_lift, "min_count": args.min_count,
+          "min_prompts": args.min_prompts}
+    return HeadsTask(args.model, args.bos_token, args.bos, args.max_tokens, args.batch_size, th, len(prompts), settings)
+
+
 def heads_shard(args, prompts, shard) -> None:
     """`heads --shard I/N`: the scan's running sums on shard I, written as a part."""
-    model = models.load_model(args.model)
-    bos_id = bos_token_arg(model, args)
-    batch = tokenize(model, [prompts[i] for i in shard.index], bos=args.bos, max_tokens=args.max_tokens,
-                     bos_token_id=bos_id)
-    th = Thresholds(high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count,
-                    min_prompts=args.min_prompts)
-    # every shard counts positions up to the longest a prompt can be, so the parts add up
-    n_pos = min(args.max_tokens, model.cfg.n_ctx - 1) + batch.offset
-    acc = accumulate(model, batch, th, batch_size=args.batch_size, first_prompt=shard.index.start, n_pos=n_pos)
-    part = heads_partial(acc, batch, {**shard.settings, **model_settings(model), "bos_token_id": bos_id},
-                         prompt_index=shard.index, shard=(shard.i, shard.n), n_prompts_total=shard.n_total)
+    task = heads_task(args, prompts, shard.settings)
+    part = task.run(task.load(), shard.i, shard.n, shard.index, [prompts[i] for i in shard.index])
     print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
 
 

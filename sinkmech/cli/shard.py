@@ -143,3 +143,35 @@ def already_done(path: Path, run: ShardRun, kind: str) -> bool:
         print(f"resume: {path} was run with another '{diff[0]}'; running the shard again", file=sys.stderr)
         return False
     return True
+
+
+def run_command_on_ray(args, prompts, task, kind: str, settings: dict):
+    """`--ray`: the prompts cut into `--shards` (default 4 per worker) shards, run by
+    `task` on `--workers` Ray actors; each part written to JSON.shards/ as it
+    arrives (`--resume` skips the parts already there); returns the merged part."""
+    from sinkmech.distributed import require_ray, run_on_ray
+    from sinkmech.partial import write_partial
+
+    require_ray()
+    if args.workers < 1 or (args.shards is not None and args.shards < 1) or args.num_gpus_per_worker < 0:
+        raise UsageError("--workers and --shards must be >= 1, --num-gpus-per-worker >= 0")
+    if args.shard is not None:
+        raise UsageError("--shard runs one shard here; --ray runs them all on a cluster: give one of them")
+    n = min(args.shards or 4 * args.workers, len(prompts))
+    spans = [shard_span(len(prompts), i, n) for i in range(1, n + 1)]
+    folder = None if args.json is None or str(args.json) == "-" else Path(f"{args.json}.shards")
+    if args.resume and folder is None:
+        raise UsageError("--resume with --ray needs --json OUT (the finished shards are kept in OUT.shards/)")
+
+    def path(i: int) -> Path:
+        return folder / f"shard-{i}-of-{n}{SUFFIX}"
+
+    done = {}
+    if args.resume:
+        done = {i: read_partial(path(i)) for i in range(1, n + 1)
+                if already_done(path(i), ShardRun(i, n, spans[i - 1], len(prompts), settings), kind)}
+        if done:
+            print(f"resume: {len(done)} of {n} shards already in {folder}", file=sys.stderr)
+    return run_on_ray(task, prompts, spans, address=None if args.ray == "local" else args.ray, workers=args.workers,
+                      num_gpus_per_worker=args.num_gpus_per_worker, done=done,
+                      on_part=(lambda i, part: write_partial(path(i), part)) if folder is not None else None)

@@ -5,15 +5,31 @@ first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.key_sinks)."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech import models
 from sinkmech.cli.common import (
-    UsageError, add_bos_token, add_common, bos_token_arg, conditions, prompts_arg, warn_short, write_results,
+    UsageError,
+    add_bos_token,
+    add_common,
+    bos_token_arg,
+    conditions,
+    prompts_arg,
+    warn_short,
+    write_results,
 )
-from sinkmech.cli.shard import add_shard_flags, already_done, model_settings, shard_run
+from sinkmech.cli.shard import (
+    add_shard_flags,
+    already_done,
+    base_settings,
+    model_settings,
+    run_command_on_ray,
+    shard_run,
+)
 from sinkmech.figures import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.key_sinks import key_sink_scores
@@ -40,7 +56,7 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--top-keys", type=int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
     p.add_argument("--min-queries", type=int, default=8,
                    help="with --keys all: score a key only when at least this many queries follow it (default 8)")
-    add_shard_flags(p)
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_sinks)
 
 
@@ -60,6 +76,44 @@ def merged_sinks(part, args) -> None:
         print(f"wrote {sink_heatmap(results, args.png, model_name=part.settings['model'])}", file=sys.stderr)
 
     write_results(args, lambda: sinks_payload(results, eps), png_out)
+
+
+@dataclass(frozen=True)
+class SinksTask:
+    """`sinkmech sinks` on one shard, as a Ray worker runs it (`sinkmech.distributed`)."""
+
+    model: str
+    bos_token: str | None
+    conditions: tuple[str, ...]
+    max_tokens: int
+    batch_size: int
+    n_prompts_total: int
+    settings: dict
+
+    def load(self):
+        model = models.load_model(self.model)
+        return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
+
+    def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        model, bos_id = state
+        results = {}
+        for bos in self.conditions:
+            batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
+            results[bos] = sink_scores(model, batch, batch_size=self.batch_size, max_tokens=self.max_tokens,
+                                       loss=True, progress=False)
+        return sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
+                             prompt_index=index, shard=(shard, n_shards), n_prompts_total=self.n_prompts_total,
+                             n_ctx=model.cfg.n_ctx)
+
+
+def sinks_on_ray(args, prompts) -> None:
+    """`sinks --ray`: the shards on a Ray cluster, merged into what `sinks` writes."""
+    if args.findings is not None:
+        raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
+    settings = base_settings(args, prompts, **sinks_settings(args))
+    task = SinksTask(args.model, args.bos_token, tuple(conditions(args.bos)), args.max_tokens, args.batch_size,
+                     len(prompts), settings)
+    merged_sinks(run_command_on_ray(args, prompts, task, "sinks", settings), args)
 
 
 def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> dict:
@@ -135,6 +189,8 @@ def cmd_sinks(args) -> None:
     shard = shard_run(args, prompts, **sinks_settings(args))
     if (shard is not None or getattr(args, "ray", None) is not None) and args.keys == "all":
         raise UsageError("--keys all is not sharded yet: run it without --shard / --ray")
+    if args.ray is not None:
+        return sinks_on_ray(args, prompts)
     if shard is not None:
         if args.resume and already_done(args.json, shard, "sinks"):
             print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)

@@ -1,0 +1,105 @@
+"""The Ray engine on a local 2-worker cluster: `sinks --ray --workers 2` equals the
+single-process run; a worker that dies is restarted and its shard retried; a
+shard that keeps failing ends the run naming it. Every test here starts a Ray
+cluster (tens of seconds on two cores), so all are marked slow."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from sinkmech.distributed import ShardFailed, run_on_ray
+from sinkmech.partial import Partial, shard_span
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shutdown_ray():
+    yield
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def squares_task(fail_shard: int | None = None, die_once: str | None = None):
+    """A model-free task: each prompt's row is its value squared; shard
+    `fail_shard` raises every time; with `die_once` (a path), the first shard run
+    kills its worker process once."""
+
+    class Squares:
+        def load(self):
+            return os.getpid()
+
+        def run(self, state, shard, n_shards, index, prompts):
+            if die_once is not None and not os.path.exists(die_once):
+                open(die_once, "w").close()
+                os._exit(1)  # the worker process dies mid-shard
+            if shard == fail_shard:
+                raise ValueError("planted failure")
+            return Partial(kind="squares", settings={"task": "squares"}, n_shards=n_shards, shards=(shard,),
+                           n_prompts_total=10, prompt_index=np.asarray(list(index), dtype=np.int64),
+                           rows={"sq": np.asarray([p * p for p in prompts], dtype=np.float64)},
+                           sums={"n": np.asarray([float(len(prompts))])})
+
+    return Squares()
+
+
+def test_engine_merges_every_shard_and_retries_a_dead_worker(tmp_path):
+    prompts = list(range(10))
+    spans = [shard_span(10, i, 4) for i in range(1, 5)]
+    written = []
+    merged = run_on_ray(squares_task(die_once=str(tmp_path / "died")), prompts, spans, workers=2,
+                        on_part=lambda i, p: written.append(i), progress=False)
+    assert (tmp_path / "died").exists()  # a worker did die, and its shard was run again
+    assert merged.complete and sorted(written) == [1, 2, 3, 4]
+    assert np.array_equal(merged.rows["sq"], np.arange(10.0) ** 2) and merged.sums["n"][0] == 10
+
+
+def test_a_shard_that_keeps_failing_ends_the_run_naming_it():
+    spans = [shard_span(10, i, 3) for i in range(1, 4)]
+    with pytest.raises(ShardFailed, match=r"shard 2/3 \(prompts 3\.\.5\) failed.*planted failure"):
+        run_on_ray(squares_task(fail_shard=2), list(range(10)), spans, workers=2, progress=False)
+
+
+def test_sinks_on_ray_equals_the_single_process_run(tmp_path, capsys):
+    """SmolLM2 (loaded by each worker from the converted-model cache)."""
+    from test_cli_shards import assert_same_json
+
+    from sinkmech.cli.main import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(f"Line {i}: the river ran past {i} stone houses and a mill with a red door." for i in range(6)))
+    base = ["sinks", "--prompts", str(prompts), "--max-tokens", "16", "--bos", "both", "--eps", "0.3", "0.8"]
+    single, dist = tmp_path / "single.json", tmp_path / "ray.json"
+    assert main([*base, "--json", str(single)]) == 0
+    assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(dist)]) == 0
+    assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()))
+    assert sorted(p.name for p in (tmp_path / "ray.json.shards").iterdir()) == [
+        f"shard-{i}-of-3.partial.json" for i in (1, 2, 3)]
+    # --resume: every shard is on disk, so no worker starts and the result is the same
+    capsys.readouterr()
+    again = tmp_path / "ray.json"
+    assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(again), "--resume"]) == 0
+    assert "3 of 3 shards already" in capsys.readouterr().err
+    assert_same_json(json.loads(single.read_text()), json.loads(again.read_text()))
+
+
+def test_heads_and_ablate_on_ray_equal_the_single_process_run(tmp_path):
+    """The two other commands with the Ray form, SmolLM2, a few short prompts."""
+    from sinkmech.cli.main import main
+    from test_cli_shards import assert_same_json
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(f"Note {i}: a cat sat on {i} warm mats by the door of the old mill." for i in range(5)))
+    for base in (["heads", "--max-tokens", "16", "--noop", "1", "--noop-prompts", "2"],
+                 ["ablate", "--mode", "zero", "--max-tokens", "6", "--n-prompts", "3"]):
+        base = [*base, "--prompts", str(prompts)]
+        single, dist = tmp_path / f"{base[0]}-single.json", tmp_path / f"{base[0]}-ray.json"
+        assert main([*base, "--json", str(single)]) == 0
+        assert main([*base, "--ray", "--workers", "2", "--shards", "2", "--json", str(dist)]) == 0
+        assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()))
