@@ -132,6 +132,13 @@ def test_shard_flags_are_checked_before_the_model_loads(prompts, tmp_path, capsy
         (["--shard", "1/30", "--json", str(tmp_path / "a.partial.json")], "at least one prompt"),
         (["--resume", "--json", str(tmp_path / "a.json")], "--resume needs"),
     ]
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        cases.append((["--ray"], "pip install"))
+    else:
+        cases += [(["--ray", "--workers", "0"], "--workers"), (["--ray", "--shard", "1/2"], "give one of them"),
+                  (["--ray", "--resume"], "needs --json")]
     for extra, message in cases:
         assert main([*base, *extra]) == 2
         assert message in error_line(capsys)

@@ -276,7 +276,9 @@ class _Accumulator:
         var = (s["f2"] / n - mean ** 2).clamp(min=0)
         m3 = s["f3"] / n - 3 * mean * s["f2"] / n + 2 * mean ** 3
         m4 = s["f4"] / n - 4 * mean * s["f3"] / n + 6 * mean ** 2 * s["f2"] / n - 3 * mean ** 4
-        bimodality = torch.where(var > 1e-12, (m3 ** 2 / var ** 3 + 1) / (m4 / var ** 2).clamp(min=1e-12), float("nan"))
+        # Raw moments cancel: m4 carries ~1e-15 of float64 rounding, so below a variance of 1e-6 (std 0.001) the
+        # kurtosis, and the coefficient with it, is rounding noise (it changed 100-fold with the batch size).
+        bimodality = torch.where(var > 1e-6, (m3 ** 2 / var ** 3 + 1) / (m4 / var ** 2).clamp(min=1e-12), float("nan"))
         pos_total = self.pos_total.cpu()
         by_pos = {k: (v.cpu() / pos_total).where(pos_total > 0, torch.tensor(float("nan"), dtype=torch.float64))
                   for k, v in self.pos.items()}
