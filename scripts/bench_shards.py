@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    # each side uses its own default threads: torch takes every core in one process;
+    # Ray gives each worker one CPU (OMP_NUM_THREADS=1)
+    env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": str(root)}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         from sinkmech.prompts import load_prompts
