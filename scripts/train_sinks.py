@@ -391,14 +391,17 @@ def cmd_depth(args) -> list[dict]:
                     _save_log(log, args, experiment, name)
     logs.update(run_many([sp for sp in specs if sp[2] not in logs], args))
     rows = [r for _, _, n in specs for r in summary_rows(logs[n], preset=args.preset, run=n)]
-    _write_rows(args, "depth", rows, logs, f"Depth ({args.preset} preset, fixed <bos>, seeds {args.seeds})")
+    depths_seeds = {d: sorted({cfg.seed for cfg, _, _ in specs if cfg.n_layers == d}) for d in args.depths}
+    title = ", ".join(f"{d} layer{'s' if d > 1 else ''}: seeds {','.join(map(str, ss))}" for d, ss in depths_seeds.items())
+    steps = f"; depths >= 4 stop at step {args.deep_steps}" if args.deep_steps else ""
+    _write_rows(args, "depth", rows, logs, f"Depth ({args.preset} preset, fixed <bos>; {title}{steps})")
     if args.deep_steps:
         # Every run read at the deep runs' length, from its log: depths compared at equal training.
         at = [r for _, _, n in specs for r in summary_rows(logs[n], at_step=args.deep_steps, preset=args.preset, run=n)]
         out = Path(args.out)
         (out / f"{args.prefix}depth_at_step.json").write_text(json.dumps(at, indent=1))
         depth_plot(at, out / f"{args.prefix}depth_at_step.png",
-                   title=f"Depth at step {args.deep_steps} ({args.preset} preset, fixed <bos>, seeds {args.seeds})")
+                   title=f"Depth, every run read at step {args.deep_steps} ({args.preset} preset, fixed <bos>; {title})")
         print(f"wrote {out / (args.prefix + 'depth_at_step.json')}, depth_at_step.png (every run at step "
               f"{args.deep_steps})")
     return rows
