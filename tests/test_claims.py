@@ -105,8 +105,9 @@ def test_sensitivity_study_against_sensitivity(tiny_model, tiny_tokens):
 
 def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, tmp_path, capsys):
     out = tmp_path / "h.json"
+    found = tmp_path / "findings.json"
     assert main(["heads", "--prompts", prompts, "--json", str(out), "--noop", "2", "--noop-prompts", "4",
-                 "--bos-token", "barn", "--min-prompts", "2"]) == 0
+                 "--bos-token", "barn", "--min-prompts", "2", "--findings", str(found)]) == 0
     d = json.loads(out.read_text())
     assert d["thresholds"]["min_prompts"] == 2
     if_else = [(e["layer"], e["head"]) for e in d["heads"] if e["mode"] == "if_else"]
@@ -119,6 +120,13 @@ def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, 
     assert not set(d["prompt_split"]["scan_prompts"]) & set(d["noop"]["prompt_indices"])
     text = capsys.readouterr().out
     assert "held-out" in text and "bootstrap interval" in text and "zero out" in text
+    # the findings: mode counts, the sweep, and every no-op effect with its interval
+    f = json.loads(found.read_text())
+    prefix = next(k.split(".heads.")[0] for k in f if ".heads." in k)
+    assert f[f"{prefix}.heads.n_if_else"] == len(if_else) and f[f"{prefix}.heads.sweep.0.8_0.2.if_else"] == len(if_else)
+    for l, h in checked:
+        lo, hi = f[f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.ci.0"], f[f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.ci.1"]
+        assert f[f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.detectable"] == (not lo <= 0 <= hi)
 
 
 def test_noop_heads_takes_all_if_else_heads_then_candidates():

@@ -444,7 +444,7 @@ def test_contrast_finds_a_domain_dormant_head_and_nothing_between_like_corpora()
 
 @pytest.mark.parametrize("argv, message", [
     (["heads", "--contrast", "--head", "1.1"], "--contrast runs two whole scans"),
-    (["heads", "--findings", "f.json"], "--findings goes with --contrast"),
+    (["heads", "--findings", "f.json", "--head", "1.1"], "--findings records a whole scan"),
     (["heads", "--contrast", "nope.txt"], "not found"),
     (["heads", "--n-prompts", "8", "--noop-prompts", "8"], "too few"),
 ])

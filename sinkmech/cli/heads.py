@@ -49,7 +49,9 @@ def add_heads_parser(sub) -> None:
                    "chosen on the even prompts of each and confirmed on the odd ones; no no-op check")
     p.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts of each corpus (default: all)")
     p.add_argument("--findings", type=Path, default=None,
-                   help="with --contrast: merge its numbers into this findings file under <model>.contrast")
+                   help="merge the quotable numbers into this findings file: under <model>.heads (mode counts, "
+                   "if_else heads with their validated lifts, the threshold sweep, no-op effects with intervals) or, "
+                   "with --contrast, <model>.contrast")
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_heads)
 
@@ -212,8 +214,8 @@ def cmd_heads(args) -> None:
     if args.contrast is not None:
         if args.head or getattr(args, "shard", None) or getattr(args, "ray", None):
             raise UsageError("--contrast runs two whole scans: not with --head, --shard or --ray")
-    elif args.findings is not None:
-        raise UsageError("--findings goes with --contrast (the scan's own findings come from `sinkmech compare`)")
+    elif args.findings is not None and (args.head or getattr(args, "shard", None) or getattr(args, "ray", None)):
+        raise UsageError("--findings records a whole scan: not with --head, --shard or --ray")
     if args.contrast is not None:
         return cmd_contrast(args)
     prompts = load_prompts(args.prompts)
@@ -350,3 +352,30 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
         print(f"wrote {save(fig, args.png)}", file=sys.stderr)
 
     write_results(args, payload, png_out)
+    if getattr(args, "findings", None) is not None and not target:
+        record(args.findings, flatten(f"{args.model}.heads", heads_findings(scan, check)),
+               replace_prefix=f"{args.model}.heads")
+        print(f"recorded findings in {args.findings}", file=sys.stderr)
+
+
+def heads_findings(scan, check) -> dict:
+    """The quotable numbers of a scan and its no-op check (nested; see `sinkmech.findings.flatten`)."""
+    found = scan.if_else_heads()
+    label = lambda l, h: f"L{l}.H{h}"  # noqa: E731
+    out = {
+        "n_prompts": scan.n_prompts, "n_selection_prompts": len(scan.trigger_split()[0]),
+        "n_validation_prompts": len(scan.trigger_split()[1]), "high": scan.thresholds.high, "low": scan.thresholds.low,
+        "mode_counts": scan.mode_counts(), "n_if_else": len(found),
+        "if_else_heads": ", ".join(label(*hd) for hd in found),
+        "if_else": {label(l, h): {"validated_lift": scan.top_trigger(l, h).validated_lift,
+                                  "trigger": scan.top_trigger(l, h).token,
+                                  "dormant_fraction": float(scan.dormant_fraction[l, h]),
+                                  "active_fraction": float(scan.active_fraction[l, h])} for l, h in found},
+        "sweep": {f"{r['high']:g}_{r['low']:g}": {**r["mode_counts"], "if_else_heads": ", ".join(r["if_else_heads"])}
+                  for r in scan.sweep or ()},
+    }
+    if check is not None:
+        out["noop"] = {"n_prompts": len(check.prompt_indices or ()), **{
+            label(r.layer, r.head): {k: {"value": v, "ci": ci, "detectable": r.detectable()[k]}
+                                     for k, (v, ci) in r.effects().items()} for r in check.results}}
+    return out
