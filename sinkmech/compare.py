@@ -131,7 +131,7 @@ class ModelComparison:
                                                          "mixed": r["mode_counts"]["mixed"],
                                                          "active": r["mode_counts"]["active"],
                                                          "sink": r["mode_counts"]["sink"],
-                                                         "if_else_heads": ", ".join(r["if_else_heads"])}
+                                                         "if_else_heads": list(r["if_else_heads"])}
                           for r in d.sweep}}
         return out
 

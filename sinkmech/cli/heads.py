@@ -196,7 +196,7 @@ def cmd_contrast(args) -> None:
     if args.findings is not None:
         c = contrast.to_dict()
         c["heads"] = {f"L{h['layer']}.H{h['head']}": h for h in c.pop("heads")}
-        c["confirmed_heads"] = ", ".join(f"L{h.layer}.H{h.head}" for h in contrast.confirmed())
+        c["confirmed_heads"] = [f"L{h.layer}.H{h.head}" for h in contrast.confirmed()]
         record(args.findings, flatten(f"{args.model}.contrast", c), replace_prefix=f"{args.model}.contrast")
         print(f"recorded findings in {args.findings}", file=sys.stderr)
 
@@ -366,12 +366,13 @@ def heads_findings(scan, check) -> dict:
         "n_prompts": scan.n_prompts, "n_selection_prompts": len(scan.trigger_split()[0]),
         "n_validation_prompts": len(scan.trigger_split()[1]), "high": scan.thresholds.high, "low": scan.thresholds.low,
         "mode_counts": scan.mode_counts(), "n_if_else": len(found),
-        "if_else_heads": ", ".join(label(*hd) for hd in found),
+        "if_else_heads": [label(*hd) for hd in found],
         "if_else": {label(l, h): {"validated_lift": scan.top_trigger(l, h).validated_lift,
                                   "trigger": scan.top_trigger(l, h).token,
                                   "dormant_fraction": float(scan.dormant_fraction[l, h]),
                                   "active_fraction": float(scan.active_fraction[l, h])} for l, h in found},
-        "sweep": {f"{r['high']:g}_{r['low']:g}": {**r["mode_counts"], "if_else_heads": ", ".join(r["if_else_heads"])}
+        "sweep": {f"{r['high']:g}_{r['low']:g}": {"high": r["high"], "low": r["low"], **r["mode_counts"],
+                                                   "if_else_heads": list(r["if_else_heads"])}
                   for r in scan.sweep or ()},
     }
     if check is not None:
