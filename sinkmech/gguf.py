@@ -16,7 +16,6 @@ from pathlib import Path
 import einops
 import numpy as np
 import torch
-from transformer_lens import HookedTransformerConfig
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_ARCHITECTURES = ("llama", "mistral")
@@ -28,7 +27,7 @@ class GGUFError(ValueError):
 
 @dataclass(frozen=True)
 class GGUFModel:
-    cfg: HookedTransformerConfig
+    cfg: object  # a HookedTransformerConfig
     state_dict: dict[str, torch.Tensor]
     tokenizer: object  # a transformers PreTrainedTokenizerFast
     bos_token_id: int
@@ -109,6 +108,7 @@ def read_gguf(path: str | os.PathLike, *, n_ctx: int = 2048) -> GGUFModel:
             far longer; TransformerLens allocates an n_ctx x n_ctx mask per layer).
     """
     from gguf.quants import dequantize
+    from transformer_lens import HookedTransformerConfig
 
     path = check_gguf_file(path)
     reader = _open_reader(path)

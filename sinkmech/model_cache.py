@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from sinkmech.backend import Model
 
 CACHE_ENV = "SINKMECH_CACHE"
 # Bump when a converter's output changes, so stale entries miss instead of loading.
@@ -135,7 +136,7 @@ class ModelCache:
 
     def load(
         self, key: str, *, device: str = "cpu", n_ctx: int | None = None
-    ) -> HookedTransformer | None:
+    ) -> Model | None:
         """The cached model, or None on a miss. A corrupt or partial entry is
         discarded (with a warning) and reported as a miss.
 
@@ -156,7 +157,7 @@ class ModelCache:
             return None
 
     def store(
-        self, key: str, model: HookedTransformer, *, context_length: int | None = None
+        self, key: str, model: Model, *, context_length: int | None = None
     ) -> Path:
         """Write `model` as entry `key` (replacing any entry already there).
 
@@ -220,11 +221,11 @@ class ModelCache:
     def get_or_build(
         self,
         key: str,
-        build: Callable[[], tuple[HookedTransformer, int | None]],
+        build: Callable[[], tuple[Model, int | None]],
         *,
         device: str = "cpu",
         n_ctx: int | None = None,
-    ) -> HookedTransformer:
+    ) -> Model:
         """Load entry `key`, or `build()` (model on CPU, its trained context
         length or None), store it and load it back.
 
@@ -244,8 +245,10 @@ class ModelCache:
         return model
 
 
-def config_to_json(cfg: HookedTransformerConfig) -> dict:
+def config_to_json(cfg) -> dict:
     """The config's constructor arguments as JSON values (dtype as its name)."""
+    from transformer_lens import HookedTransformerConfig
+
     out = {}
     for f in dataclasses.fields(HookedTransformerConfig):
         if not f.init or f.name == "device":
@@ -254,7 +257,9 @@ def config_to_json(cfg: HookedTransformerConfig) -> dict:
     return out
 
 
-def config_from_json(data: dict, *, device: str) -> HookedTransformerConfig:
+def config_from_json(data: dict, *, device: str):
+    from transformer_lens import HookedTransformerConfig
+
     data = dict(data)
     if isinstance(data.get("dtype"), str):
         data["dtype"] = getattr(torch, data["dtype"].removeprefix("torch."))
@@ -277,7 +282,7 @@ def _jsonable(value, name: str):
     raise CacheError(f"config field {name}={value!r} ({type(value).__name__}) has no JSON form")
 
 
-def _parameters(model: HookedTransformer) -> tuple[dict[str, torch.Tensor], bool]:
+def _parameters(model: Model) -> tuple[dict[str, torch.Tensor], bool]:
     """Parameters only (buffers such as masks and rotary tables are rebuilt from
     the config), with a tied unembedding left out."""
     weights = {k: v.detach().to("cpu").contiguous() for k, v in model.named_parameters()}
@@ -288,7 +293,7 @@ def _parameters(model: HookedTransformer) -> tuple[dict[str, torch.Tensor], bool
     return weights, tied
 
 
-def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> HookedTransformer:
+def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Model:
     from safetensors.torch import load_file
 
     manifest = _read_json(folder / MANIFEST)
@@ -318,8 +323,10 @@ def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Ho
     if manifest.get("tied_unembed"):
         w_u, w_e = _TIED
         weights[w_u] = weights[w_e].T.contiguous()
+    from transformer_lens import HookedTransformer
+
     with warnings.catch_warnings():
-        # TransformerLens 3.x nags about its 4.0 successor; sinkmech pins < 4.
+        # TransformerLens 3.x nags about its 4.0 successor.
         warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
         model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
@@ -328,7 +335,7 @@ def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Ho
     if real_missing or unexpected:
         raise CacheError(f"weights do not fit the config (missing {real_missing[:5]}, unexpected {unexpected[:5]})")
     if device != "cpu":
-        model.to(device, print_details=False)
+        model.to(device, print_details=False)  # HookedTransformer only: the Bridge caches HF folders
     model.eval()
     return model
 

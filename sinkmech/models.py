@@ -1,6 +1,11 @@
-"""Model loading: "smollm2", "gemma3-270m", a .gguf path, or a TransformerLens name.
+"""Model loading: "smollm2", "gemma3-270m", a .gguf path, a local Hugging Face
+folder, or a hub name, on the backend the installed TransformerLens gives
+(`sinkmech.backend`), in float32, bfloat16 or float16, on any device.
 
-Two GGUF converters: llama-family files (SmolLM2) go through sinkmech's own
+TransformerBridge (TransformerLens 4): every GGUF goes through transformers'
+reader into a Hugging Face folder in the cache, which the Bridge boots
+(`sinkmech.bridge_loading`). HookedTransformer (TransformerLens 3.9), two GGUF
+converters: llama-family files (SmolLM2) go through sinkmech's own
 dequantizer (`sinkmech.gguf`); any other architecture that transformers'
 GGUF loader reads and TransformerLens knows by name (Gemma 3) is dequantized
 by transformers and converted by `HookedTransformer.from_pretrained_no_processing`.
@@ -27,8 +32,8 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformer_lens import HookedTransformer
 
+from sinkmech.backend import DTYPES, IS_BRIDGE, Model, move
 from sinkmech.gguf import SUPPORTED_ARCHITECTURES, GGUFError, check_gguf_file, gguf_metadata, read_gguf
 from sinkmech.model_cache import ModelCache, entry_key
 
@@ -111,23 +116,30 @@ def load_model(
     spec: str = DEFAULT_MODEL,
     *,
     device: str | None = None,
+    dtype: str | torch.dtype = "float32",
     n_ctx: int = 2048,
     cache: bool | ModelCache = True,
-) -> HookedTransformer:
-    """Load a HookedTransformer with its tokenizer set.
+) -> Model:
+    """Load a model (HookedTransformer or TransformerBridge, as the installed
+    TransformerLens gives) with its tokenizer set.
 
     Args:
         spec: "smollm2" (the offline default), "gemma3-270m", a path to a .gguf
-            file, or any name `HookedTransformer.from_pretrained` knows.
+            file, a local Hugging Face folder (config.json + safetensors), or a
+            hub name (needs the network).
         device: torch device; default CUDA when present, else CPU.
-        n_ctx: context length for GGUF models (capped at the model's own).
+        dtype: "float32" (default), "bfloat16" or "float16" (or a torch dtype).
+        n_ctx: context length (capped at the model's own).
         cache: GGUF models only. True: the converted-model cache in the user
             cache folder (`$SINKMECH_CACHE`); a `ModelCache`: that one; False:
             convert from the GGUF every time.
     """
+    dtype = check_dtype(dtype)
+    device = check_device(device)
     # TransformerLens prints "Moving model to device" on stdout: stdout is for results.
     with contextlib.redirect_stdout(sys.stderr):
-        return _load(spec, device, n_ctx, cache)
+        model = _load(spec, device, n_ctx, cache, dtype)
+    return move(model, dtype=dtype)
 
 
 def check_model_spec(spec: str) -> None:
@@ -155,6 +167,8 @@ def check_model_spec(spec: str) -> None:
         return
     if (path / "config.json").is_file():  # a Hugging Face model folder
         return
+    if IS_BRIDGE:  # a hub name: only booting it can tell (it needs the network)
+        return
     from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:
@@ -166,19 +180,48 @@ def check_model_spec(spec: str) -> None:
         ) from None
 
 
-def _load(spec, device, n_ctx, cache) -> HookedTransformer:
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+def check_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A dtype name ("float32", "bfloat16", "float16") or torch dtype -> the torch dtype."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def check_device(device: str | None) -> str:
+    """The device to load on (default CUDA when present, else CPU), checked before any loading."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"not a torch device: {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+    return str(dev)
+
+
+def _load(spec, device, n_ctx, cache, dtype) -> Model:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
     if not isinstance(n_ctx, int) or n_ctx < 1:
         raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
     store = _as_cache(cache)
+    if IS_BRIDGE:
+        return _load_bridge(spec, device, n_ctx, store, dtype)
+    if Path(spec).is_dir():
+        return _finish(_hooked_from_hf_folder(Path(spec), n_ctx), Path(spec).name, device)
     if spec == DEFAULT_MODEL:
         return _from_gguf(smollm2_path(), device, n_ctx, name=DEFAULT_MODEL, cache=store)
     if spec in PACKAGED_MODELS:
         return _from_package(spec, device, n_ctx, cache=store)
     if spec.endswith(".gguf") or Path(spec).is_file():
         return _from_gguf(Path(spec), device, n_ctx, name=Path(spec).stem, cache=store)
+    from transformer_lens import HookedTransformer
+
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
@@ -196,9 +239,84 @@ def _load(spec, device, n_ctx, cache) -> HookedTransformer:
     return model
 
 
+def _load_bridge(spec: str, device: str, n_ctx: int, store: ModelCache | None, dtype: torch.dtype) -> Model:
+    """TransformerBridge: GGUF -> (cached) Hugging Face folder -> Bridge."""
+    from sinkmech.bridge_loading import boot_bridge, cached_hf_folder, hf_folder_entry
+
+    boot = lambda folder, name: boot_bridge(folder, device=device, dtype=dtype, n_ctx=n_ctx, name=name)  # noqa: E731
+    if spec == DEFAULT_MODEL:
+        return boot(cached_hf_folder(smollm2_path(), store), DEFAULT_MODEL)
+    if spec in PACKAGED_MODELS:
+        entry = _packaged(spec)
+        sha = importlib.import_module(entry.package).EXPECTED_SHA256
+        warm = hf_folder_entry(store, sha) if store is not None else None
+        if warm is not None and (warm / "config.json").is_file():
+            return boot(warm, spec)  # a warm load never assembles the file
+        return boot(cached_hf_folder(packaged_gguf_path(spec, store), store), spec)
+    if Path(spec).is_dir():
+        return boot(Path(spec), Path(spec).name)
+    if spec.endswith(".gguf") or Path(spec).is_file():
+        return boot(cached_hf_folder(Path(spec), store), Path(spec).stem)
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(spec, device=device, dtype=dtype)
+    except Exception as e:
+        reason = str(e).splitlines()[0] if str(e) else ""
+        reason = reason if len(reason) <= 160 else reason[:160] + " ..."
+        raise ModelNotFoundError(
+            f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, a path to a "
+            f".gguf file or a local Hugging Face folder. Hub names need the network "
+            f"(boot_transformers said: {type(e).__name__}: {reason})"
+        ) from e
+    model.tokenizer.padding_side = "right"
+    return model.eval()
+
+
+def _hooked_from_hf_folder(folder: Path, n_ctx: int) -> Model:
+    """HookedTransformer from a local Hugging Face folder (TransformerLens 3.9
+    derives the config from the folder's config.json)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformer_lens import HookedTransformer
+
+    from sinkmech.bridge_loading import check_hf_folder
+
+    from transformer_lens import HookedTransformerConfig
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config, get_pretrained_state_dict
+
+    check_hf_folder(folder)
+    # TransformerLens 3.9 guesses the architecture from words in the name
+    # ("llama", "gemma", ...) before reading config.json: a neutral link name
+    # makes it read the config's own `architectures`.
+    link = Path(tempfile.mkdtemp(prefix="sinkmech-hf-")) / "model"
+    link.symlink_to(folder.resolve(), target_is_directory=True)
+    name = str(link)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        hf = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+        # from_pretrained_no_processing wants an official name; its two halves take a folder.
+        cfg = convert_hf_model_config(name)
+        cfg.update(n_ctx=min(n_ctx, cfg["n_ctx"]), device="cpu", dtype=torch.float32, default_prepend_bos=False,
+                   tokenizer_prepends_bos=False, model_name=folder.name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = HookedTransformer(HookedTransformerConfig(**cfg), tokenizer=tokenizer, default_padding_side="right")
+            state = get_pretrained_state_dict(name, model.cfg, hf_model=hf)
+            model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                              fold_value_biases=False, refactor_factored_attn_matrices=False)
+    except Exception as e:
+        raise ValueError(f"TransformerLens 3.9 cannot load {folder}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    finally:
+        link.unlink()
+        link.parent.rmdir()
+    model.cfg.n_ctx = min(n_ctx, model.cfg.n_ctx)
+    return model
+
+
 def convert_gguf(
     path: str | os.PathLike, *, n_ctx: int = 2048, tl_name: str | None = None
-) -> tuple[HookedTransformer, int | None]:
+) -> tuple[Model, int | None]:
     """Convert a GGUF file to a CPU HookedTransformer (no cache).
 
     Args:
@@ -241,7 +359,7 @@ def _packaged(name: str) -> PackagedGGUF:
     return entry
 
 
-def _from_package(name: str, device: str, n_ctx: int, *, cache: ModelCache | None) -> HookedTransformer:
+def _from_package(name: str, device: str, n_ctx: int, *, cache: ModelCache | None) -> Model:
     entry = _packaged(name)
 
     def build():
@@ -259,7 +377,7 @@ def _from_package(name: str, device: str, n_ctx: int, *, cache: ModelCache | Non
 
 def _from_gguf(
     path: Path, device: str, n_ctx: int, *, name: str, cache: ModelCache | None
-) -> HookedTransformer:
+) -> Model:
     path = check_gguf_file(path).resolve()
     build = lambda: convert_gguf(path, n_ctx=n_ctx)  # noqa: E731
     if cache is None:
@@ -270,17 +388,18 @@ def _from_gguf(
     return _finish(model, name, device)
 
 
-def _finish(model: HookedTransformer, name: str, device: str) -> HookedTransformer:
+def _finish(model: Model, name: str, device: str) -> Model:
     model.cfg.model_name = name
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "right"
-    if str(model.cfg.device) != str(device):
-        model.to(device, print_details=False)
+    move(model, device)
     model.eval()
     return model
 
 
-def _llama_from_gguf(path: Path, n_ctx: int) -> HookedTransformer:
+def _llama_from_gguf(path: Path, n_ctx: int) -> Model:
+    from transformer_lens import HookedTransformer
+
     g = read_gguf(path, n_ctx=n_ctx)
     with warnings.catch_warnings():
         # TransformerLens 3.x nags about its 4.0 successor; we pin < 4.
@@ -299,10 +418,11 @@ def _llama_from_gguf(path: Path, n_ctx: int) -> HookedTransformer:
 
 def _convert_with_transformers(
     path: Path, arch: str, meta: dict, *, n_ctx: int, tl_name: str | None
-) -> HookedTransformer:
+) -> Model:
     """transformers dequantizes the file; TransformerLens converts its weights offline."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    from transformer_lens import HookedTransformer
 
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
         raise GGUFError(
@@ -370,7 +490,7 @@ def _check_dims(path: Path, hf_config, tl_name: str) -> None:
         )
 
 
-def bos_token_id(model: HookedTransformer) -> int:
+def bos_token_id(model: Model) -> int:
     """The id of the model's `<bos>` token, or a clear error if it has none."""
     tok = model.tokenizer
     bos = getattr(tok, "bos_token_id", None) if tok is not None else None

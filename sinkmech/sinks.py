@@ -227,8 +227,11 @@ def sink_scores(
 
         def pattern_hook(pattern, hook):
             # TransformerLens turns NaN attention into zero rows; catch them here.
+            # a zero row (NaN scores) is caught; bfloat16 rounding (eps 8e-3) is not
+            tol = max(1e-3, 8 * torch.finfo(pattern.dtype).eps)
+            pattern = pattern.float()  # reductions in float32 whatever the model's dtype
             row_sums = pattern.sum(-1)  # [batch, head, query]
-            if ((row_sums - 1.0).abs() * valid[:, None, :] > 1e-3).any():
+            if ((row_sums - 1.0).abs() * valid[:, None, :] > tol).any():
                 raise FloatingPointError(
                     f"layer {hook.layer()}: attention rows do not sum to 1 "
                     "(NaN or inf in the attention scores)"
@@ -238,13 +241,13 @@ def sink_scores(
             out["scores"][rows, hook.layer()] = score.float().cpu()
 
         def value_hook(v, hook):
-            norms = expand_kv(model, v).norm(dim=-1)  # [batch, pos, head_index]
+            norms = expand_kv(model, v).float().norm(dim=-1)  # [batch, pos, head_index]
             out["value_norm_first"][rows, hook.layer()] = norms[:, 0].float().cpu()
             mean_rest = einops.einsum(norms, rest, "b p h, b p -> b h") / n_rest[:, None]
             out["value_norm_rest"][rows, hook.layer()] = mean_rest.float().cpu()
 
         def resid_hook(resid, hook):
-            norms = resid.norm(dim=-1)  # [batch, pos]
+            norms = resid.float().norm(dim=-1)  # [batch, pos]
             resid_first[rows, hook.layer()] = norms[:, 0].float().cpu()
             resid_rest[rows, hook.layer()] = ((norms * rest).sum(-1) / n_rest).float().cpu()
             if loss and hook.layer() == L - 1:

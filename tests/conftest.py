@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-TINY_BOS = 1  # the tiny model has no tokenizer; tests pass this id as <bos>
+from sinkmech.backend import BACKEND, IS_BRIDGE, Model
+
+TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; tests pass this id)
+# Tests that set a HookedTransformer's weights by hand, or test what only
+# TransformerLens 3.x has, are skipped on the Bridge with this reason.
+NEEDS_HOOKED = pytest.mark.skipif(
+    IS_BRIDGE, reason=f"hand-built HookedTransformer (TransformerLens 3.x); this run's backend is {BACKEND}")
+_TINY_DIR = Path(tempfile.mkdtemp(prefix="sinkmech-tiny-"))
 # Fixtures that load a real model: every test using one is marked `slow`
 # automatically, so `pytest -m "not slow"` never loads a real model.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
@@ -18,7 +27,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None) -> HookedTransformer:
+def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None) -> Model:
+    """A tiny random model: a HookedTransformer (LayerNorm, GELU) on TransformerLens
+    3.x; on the Bridge a tiny random Llama saved as a Hugging Face folder, same sizes."""
+    if IS_BRIDGE:
+        from sinkmech.models import load_model
+        from tiny_hf import save_tiny
+
+        folder = _TINY_DIR / f"llama-{seed}-{n_layers}-{n_heads}-{d_head}-{n_kv}"
+        if not folder.exists():
+            save_tiny(folder, "llama", seed, n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_kv=n_kv)
+        return load_model(str(folder), device="cpu")
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     cfg = HookedTransformerConfig(
         n_layers=n_layers,
         d_model=n_heads * d_head,
@@ -40,7 +61,7 @@ def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> HookedTransformer:
+def tiny_model() -> Model:
     return make_tiny()
 
 
@@ -52,7 +73,7 @@ def tiny_tokens() -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def gemma() -> HookedTransformer:
+def gemma() -> Model:
     """Gemma 3 270M (trained with a fixed <bos>), loaded once, with the network cut."""
     import socket
 
@@ -65,7 +86,7 @@ def gemma() -> HookedTransformer:
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> HookedTransformer:
+def smollm2() -> Model:
     from sinkmech.models import load_model
 
     return load_model("smollm2", device="cpu")

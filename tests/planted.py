@@ -4,13 +4,15 @@ positional-null heads."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from sinkmech.backend import BACKEND, IS_BRIDGE, Model
 
 from conftest import TINY_BOS, make_tiny
 
 
-def plant_sink_head(model: HookedTransformer, layer: int = 0, head: int = 0, strength: float = 12.0) -> HookedTransformer:
+def plant_sink_head(model: Model, layer: int = 0, head: int = 0, strength: float = 12.0) -> Model:
     """Make `head` of `layer` (0 only: its input is the raw embedding) a sink head
     whose value at `<bos>` is zero.
 
@@ -39,7 +41,9 @@ def plant_sink_head(model: HookedTransformer, layer: int = 0, head: int = 0, str
     return model
 
 
-def planted_model(seed: int = 1) -> HookedTransformer:
+def planted_model(seed: int = 1) -> Model:
+    if IS_BRIDGE:
+        pytest.skip(f"the planted sink head is set in a HookedTransformer's weights (TransformerLens 3.x); backend here: {BACKEND}")
     return plant_sink_head(make_tiny(seed, n_layers=2, n_heads=4, d_head=8))
 
 
@@ -50,7 +54,7 @@ X_BOS, X_TRIG, X_CONST, X_POS = 0, 1, 2, 3  # residual dims of the planted model
 X_RAND = X_POS + N_CTX
 
 
-def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -> HookedTransformer:
+def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -> Model:
     """Attention-only 2-layer model with hand-set layer-0 heads (others random).
 
     Residual = one-hot "is <bos>", "is trigger", a constant 1 on every
@@ -64,6 +68,10 @@ def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -
     on, whatever the tokens; the value at <bos> is 0 as in "if_else", so
     only the trigger rule can tell the two apart).
     """
+    if IS_BRIDGE:
+        pytest.skip(f"planted heads are set in a HookedTransformer's weights (TransformerLens 3.x); backend here: {BACKEND}")
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     cfg = HookedTransformerConfig(
         n_layers=2, d_model=X_RAND + 10, n_heads=4, d_head=N_CTX + 2, n_ctx=N_CTX, d_vocab=50,
         attn_only=True, normalization_type=None, positional_embedding_type="standard", seed=seed, device="cpu",

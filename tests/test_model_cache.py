@@ -12,9 +12,11 @@ import pytest
 import torch
 
 import sinkmech.model_cache as mc
-from conftest import make_tiny
+from conftest import NEEDS_HOOKED, make_tiny
 from sinkmech.model_cache import CACHE_ENV, ModelCache, default_cache_dir, entry_key
 
+# The Bridge caches Hugging Face folders instead (tests/test_backends.py).
+pytestmark = NEEDS_HOOKED
 KEY = entry_key("ab" * 32)
 TOKENS = torch.tensor([[1, 5, 9, 20, 33, 2]])
 

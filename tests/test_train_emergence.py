@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sinkmech.backend import BACKEND, IS_BRIDGE
+
+if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
+    pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
+                allow_module_level=True)
 from sinkmech.sinks import sink_scores
 from sinkmech.train.data import post_trigger, sink_tokens
 from sinkmech.hooks import act_name

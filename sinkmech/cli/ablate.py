@@ -14,6 +14,7 @@ from sinkmech.cli.common import (
     add_intervention_common,
     add_metric,
     answers,
+    load_model_arg,
     prompts_arg,
     write_results,
 )
@@ -93,7 +94,7 @@ def cmd_ablate(args) -> None:
         part = task.run(task.load(), shard.i, shard.n, shard.index, [prompts[i] for i in shard.index])
         print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
         return
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
     prompts = prompts_arg(args)
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8, **kw)

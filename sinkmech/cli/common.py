@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
-from sinkmech.models import DEFAULT_MODEL
+from sinkmech import models
+from sinkmech.models import DEFAULT_MODEL, check_device
 from sinkmech.prompts import CONDITIONS, load_prompts
 
 MODEL_HELP = "'smollm2' (offline default), a .gguf path, or a TransformerLens model name"
@@ -50,6 +51,23 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=16, help=BATCH_HELP)
     p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout, everything else then goes to stderr)")
     p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
+
+
+DTYPE_CHOICES = ("float32", "bfloat16", "float16")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--dtype and --device (every command that loads a model)."""
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
+                   help="weights and activations in this dtype (default float32); sums, losses and norms "
+                        "accumulate in float32 or wider whatever it is")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when present)")
+
+
+def load_model_arg(args, spec: str | None = None):
+    """The model named by --model (or `spec`), in --dtype on --device."""
+    return models.load_model(spec or args.model, device=getattr(args, "device", None),
+                             dtype=getattr(args, "dtype", "float32"))
 
 
 def add_intervention_common(p: argparse.ArgumentParser) -> None:
@@ -201,6 +219,11 @@ def check_args(args) -> None:
         parts = head.split(".")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
             raise UsageError(f"--head is written LAYER.HEAD, e.g. 12.3; got {head!r}")
+    if getattr(args, "device", None) is not None:
+        try:
+            check_device(args.device)
+        except ValueError as e:
+            raise UsageError(f"--device: {e}") from None
     png = getattr(args, "png", None)
     if png is not None and Path(png).suffix.lower() not in IMAGE_SUFFIXES:
         raise UsageError(f"--png must end in {', '.join(IMAGE_SUFFIXES)}, got {png}")

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import UsageError, prompts_arg
+from sinkmech.cli.common import UsageError, load_model_arg, prompts_arg
 from sinkmech.compare import ModelComparison, compare_model
 from sinkmech.dormant.noop import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
@@ -123,7 +123,7 @@ def cmd_compare(args) -> None:
     results, t0 = [], time.perf_counter()
     for name in args.models:
         print(f"loading {name} ...", flush=True)
-        model = models.load_model(name)
+        model = load_model_arg(args, name)
         results.append(compare_model(
             model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
             spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,

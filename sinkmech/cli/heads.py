@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech import models
-from sinkmech.cli.common import BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, write_results
+from sinkmech.cli.common import (
+    BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, load_model_arg, write_results,
+)
 from sinkmech.cli.shard import (
     add_shard_flags, already_done, base_settings, model_settings, prompts_sha256, run_command_on_ray, shard_run,
 )
@@ -185,7 +187,7 @@ def cmd_contrast(args) -> None:
         raise UsageError(f"--contrast needs >= 4 prompts in each corpus, got {len(a)} and {len(b)}")
     names = ("prose" if args.prompts is None else str(args.prompts),
              "python-source" if args.contrast == PYTHON_SOURCE else str(args.contrast))
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     kw = dict(bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
               high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count,
@@ -242,7 +244,7 @@ def cmd_heads(args) -> None:
             print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
             return
         return heads_shard(args, scanned, shard)
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     target = parse_head(args.head, model) if args.head else None
     scan = scan_heads(model, scanned, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sinkmech import models
-from sinkmech.cli.common import MODEL_HELP, PNG_HELP, UsageError, write_results
+from sinkmech.cli.common import MODEL_HELP, PNG_HELP, UsageError, load_model_arg, write_results
 from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
 from sinkmech.figures_beyond import length_lines
 from sinkmech.models import DEFAULT_MODEL
@@ -50,7 +49,7 @@ def cmd_length(args) -> None:
         raise UsageError(f"--lengths lists {', '.join(map(str, repeated))} more than once: "
                          f"{' '.join(map(str, args.lengths))}")
     lengths = sorted(set(args.lengths))
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     if args.top > model.cfg.n_layers * model.cfg.n_heads:
         raise UsageError(f"--top must be <= {model.cfg.n_layers * model.cfg.n_heads} (the model's heads), got {args.top}")
     batch = long_prompts(model, args.n_prompts, max(lengths), bos=args.bos)

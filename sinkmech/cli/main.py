@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sinkmech.backend import version_text
 from sinkmech.cli.ablate import add_ablate_parser
-from sinkmech.cli.common import UsageError, check_args, json_only_stdout
+from sinkmech.cli.common import UsageError, add_model_options, check_args, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.heads import add_heads_parser
 from sinkmech.cli.length import add_length_parser
@@ -37,7 +37,8 @@ USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="sinkmech", description="Attention-sink instruments (Barbero et al. 2025) for TransformerLens models."
+        prog="sinkmech", description="Attention-sink instruments (Barbero et al. 2025) for TransformerLens models.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
     )
     parser.add_argument("--version", action="version", version=version_text(),
                         help="print sinkmech, TransformerLens, torch, the backend and the device, then exit")
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                 add_report_parser, add_compare_parser, add_train_parser, add_stream_parser, add_massive_parser,
                 add_length_parser, add_merge_parser):
         add(sub)
+    for name, command in sub.choices.items():
+        if name not in ("train", "merge"):  # train builds its own model on the CPU; merge loads none
+            add_model_options(command)
     return parser
 
 

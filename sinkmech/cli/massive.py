@@ -4,8 +4,7 @@ dimensions reset at position 0 from the onset layer on."""
 
 from __future__ import annotations
 
-from sinkmech import models
-from sinkmech.cli.common import add_common, prompts_arg, warn_short, write_results
+from sinkmech.cli.common import add_common, load_model_arg, prompts_arg, warn_short, write_results
 from sinkmech.figures_beyond import massive_figure
 from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
@@ -53,7 +52,7 @@ def print_massive_table(md, reset) -> None:
 
 def cmd_massive(args) -> None:
     prompts = prompts_arg(args)
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     if args.top > model.cfg.d_model:
         raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {args.top}")
     batch = tokenize(model, prompts, bos=args.bos, max_tokens=args.max_tokens)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-from sinkmech import models
 from sinkmech.cli.common import (
-    add_intervention_common, add_metric, answers, conditions, prompts_arg, warn_short, write_results,
+    add_intervention_common, add_metric, answers, conditions, load_model_arg, prompts_arg, warn_short, write_results,
 )
 from sinkmech.figures import heatmap_grid, heatmap_panels, save, shared_limits
 from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
@@ -28,7 +27,7 @@ def add_patch_parser(sub) -> None:
 
 
 def cmd_patch(args) -> None:
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
     pair = bos_pair(model, prompts_arg(args), max_tokens=args.max_tokens)
     warn_short(pair.without_bos, args.max_tokens)

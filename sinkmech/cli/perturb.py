@@ -8,9 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sinkmech import models
 from sinkmech.cli.common import (
-    UsageError, add_bos_token, add_intervention_common, bos_token_arg, prompts_arg, write_results,
+    UsageError, add_bos_token, add_intervention_common, bos_token_arg, load_model_arg, prompts_arg, write_results,
 )
 from sinkmech.figures import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
@@ -45,7 +44,7 @@ def cmd_perturb(args) -> None:
     if args.sensitivity_prompts < 1 or args.sensitivity_tokens < 2:
         raise UsageError("--sensitivity-prompts must be >= 1 and --sensitivity-tokens >= 2")
     prompts = prompts_arg(args)
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     payload, png_out = {"model": args.model}, None
     if args.swap is not None or args.noise is not None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sinkmech import models
-from sinkmech.cli.common import BATCH_HELP, MODEL_HELP, UsageError
+from sinkmech.cli.common import BATCH_HELP, MODEL_HELP, UsageError, load_model_arg
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
 from sinkmech.models import DEFAULT_MODEL
@@ -48,7 +47,7 @@ def cmd_report(args) -> None:
     check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", flush=True)
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     report = build_report(
         model,
         args.out,

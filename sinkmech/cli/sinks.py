@@ -18,6 +18,7 @@ from sinkmech.cli.common import (
     add_common,
     bos_token_arg,
     conditions,
+    load_model_arg,
     prompts_arg,
     warn_short,
     write_results,
@@ -198,7 +199,7 @@ def cmd_sinks(args) -> None:
         prompts = [prompts[i] for i in shard.index]
         print(f"shard {shard.i}/{shard.n}: prompts {shard.index.start}..{shard.index.stop - 1} of {shard.n_total}",
               file=sys.stderr)
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     results, keys, batches = {}, {}, {}
     for i, bos in enumerate(conditions(args.bos)):

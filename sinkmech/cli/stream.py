@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sinkmech import models
-from sinkmech.cli.common import MODEL_HELP, UsageError, write_results
+from sinkmech.cli.common import MODEL_HELP, UsageError, load_model_arg, write_results
 from sinkmech.figures_beyond import stream_bars
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.streaming import long_tokens, stream_perplexity
@@ -57,7 +56,7 @@ def print_stream_table(result) -> None:
 
 def cmd_stream(args) -> None:
     check_stream_args(args.window, args.keep, args.max_tokens, args.bos)
-    model = models.load_model(args.model)
+    model = load_model_arg(args)
     if args.max_tokens > model.cfg.n_ctx - 1:
         raise UsageError(f"--max-tokens {args.max_tokens} does not fit: {args.model} has a context of {model.cfg.n_ctx} "
                          f"positions, at most {model.cfg.n_ctx - 1} content tokens beside <bos>")

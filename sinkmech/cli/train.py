@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sinkmech.backend import BACKEND, IS_BRIDGE
+from sinkmech.cli.common import UsageError
 from sinkmech.prompts import CONDITIONS
-from sinkmech.train.run import TrainConfig, train
 from sinkmech.train_figures import training_curves
 
 
@@ -34,6 +35,11 @@ def add_train_parser(sub) -> None:
 
 
 def cmd_train(args) -> None:
+    if IS_BRIDGE:
+        raise UsageError(f"sinkmech train builds its models as TransformerLens 3.x HookedTransformers; this "
+                         f"environment has the {BACKEND} backend (TransformerLens 4): install transformer-lens<4 to train")
+    from sinkmech.train.run import TrainConfig, train
+
     cfg = TrainConfig(
         data=args.data, packing=args.packing, fixed_bos=args.fixed_bos, context_length=args.context_length,
         tokens_per_step=args.tokens_per_step, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,

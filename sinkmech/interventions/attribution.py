@@ -96,11 +96,14 @@ def attribute_ablations(
         leaves[hook.layer()] = z.detach().requires_grad_(True)
         return leaves[hook.layer()]
 
-    def keep(x, hook):
-        clean[(hook.name.split(".")[-1], hook.layer())] = x[:B].detach()
+    def keep(name: str, layer: int):
+        # bound here: on the Bridge `hook.name` is the hook's own name, not the alias asked for
+        def hook(x, hook):
+            clean[(name, layer)] = x[:B].detach()
+        return hook
 
     hooks = [(act_name("z", l), leaf_z) for l in range(L)]
-    hooks += [(act_name(n, l), keep) for l in range(L) for n in ("pattern", "v")]
+    hooks += [(act_name(n, l), keep(f"hook_{n}", l)) for l in range(L) for n in ("pattern", "v")]
     with torch.enable_grad(), right_padding(model), model.hooks(fwd_hooks=hooks):
         logits = content_logits(model(batch.tokens.repeat(S, 1)), batch.offset, n_content)
         logits = logits.reshape(S, B, n_content, -1)

@@ -1,0 +1,112 @@
+"""The model seam on whichever backend this environment has (HookedTransformer
+on TransformerLens 3.9, TransformerBridge on 4.x): tiny random models of four
+architectures, saved as local Hugging Face folders, against transformers'
+own eager attention; dtype and device; `sinkmech --version`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sinkmech.backend import BACKEND, IS_BRIDGE, W_O, W_V, b_V, forward, unembed, version_text
+from sinkmech.cli import main
+from sinkmech.hooks import cached_run
+from sinkmech.loss import content_loss
+from sinkmech.models import check_dtype, load_model
+from sinkmech.prompts import tokenize
+from sinkmech.sinks import sink_scores
+from tiny_hf import ARCHS, BOS, eager_reference, save_tiny
+
+
+def _tokens(seed: int = 0, batch: int = 5, n: int = 12) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 50, (batch, n), generator=g).tolist()
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny_folder(request, tmp_path_factory):
+    arch = request.param
+    if arch == "gemma3" and not IS_BRIDGE:
+        pytest.skip("TransformerLens 3.9 derives a Gemma 3 config from the official name only, not from a "
+                    f"folder's config.json (backend here: {BACKEND})")
+    return arch, save_tiny(tmp_path_factory.mktemp(arch), arch, seed=3, n_kv=2)
+
+
+@pytest.mark.parametrize("bos", ["prepend", "none"])
+def test_sink_scores_and_loss_match_transformers_eager_attention(tiny_folder, bos):
+    arch, folder = tiny_folder
+    model = load_model(str(folder), device="cpu")
+    batch = tokenize(model, _tokens(), bos=bos, bos_token_id=BOS)
+    ours = sink_scores(model, batch, loss=True, progress=False)
+    attns, logprobs = eager_reference(folder, batch.tokens)
+    # alpha_0: mean over real queries of the attention on key 0 (no padding here).
+    ref = torch.stack([a[:, :, :, 0].mean(-1) for a in attns], dim=1)  # [prompt layer head]
+    assert (ours.scores - ref).abs().max() < 1e-5, arch
+    # the same targets in both conditions: content tokens 1..n-1
+    off = batch.offset
+    targets = batch.tokens[:, off + 1 :]
+    lp = logprobs[:, off : -1].gather(-1, targets[..., None])[..., 0]
+    assert abs(ours.loss - float(-lp.mean())) < 1e-4, arch
+    assert abs(content_loss(model, batch) - float(-lp.mean())) < 1e-4, arch
+
+
+def test_forward_starts_and_stops_at_a_layer(tiny_folder):
+    """stop_at_layer=n_layers gives the last block's output (no unembedding);
+    restarting from any layer's input gives the full pass's log-probabilities."""
+    _, folder = tiny_folder
+    model = load_model(str(folder), device="cpu")
+    tokens = torch.tensor(_tokens(1, batch=2, n=9))
+    L = model.cfg.n_layers
+    names = [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    logits, cache = cached_run(model, tokens, names)
+    full = torch.log_softmax(logits.float(), -1)
+    with torch.no_grad():
+        last = forward(model, tokens, stop_at_layer=L)
+        assert last.shape == (2, 9, model.cfg.d_model)
+        assert torch.allclose(last, cache[names[-1]], atol=1e-6)
+        assert torch.allclose(torch.log_softmax(unembed(model, last).float(), -1), full, atol=1e-5)
+        for l in range(L):
+            again = forward(model, cache[names[l]], start_at_layer=l)
+            assert torch.allclose(torch.log_softmax(again.float(), -1), full, atol=1e-5), l
+
+
+def test_weights_keep_key_value_heads_unexpanded(tiny_folder):
+    _, folder = tiny_folder
+    model = load_model(str(folder), device="cpu")
+    cfg = model.cfg
+    assert W_O(model).shape == (cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_model)
+    assert W_V(model).shape == (cfg.n_layers, 2, cfg.d_model, cfg.d_head)  # n_kv = 2
+    assert b_V(model).shape == (cfg.n_layers, 2, cfg.d_head)
+
+
+def test_bfloat16_holds_alpha_0_within_1e_2(tmp_path):
+    folder = save_tiny(tmp_path / "llama", "llama", seed=5)
+    prompts = _tokens(2, batch=6, n=16)
+    f32 = sink_scores(load_model(str(folder), device="cpu"), prompts, bos_token_id=BOS, progress=False)
+    bf16_model = load_model(str(folder), device="cpu", dtype="bfloat16")
+    assert next(bf16_model.parameters()).dtype == torch.bfloat16
+    bf16 = sink_scores(bf16_model, prompts, bos_token_id=BOS, progress=False)
+    assert bf16.scores.dtype == torch.float32  # reductions accumulate in float32
+    assert (bf16.scores - f32.scores).abs().max() < 1e-2
+
+
+def test_bad_dtype_and_device_are_refused_before_loading(capsys, monkeypatch):
+    from sinkmech import models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    assert main(["sinks", "--device", "nonsense"]) == 2
+    assert "error: --device" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["sinks", "--dtype", "float64"])
+    assert e.value.code == 2
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        check_dtype("int8")
+
+
+def test_version_names_the_backend(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.strip() == version_text()
+    assert f"backend {BACKEND}" in out and "TransformerLens " in out and "torch " in out and "device " in out

@@ -1,0 +1,77 @@
+"""Tiny random Hugging Face models (llama, qwen2, qwen3, gemma3) saved as local
+folders (config + safetensors + a word-level tokenizer), for both backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 50
+BOS, EOS, PAD = 1, 2, 0  # ids of <bos>, <eos>, <pad> in the tiny tokenizer
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+
+def tiny_tokenizer(folder: Path):
+    """A word-level tokenizer over "w3" .. "w49" plus <pad>, <bos>, <eos>,
+    saved into `folder` and loaded back (so it knows its own path)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": PAD, "<bos>": BOS, "<eos>": EOS, **{f"w{i}": i for i in range(3, VOCAB)}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    tok.save_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def tiny_config(arch: str, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None):
+    """A transformers config of the given architecture, d_model = n_heads * d_head."""
+    import transformers as tf
+
+    d_model = n_heads * d_head
+    common = dict(vocab_size=VOCAB, hidden_size=d_model, intermediate_size=4 * d_model, num_hidden_layers=n_layers,
+                  num_attention_heads=n_heads, num_key_value_heads=n_kv or n_heads, max_position_embeddings=64,
+                  bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=False)
+    if arch == "llama":
+        return tf.LlamaConfig(**common, head_dim=d_head), tf.LlamaForCausalLM
+    if arch == "qwen2":
+        return tf.Qwen2Config(**common), tf.Qwen2ForCausalLM
+    if arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=d_head), tf.Qwen3ForCausalLM
+    if arch == "gemma3":
+        cfg = tf.Gemma3TextConfig(**common, head_dim=d_head, query_pre_attn_scalar=d_head, sliding_window=16)
+        return cfg, tf.Gemma3ForCausalLM
+    raise ValueError(f"unknown tiny architecture {arch!r}; one of {ARCHS}")
+
+
+def save_tiny(folder: Path, arch: str = "llama", seed: int = 0, **dims) -> Path:
+    """Build a random model of `arch` (weights from `seed`) and save it with its tokenizer."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg, cls = tiny_config(arch, **dims)
+    cfg.architectures = [cls.__name__]
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    # TransformerLens' own initialisation scale (0.8 / sqrt(d_model)), not
+    # transformers' 0.02: attention far from uniform, as in the HookedTransformer tiny model.
+    std = 0.8 / cfg.hidden_size ** 0.5
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0.0, std)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    tiny_tokenizer(folder)
+    return folder
+
+
+def eager_reference(folder: Path, tokens: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """transformers' own eager attention patterns (one [batch head q k] per layer)
+    and log-probabilities [batch pos vocab] for `tokens`."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = hf(tokens, output_attentions=True)
+    return list(out.attentions), torch.log_softmax(out.logits.float(), -1)
