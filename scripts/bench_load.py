@@ -1,7 +1,9 @@
 """Cold vs warm model loading through the converted-model cache.
 
 Cold: a fresh, empty cache folder (GGUF -> HookedTransformer, then the entry
-is written). Warm: the same call again, read back from that entry. Targets on
+is written; on TransformerLens 4, GGUF -> a Hugging Face folder, then the
+Bridge boots it). Warm: the same call again, read back from that entry. Run it
+in each environment (`make setup`, `make setup-tl4`) for both backends. Targets on
 2 CPU cores: warm SmolLM2 <= 5 s, warm Gemma 3 270M <= 10 s.
 
     python scripts/bench_load.py --models smollm2 gemma3-270m --out bench/
@@ -16,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sinkmech.backend import BACKEND
 from sinkmech.model_cache import ModelCache
 from sinkmech.models import load_model
 
@@ -36,7 +39,8 @@ def bench(spec: str, cache_root: Path, *, n_ctx: int = 2048) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     del model
     gc.collect()
-    return {"model": spec, "cold_s": cold, "warm_s": warm, "ratio": cold / warm, "n_params": n_params}
+    return {"model": spec, "backend": BACKEND, "cold_s": cold, "warm_s": warm, "ratio": cold / warm,
+            "n_params": n_params}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -52,7 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="sinkmech-bench-") as root:
             row = bench(spec, Path(root), n_ctx=args.n_ctx)
         rows.append(row)
-        print(f"{spec:>12}: cold {row['cold_s']:6.1f} s  warm {row['warm_s']:5.1f} s  ratio {row['ratio']:5.1f}x", flush=True)
+        print(f"{spec:>12} ({BACKEND}): cold {row['cold_s']:6.1f} s  warm {row['warm_s']:5.1f} s  ratio {row['ratio']:5.1f}x", flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_load.json").write_text(json.dumps(rows, indent=1))

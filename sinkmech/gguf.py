@@ -108,7 +108,6 @@ def read_gguf(path: str | os.PathLike, *, n_ctx: int = 2048) -> GGUFModel:
             far longer; TransformerLens allocates an n_ctx x n_ctx mask per layer).
     """
     from gguf.quants import dequantize
-    from transformer_lens import HookedTransformerConfig
 
     path = check_gguf_file(path)
     reader = _open_reader(path)
@@ -148,6 +147,8 @@ def read_gguf(path: str | os.PathLike, *, n_ctx: int = 2048) -> GGUFModel:
     W_E = get("token_embd.weight")
     d_vocab = W_E.shape[0]
     d_mlp = get("blk.0.ffn_up.weight").shape[0]
+    from transformer_lens import HookedTransformerConfig  # TransformerLens 3.x: this converter feeds HookedTransformer
+
     cfg = HookedTransformerConfig(
         d_model=d_model,
         d_head=d_head,

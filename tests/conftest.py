@@ -60,6 +60,12 @@ def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int
     return model
 
 
+def toy_tokenizer(monkeypatch, model: Model, tokenizer) -> None:
+    """Give `model` a toy tokenizer for one test (monkeypatch restores it). The
+    Bridge checks a tokenizer's class on assignment; sinkmech only calls it."""
+    monkeypatch.setattr(model, "_tokenizer" if IS_BRIDGE else "tokenizer", tokenizer)
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Model:
     return make_tiny()

@@ -110,3 +110,51 @@ def test_version_names_the_backend(capsys):
     out = capsys.readouterr().out
     assert out.strip() == version_text()
     assert f"backend {BACKEND}" in out and "TransformerLens " in out and "torch " in out and "device " in out
+
+
+@pytest.mark.parametrize("bos", ["prepend", "none"])
+def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, bos):
+    """Issue 19's acceptance check, on this backend: Gemma 3 270M's alpha_0
+    within 2e-3, sink rates within 0.5 points, loss within 0.1 nats of
+    transformers' own eager attention on the same GGUF, on default-corpus
+    windows 100-111 (picked by index, not by result)."""
+    from transformers import AutoModelForCausalLM
+
+    from sinkmech.models import packaged_gguf_path
+    from sinkmech.prompts import default_corpus
+
+    prompts = default_corpus()[100:112]
+    batch = tokenize(gemma, prompts, bos=bos, max_tokens=48)
+    ours = sink_scores(gemma, batch, loss=True, batch_size=4, progress=False)
+    path = packaged_gguf_path("gemma3-270m")
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    ref = torch.zeros_like(ours.scores)
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(batch)):
+            T = int(batch.lengths[i])
+            out = hf(batch.tokens[i : i + 1, :T], output_attentions=True)
+            ref[i] = torch.stack([a[0, :, :, 0].mean(-1) for a in out.attentions])
+            lp = torch.log_softmax(out.logits[0].float(), -1)
+            tgt = batch.tokens[i, batch.offset + 1 : T]
+            nll -= float(lp[batch.offset : T - 1].gather(-1, tgt[:, None]).sum())
+            n += len(tgt)
+    assert (ours.scores - ref).abs().max() < 2e-3
+    for eps in (0.3, 0.8):
+        rate = 100.0 * (ref > eps).float().mean().item()
+        assert abs(ours.sink_rate(eps) - rate) < 0.5, eps
+    assert abs(ours.loss - nll / n) < 0.1
+
+
+def test_gemma_bfloat16_holds_sink_rates_within_2_points(gemma):
+    from sinkmech.models import load_model as load
+    from sinkmech.prompts import default_corpus
+
+    prompts = default_corpus()[100:112]
+    f32 = sink_scores(gemma, prompts, max_tokens=48, batch_size=4, progress=False)
+    bf16 = sink_scores(load("gemma3-270m", device="cpu", dtype="bfloat16"), prompts, max_tokens=48, batch_size=4,
+                       progress=False)
+    assert (bf16.scores - f32.scores).abs().mean() < 1e-2
+    for eps in (0.3, 0.8):
+        assert abs(bf16.sink_rate(eps) - f32.sink_rate(eps)) < 2.0, eps

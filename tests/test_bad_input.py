@@ -7,7 +7,7 @@ import json
 import pytest
 from jaxtyping import TypeCheckError
 
-from conftest import TINY_BOS
+from conftest import TINY_BOS, toy_tokenizer
 from sinkmech.prompts import load_prompts, tokenize
 
 
@@ -198,10 +198,9 @@ def cli_tiny(tiny_model, monkeypatch):
     """`sinkmech ...` runs on the tiny model, whatever --model says."""
     from sinkmech import models
 
-    tiny_model.tokenizer = CharTokenizer()
+    toy_tokenizer(monkeypatch, tiny_model, CharTokenizer())
     monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny_model)
     yield tiny_model
-    tiny_model.tokenizer = None
 
 
 def test_an_output_that_fails_at_the_end_does_not_lose_the_others(cli_tiny, tmp_path, monkeypatch, capsys):

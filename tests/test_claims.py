@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import TINY_BOS, make_tiny
+from conftest import TINY_BOS, make_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
 
@@ -33,7 +33,7 @@ class WordTokenizer:
 @pytest.fixture
 def cli_model(monkeypatch):
     model = make_tiny(7)
-    model.tokenizer = WordTokenizer()
+    toy_tokenizer(monkeypatch, model, WordTokenizer())
     monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
     return model
 

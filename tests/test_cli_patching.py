@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import make_tiny
+from conftest import make_tiny, toy_tokenizer
 from sinkmech.cli.main import main
 
 
@@ -24,7 +24,7 @@ class WordTokenizer:
 @pytest.fixture
 def cli_model(monkeypatch):
     model = make_tiny(7)
-    model.tokenizer = WordTokenizer()
+    toy_tokenizer(monkeypatch, model, WordTokenizer())
     monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
     return model
 

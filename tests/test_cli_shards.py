@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from conftest import make_tiny
+from conftest import make_tiny, toy_tokenizer
 
 from sinkmech.cli.main import main
 
@@ -32,7 +32,7 @@ WORDS = ["the", "cat", "sat", "on", "a", "warm", "mat", "while", "dogs", "ran", 
 @pytest.fixture
 def cli_model(monkeypatch):
     model = make_tiny(5)
-    model.tokenizer = WordTokenizer()
+    toy_tokenizer(monkeypatch, model, WordTokenizer())
     monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
     return model
 

@@ -107,6 +107,11 @@ def test_truncated_file(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     import gguf
 
+    from sinkmech.backend import BACKEND, IS_BRIDGE
+
+    if IS_BRIDGE:
+        pytest.skip(f"gpt2 GGUF files are supported on the {BACKEND} backend (transformers reads them)")
+
     path = tmp_path / "gpt2.gguf"
     writer = gguf.GGUFWriter(str(path), "gpt2")
     writer.add_block_count(1)
