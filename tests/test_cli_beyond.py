@@ -81,7 +81,7 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
     assert main(["stream", "--window", "8", "--keep", "0", "1", "4", "--max-tokens", "40", "--json", str(out),
                  "--png", str(tmp_path / "s.png")]) == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "results"}
+    assert set(data) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "results"}
     assert (data["window"], data["n_tokens"], data["scored_from"]) == (8, 41, 12)
     assert [r["keep"] for r in data["results"]] == [0, 1, 4]
     direct = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="prepend", max_tokens=40,
