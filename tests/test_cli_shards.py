@@ -184,3 +184,19 @@ def test_ablate_refuses_to_shard_what_needs_the_whole_corpus(prompts, tmp_path, 
         assert main(["ablate", *extra, "--prompts", prompts, "--shard", "1/2", "--json",
                      str(tmp_path / "a.partial.json")]) == 2
         assert "whole corpus" in error_line(capsys)
+
+
+@pytest.mark.slow
+def test_sinks_shards_merge_to_the_unsharded_json_on_smollm2(tmp_path):
+    """The contract on a real model: SmolLM2 (from the converted-model cache), 2 shards."""
+    path = tmp_path / "p.txt"
+    path.write_text("\n".join(f"Item {i}: the ferry left the harbour at {i} o'clock with cars and a brass band." for i in range(5)))
+    base = ["sinks", "--prompts", str(path), "--max-tokens", "16", "--bos", "both", "--eps", "0.3", "0.8"]
+    full = tmp_path / "full.json"
+    assert main([*base, "--json", str(full)]) == 0
+    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
+    for i, p in enumerate(parts, 1):
+        assert main([*base, "--shard", f"{i}/2", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", str(parts[1]), str(parts[0]), "--json", str(out)]) == 0
+    assert_same_json(json.loads(full.read_text()), json.loads(out.read_text()))
