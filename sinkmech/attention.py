@@ -7,7 +7,6 @@ for both conditions so the two can be compared token by token.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Literal
@@ -19,12 +18,13 @@ from torch import Tensor
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, check_head, parse_head, run
 from sinkmech.prompts import CONDITIONS, TokenStr, token_text, tokenize
+from sinkmech.results import Result
 
 HeadSpec = tuple[int, int] | str
 
 
 @dataclass(frozen=True)
-class HeadAttention:
+class HeadAttention(Result):
     """Attention patterns of chosen heads on one prompt, with and without `<bos>`.
 
     `without_bos[:, i, j]` and `with_bos[:, i + 1, j + 1]` concern the same
@@ -64,14 +64,14 @@ class HeadAttention:
                                           "key": k.numpy(), "attention": pat[i, q, k].numpy()}))
         return pd.concat(rows, ignore_index=True)
 
-    def to_json(self) -> str:
-        return json.dumps({
+    def to_dict(self) -> dict:
+        return {
             "heads": self.head_names(),
             "tokens_with_bos": list(self.tokens_with_bos),
             "tokens_without_bos": list(self.tokens_without_bos),
             "first_token_with_bos": self.first_token("prepend").tolist(),
             "first_token_without_bos": self.first_token("none").tolist(),
-        })
+        }
 
 
 def head_attention(

@@ -14,7 +14,6 @@ without (SmolLM2) and the two rows are the paper's contrast.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +25,7 @@ from sinkmech.dormant.discover import discover_heads
 from sinkmech.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
 from sinkmech.sinks import format_eps, sink_scores
+from sinkmech.results import Result
 
 SPREAD_POSITION = 4  # content position of the swapped token (the issue's setting)
 SPREAD_TOKENS = 48  # content tokens per prompt for the spread
@@ -71,7 +71,7 @@ class DormantSummary:
 
 
 @dataclass(frozen=True)
-class ModelComparison:
+class ModelComparison(Result):
     """Everything `compare_model` measured on one model."""
 
     model: str
@@ -97,9 +97,6 @@ class ModelComparison:
             "dormant": None if self.dormant is None else self.dormant.to_dict(),
             "settings": self.settings,
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
     def findings(self) -> dict:
         """The quotable numbers, nested (see `sinkmech.findings.flatten`): per

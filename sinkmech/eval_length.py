@@ -11,7 +11,6 @@ Lengths beyond the model's context, or beyond the prompts, are skipped and said 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,13 +22,14 @@ from tqdm.auto import tqdm
 from sinkmech.backend import Model
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
+from sinkmech.results import Result
 from sinkmech.sinks import format_eps, sink_scores_from_tokens
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
 
 
 @dataclass(frozen=True)
-class LengthSweep:
+class LengthSweep(Result):
     """Sink statistics per evaluation length (content tokens, `<bos>` not counted)."""
 
     lengths: tuple[int, ...]  # the lengths measured
@@ -81,9 +81,6 @@ class LengthSweep:
                 for i, T in enumerate(self.lengths)
             ],
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def long_prompts(model: Model, n_prompts: int, n_tokens: int, *, bos: Bos = "prepend",

@@ -116,8 +116,13 @@ def finite_or_none(value):
     return value
 
 
-def json_text(payload, indent: int | None = 1) -> str:
-    """Strict JSON: NaN and infinities become null (a strict parser rejects bare NaN)."""
+def json_text(payload, indent: int | None = 1, *, sort_keys: bool = False) -> str:
+    """Strict JSON: NaN and infinities become null (a strict parser rejects bare NaN).
+
+    The one place sinkmech turns Python into JSON text: results (`sinkmech.results`),
+    CLI output, the report, the findings, training logs and the model cache all
+    write through it.
+    """
     import json
 
-    return json.dumps(finite_or_none(payload), indent=indent, allow_nan=False)
+    return json.dumps(finite_or_none(payload), indent=indent, allow_nan=False, sort_keys=sort_keys)

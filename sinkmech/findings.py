@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from sinkmech.files import cannot, finite_or_none
+from sinkmech.files import cannot, json_text
 
 Value = float | int | str | None
 
@@ -54,13 +54,12 @@ def record(path: str | os.PathLike, values: Mapping[str, Value], *, replace_pref
             raise ValueError(f"{path} is not valid JSON ({e.msg}); delete it to start afresh") from e
     if replace_prefix is not None:
         old = {k: v for k, v in old.items() if not (k == replace_prefix or k.startswith(replace_prefix + "."))}
-    merged = dict(sorted({**old, **finite_or_none(dict(values))}.items()))
+    merged = dict(sorted({**old, **dict(values)}.items()))
     with cannot("write findings to", path):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(merged, f, indent=1, allow_nan=False)
-            f.write("\n")
+            f.write(json_text(merged) + "\n")
         os.replace(tmp, path)
     return path
 

@@ -18,7 +18,6 @@ flat in the number of prompts):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +28,11 @@ from tqdm.auto import tqdm
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, run
 from sinkmech.prompts import Bos, TokenBatch, token_text
+from sinkmech.results import Result
 
 
 @dataclass(frozen=True)
-class KeySinks:
+class KeySinks(Result):
     """Per-head scores of every key position for one `<bos>` condition."""
 
     top_scores: Float[Tensor, "layer head_index k"]
@@ -117,9 +117,6 @@ class KeySinks:
             "off_first_rate": self.off_first_rate.tolist(),
             "flagged": [list(x) for x in self.flagged_heads()],
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def key_alpha(

@@ -24,7 +24,6 @@ Measured: the content next-token loss (sinkmech.loss targets) and the sink rate.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,11 +36,12 @@ from sinkmech.backend import Model
 from sinkmech.hooks import act_name, run
 from sinkmech.loss import resid_token_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
+from sinkmech.results import Result
 from sinkmech.sinks import format_eps
 
 
 @dataclass(frozen=True)
-class MassiveDims:
+class MassiveDims(Result):
     """First-token magnitude per residual layer and dimension."""
 
     first_abs: Float[Tensor, "resid_layer d_model"]  # mean over prompts of |h_0[d]|
@@ -109,9 +109,6 @@ class MassiveDims:
                 for l, dims in enumerate(self.top_dims.tolist())
             ],
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def _check(batch: TokenBatch, batch_size: int) -> None:
@@ -202,7 +199,7 @@ def massive_dims(
 
 
 @dataclass(frozen=True)
-class MassiveIntervention:
+class MassiveIntervention(Result):
     """Loss and sink rate with the massive dimensions reset at position 0."""
 
     dims: tuple[int, ...]
@@ -226,9 +223,6 @@ class MassiveIntervention:
             "sink_rate_clean": {format_eps(e): self.sink_rate(e, "clean") for e in eps},
             "sink_rate_reset": {format_eps(e): self.sink_rate(e, "reset") for e in eps},
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
     def to_dataframe(self):
         import pandas as pd

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ import numpy as np
 import torch
 
 from sinkmech.backend import Model
+
+from sinkmech.files import json_text
 
 CACHE_ENV = "SINKMECH_CACHE"
 # Bump when a converter's output changes, so stale entries miss instead of loading.
@@ -131,7 +134,7 @@ class ModelCache:
         sha = sha256_file(path)
         memo = _read_json(memo_path) or {}  # another process may have written meanwhile
         memo[str(path)] = {**stamp, "sha256": sha}
-        write_atomic(memo_path, json.dumps(memo, indent=1, sort_keys=True).encode())
+        write_atomic(memo_path, json_text(memo, sort_keys=True).encode())
         return sha
 
     def load(
@@ -194,7 +197,7 @@ class ModelCache:
                 },
             }
             # The manifest is written last: an entry without one is partial.
-            write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+            write_atomic(tmp / MANIFEST, json_text(manifest).encode())
             if folder.exists():
                 self.discard(key)
             try:
@@ -277,6 +280,8 @@ def _jsonable(value, name: str):
         return [_jsonable(v, name) for v in value]
     if isinstance(value, dict):
         return {str(k): _jsonable(v, name) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CacheError(f"config field {name}={value!r} has no strict JSON form")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise CacheError(f"config field {name}={value!r} ({type(value).__name__}) has no JSON form")

@@ -11,7 +11,6 @@ paper's "smoother maps" without `<bos>`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -24,6 +23,7 @@ from sinkmech.backend import Model
 from sinkmech.hooks import act_name, residual_stack
 from sinkmech.interventions.patching import BosPair
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, tokenize
+from sinkmech.results import Result
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ Perturbation = Union[TokenSwap, EmbeddingNoise, Sequence[TokenSwap]]
 
 
 @dataclass(frozen=True)
-class PerturbationSpread:
+class PerturbationSpread(Result):
     """Relative residual change per condition, prompt, layer and content position.
 
     `change[c, p, l, j]` = ||h' - h|| / ||h|| for condition `conditions[c]`,
@@ -125,9 +125,6 @@ class PerturbationSpread:
             "entropy": {c: self.entropy[i].tolist() for i, c in enumerate(self.conditions)},
             "normalized_entropy": {c: self.normalized_entropy[i].tolist() for i, c in enumerate(self.conditions)},
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def _ids(model, x) -> list[int]:

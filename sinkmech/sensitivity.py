@@ -16,7 +16,6 @@ prefix + (k + 1) repeats, as k grows.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,6 +27,7 @@ from tqdm.auto import tqdm
 from sinkmech.backend import Model, forward
 from sinkmech.hooks import act_name, cached_run, residual_stack, right_padding
 from sinkmech.prompts import CONDITIONS, Bos, PromptSource, TokenBatch, as_batch, check_bos, tokenize
+from sinkmech.results import Result
 
 
 def spearman(x: Tensor, y: Tensor) -> float:
@@ -122,7 +122,7 @@ def path_weights(patterns: Float[Tensor, "layer head_index query_pos key_pos"]) 
 
 
 @dataclass(frozen=True)
-class Sensitivity:
+class Sensitivity(Result):
     """Jacobian norms and path weights side by side for one sequence, [j, i]."""
 
     jacobian: Float[Tensor, "query_pos key_pos"]
@@ -145,9 +145,9 @@ class Sensitivity:
         j, i = torch.tril_indices(T, T, offset=-1 if exclude_self else 0)
         return spearman(self.jacobian[j, i], self.path_weight[j, i])
 
-    def to_json(self) -> str:
-        return json.dumps({"bos": self.bos, "n_layers": self.n_layers, "jacobian": self.jacobian.tolist(),
-                           "path_weight": self.path_weight.tolist(), "spearman": self.rank_correlation()})
+    def to_dict(self) -> dict:
+        return {"bos": self.bos, "n_layers": self.n_layers, "jacobian": self.jacobian.tolist(),
+                "path_weight": self.path_weight.tolist(), "spearman": self.rank_correlation()}
 
 
 def sensitivity(
@@ -274,7 +274,7 @@ def repeat_collapse(
 
 
 @dataclass(frozen=True)
-class SensitivityStudy:
+class SensitivityStudy(Result):
     """The path bound tested on a few prompts, with and without `<bos>`.
 
     `spearman[c, p]`: Spearman correlation, over the causal pairs i <= j of
@@ -292,6 +292,19 @@ class SensitivityStudy:
     max_tokens: int
     n_layers: int
 
+    def to_dataframe(self):
+        """Long format: one row per (bos, prompt, resid_layer); the Spearman
+        correlations repeat along resid_layer."""
+        import pandas as pd
+
+        C, P, R = self.rank_collapse.shape
+        c, p, r = (g.flatten().numpy() for g in torch.meshgrid(torch.arange(C), torch.arange(P), torch.arange(R), indexing="ij"))
+        return pd.DataFrame({
+            "bos": [self.conditions[i] for i in c], "prompt": p, "resid_layer": r,
+            "spearman": self.spearman[c, p].numpy(), "spearman_off_diagonal": self.spearman_off_diagonal[c, p].numpy(),
+            "rank_collapse": self.rank_collapse[c, p, r].numpy(), "rank_collapse_all": self.rank_collapse_all[c, p, r].numpy(),
+        })
+
     def to_dict(self) -> dict:
         per = lambda t: {c: t[i].tolist() for i, c in enumerate(self.conditions)}  # noqa: E731
         mean = lambda t: {c: float(t[i].nanmean()) for i, c in enumerate(self.conditions)}  # noqa: E731
@@ -303,9 +316,6 @@ class SensitivityStudy:
             "rank_collapse_without_first": per(self.rank_collapse.mean(1)),
             "rank_collapse_with_first": per(self.rank_collapse_all.mean(1)),
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def sensitivity_study(

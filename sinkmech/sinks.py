@@ -9,9 +9,8 @@ the rest (the sink's small value and massive activation).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import einops
 import torch
@@ -23,10 +22,11 @@ from sinkmech.backend import Model
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.loss import resid_token_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
+from sinkmech.results import Result
 
 
 @dataclass(frozen=True)
-class SinkScores:
+class SinkScores(Result):
     """Per-prompt, per-head first-token statistics for one `<bos>` condition."""
 
     scores: Float[Tensor, "prompt layer head_index"]
@@ -149,19 +149,17 @@ class SinkScores:
             "lengths": self.lengths.tolist(),
         }
 
-    def to_json(self, eps: Sequence[float | str] = DEFAULT_EPS) -> str:
-        return json.dumps(
-            {
-                "model": self.model_name,
-                "n_layers": self.n_layers,
-                "n_heads": self.n_heads,
-                "max_tokens": self.max_tokens,
-                "max_tokens_requested": self.max_tokens_requested,
-                "context_limit": self.context_limit,
-                "n_prompts": self.n_prompts,
-                **self.summary(eps),
-            }
-        )
+    def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
+        return {
+            "model": self.model_name,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "max_tokens": self.max_tokens,
+            "max_tokens_requested": self.max_tokens_requested,
+            "context_limit": self.context_limit,
+            "n_prompts": self.n_prompts,
+            **self.summary(eps),
+        }
 
 
 def format_eps(eps: float | str) -> str:

@@ -22,7 +22,6 @@ the first ones.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from sinkmech.backend import Model
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.loss import resid_token_losses
 from sinkmech.prompts import Bos, TokenBatch, tokenize
+from sinkmech.results import Result
 
 
 def window_mask(n_pos: int, window: int, keep: int, device=None) -> Bool[Tensor, "query_pos key_pos"]:
@@ -83,7 +83,7 @@ def long_tokens(model: Model, n_tokens: int, *, bos: Bos = "prepend", bos_token_
 
 
 @dataclass(frozen=True)
-class StreamResult:
+class StreamResult(Result):
     """Perplexity under full attention and under each sliding-window setting."""
 
     model: str
@@ -107,9 +107,6 @@ class StreamResult:
             "results": [{"keep": k, "ppl": p, "control_window": self.window + k if k else None, "control_ppl": c}
                         for k, p, c in zip(self.keep, self.ppl, self.control_ppl or (None,) * len(self.keep))],
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
     def to_dataframe(self):
         """Long format: one row per setting (keep = None: full attention)."""

@@ -16,7 +16,6 @@ reduced inside its hooks; padding never enters a sum.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,13 +28,14 @@ from tqdm.auto import tqdm
 from sinkmech.backend import W_O, Model
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, TokenBatch
+from sinkmech.results import Result
 
 VectorKind = Literal["output", "value"]
 VECTORS: tuple[str, ...] = ("output", "value")
 
 
 @dataclass(frozen=True)
-class ValueWeighted:
+class ValueWeighted(Result):
     """First-token attention weight next to its share of the value-weighted output."""
 
     attn_first: Float[Tensor, "prompt layer head_index"]
@@ -76,9 +76,6 @@ class ValueWeighted:
             "attn_first": self.mean_attn_first().tolist(),
             "output_first": self.mean_output_first().tolist(),
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def vector_norms(

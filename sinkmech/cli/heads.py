@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -338,10 +337,10 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
         print_noop(check)
 
     def payload() -> dict:
-        out = json.loads(scan.to_json())
+        out = scan.to_dict()
         if target:
             out["profile"] = scan.profile(*target)
-        out["noop"] = json.loads(check.to_json()) if check is not None else None
+        out["noop"] = check.to_dict() if check is not None else None
         out["prompt_split"] = {"scan_prompts": list(range(scan.n_prompts)), "noop_prompts": list(noop_rows)}
         return out
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-
 from sinkmech.cli.common import (
     add_intervention_common, add_metric, answers, conditions, load_model_arg, prompts_arg, warn_short, write_results,
 )
@@ -43,7 +41,7 @@ def cmd_patch(args) -> None:
         return {
             "model": args.model, "act": args.act, "by": by, "metric": args.metric,
             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "n_prompts": len(pair.with_bos),
-            **pair.without_bos.used(args.max_tokens), "results": {k: json.loads(r.to_json()) for k, r in results.items()},
+            **pair.without_bos.used(args.max_tokens), "results": {k: r.to_dict() for k, r in results.items()},
         }
 
     def png_out() -> None:

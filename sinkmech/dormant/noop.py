@@ -19,7 +19,6 @@ independent. Run it on prompts that did not choose the head or its trigger
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
@@ -33,6 +32,7 @@ from sinkmech.dormant.scan import as_token_batch
 from sinkmech.hooks import act_name, all_to_first_hook, check_head, zero_head_hook
 from sinkmech.loss import token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
+from sinkmech.results import Result
 
 
 INTERVENTIONS = ("move_to_first", "zero_out")
@@ -92,7 +92,7 @@ class NoopResult:
 
 
 @dataclass(frozen=True)
-class NoopCheck:
+class NoopCheck(Result):
     results: tuple[NoopResult, ...]
     loss_clean: float  # mean next-token loss of the clean run
     n_tokens: int  # predicted tokens the means run over
@@ -108,11 +108,11 @@ class NoopCheck:
 
         return pd.DataFrame([r.to_dict() for r in self.results])
 
-    def to_json(self) -> str:
-        return json.dumps({"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
-                           "high": self.high, "low": self.low, "ci_level": self.ci_level, "n_boot": self.n_boot,
-                           "prompt_indices": None if self.prompt_indices is None else list(self.prompt_indices),
-                           "heads": [r.to_dict() for r in self.results]})
+    def to_dict(self) -> dict:
+        return {"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
+                "high": self.high, "low": self.low, "ci_level": self.ci_level, "n_boot": self.n_boot,
+                "prompt_indices": None if self.prompt_indices is None else list(self.prompt_indices),
+                "heads": [r.to_dict() for r in self.results]}
 
 
 def noop_heads(scan, n_candidates: int) -> list[tuple[int, int]]:

@@ -7,7 +7,6 @@ attention heads"); the labels are documented in `sinkmech.dormant.labels.Thresho
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from sinkmech.dormant.labels import MODES, Mode, Thresholds, mode_meaning
 from sinkmech.dormant.queries import QueryRecords, Uncertainty
 from sinkmech.dormant.triggers import Trigger, chosen_trigger, split_prompts
 from sinkmech.prompts import Bos
+from sinkmech.results import Result
 
 
 def trigger_text(triggers: Sequence[Trigger | Mapping], n: int = 3, *, sep: str = ", ") -> str:
@@ -33,7 +33,7 @@ def trigger_text(triggers: Sequence[Trigger | Mapping], n: int = 3, *, sep: str 
 
 
 @dataclass(frozen=True)
-class HeadScan:
+class HeadScan(Result):
     """Per-(layer, head) profiles over a corpus. NaN where a mode never occurred."""
 
     first_token_attention: Float[Tensor, "layer head_index"]  # mean over queries
@@ -161,7 +161,7 @@ class HeadScan:
             "frequencies": self.band_frequencies.tolist(),
             **{k: v[l, h].tolist() for k, v in self.bands.items()},
         }
-        return _no_nan(out)
+        return out
 
     def to_dataframe(self):
         """Long format: one row per (layer, head)."""
@@ -183,39 +183,29 @@ class HeadScan:
             r["evidence"] = "; ".join(r["evidence"])
         return pd.DataFrame(rows)
 
-    def to_json(self, *, profiles: bool = False) -> str:
+    def to_dict(self, *, profiles: bool = False) -> dict:
+        """The `heads` JSON contract; `profiles` adds each head's histogram,
+        per-position rates and bands. NaN (a mode that never occurred) is
+        written as null by `to_json`."""
         heads = [
             self.profile(l, h) if profiles else self.head_summary(l, h)
             for l in range(self.n_layers)
             for h in range(self.n_heads)
         ]
-        return json.dumps(_no_nan(
-            {
-                "model": self.model_name,
-                "bos": self.bos,
-                "max_tokens": self.max_tokens,
-                "n_prompts": self.n_prompts,
-                "n_queries": self.n_queries,
-                "rotary": self.rotary,
-                "thresholds": vars(self.thresholds),
-                "mode_counts": self.mode_counts(),
-                "mode_meaning": mode_meaning(self.thresholds),
-                "trigger_selected_on": self.trigger_split()[0],
-                "trigger_validated_on": self.trigger_split()[1],
-                "sweep": None if self.sweep is None else list(self.sweep),
-                "bootstrap": None if self.uncertainty is None else {"n_boot": self.uncertainty.n_boot,
-                                                                     "level": self.uncertainty.level},
-                "heads": heads,
-            }
-        ))
-
-
-def _no_nan(obj):
-    """NaN (a mode that never occurred) -> None, so the JSON is standard."""
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _no_nan(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_no_nan(v) for v in obj]
-    return obj
+        return {
+            "model": self.model_name,
+            "bos": self.bos,
+            "max_tokens": self.max_tokens,
+            "n_prompts": self.n_prompts,
+            "n_queries": self.n_queries,
+            "rotary": self.rotary,
+            "thresholds": vars(self.thresholds),
+            "mode_counts": self.mode_counts(),
+            "mode_meaning": mode_meaning(self.thresholds),
+            "trigger_selected_on": self.trigger_split()[0],
+            "trigger_validated_on": self.trigger_split()[1],
+            "sweep": None if self.sweep is None else list(self.sweep),
+            "bootstrap": None if self.uncertainty is None else {"n_boot": self.uncertainty.n_boot,
+                                                                 "level": self.uncertainty.level},
+            "heads": heads,
+        }

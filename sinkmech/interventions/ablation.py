@@ -12,7 +12,6 @@ estimates all heads from one batched forward and backward pass.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
@@ -27,6 +26,7 @@ from sinkmech.hooks import (
 from sinkmech.interventions.metrics import Bound, Metric, MetricSpec, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
+from sinkmech.results import Result
 
 AblationMode = Literal["mask_first", "all_to_first", "zero", "mean"]
 MODES: tuple[str, ...] = ("mask_first", "all_to_first", "zero", "mean")
@@ -41,7 +41,7 @@ def check_mode(mode: str) -> AblationMode:
 
 
 @dataclass(frozen=True)
-class HeadAblation:
+class HeadAblation(Result):
     """Effect of ablating each head alone: `effects[layer, head]` is the metric of
     the ablated run against the clean run (for KL, 0 = no effect); `baseline`
     is the clean run's own metric. `method` is "sweep", "loop" or "attribution"."""
@@ -86,9 +86,6 @@ class HeadAblation:
             "heads": list(self.heads), "n_prompts": self.n_prompts, "baseline": self.baseline,
             "effects": self.effects.tolist(),
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 def mean_head_outputs(model: Model, batch: TokenBatch) -> Float[Tensor, "layer head_index d_head"]:

@@ -11,7 +11,6 @@ default the mean KL over content positions: 0 = fully restored).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -24,6 +23,7 @@ from sinkmech.hooks import act_name, cached_run
 from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
+from sinkmech.results import Result
 
 PatchAct = Literal["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"]
 PatchBy = Literal["layer_pos", "layer", "head", "head_pos"]
@@ -71,7 +71,7 @@ def bos_pair(
 
 
 @dataclass(frozen=True)
-class PatchResult:
+class PatchResult(Result):
     """Metric of the target run with one activation patched in from the source run.
 
     `values` has the axes named in `axes`: (layer, pos), (layer,), (layer,
@@ -104,15 +104,13 @@ class PatchResult:
         cols["layer"] = torch.tensor(self.layers)[cols["layer"]].numpy()
         return pd.DataFrame({"act": self.act, "source": self.source, "target": self.target, **cols, "value": self.values.flatten().numpy()})
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "act": self.act, "source": self.source, "target": self.target, "metric": self.metric,
-                "axes": list(self.axes), "layers": list(self.layers), "baseline": self.baseline,
-                "source_value": self.source_value, "values": self.values.tolist(),
-                "positions": None if self.positions is None else list(self.positions),
-            }
-        )
+    def to_dict(self) -> dict:
+        return {
+            "act": self.act, "source": self.source, "target": self.target, "metric": self.metric,
+            "axes": list(self.axes), "layers": list(self.layers), "baseline": self.baseline,
+            "source_value": self.source_value, "values": self.values.tolist(),
+            "positions": None if self.positions is None else list(self.positions),
+        }
 
 
 def _patcher(name: str, source_act: Tensor, t_pos: Tensor, s_pos: Tensor, head: int | None):

@@ -41,8 +41,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from sinkmech.files import json_text, write_text
 from sinkmech.hooks import act_name
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
+from sinkmech.results import Result
 from sinkmech.sinks import format_eps, sink_scores
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
 from sinkmech.train.data import TrainData, make_inputs, post_trigger, same_document, sink_tokens
@@ -261,7 +263,7 @@ def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
 
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(Result):
     """A finished run: the model, its config, the log, and where it was saved."""
 
     model: HookedTransformer
@@ -279,8 +281,21 @@ class TrainResult:
     def final_eval(self) -> EvalResult:
         return self.evals[-1]
 
-    def to_json(self) -> str:
-        return json.dumps(self.log)
+    def to_dict(self) -> dict:
+        """The log (the content of `log.json`)."""
+        return self.log
+
+    def to_dataframe(self):
+        """Long format: one row per (evaluation, condition) with its validation loss and sink rates."""
+        import pandas as pd
+
+        rows = []
+        for ev in self.log["evals"]:
+            for cond, c in ev["conditions"].items():
+                rows.append({"step": ev["step"], "bos": cond, "val_loss": ev["val_loss"][cond],
+                             "max_head_score": c["max_head_score"], "mean_head_score": c["mean_head_score"],
+                             **{f"sink_rate_{e}": r for e, r in c["sink_rate"].items()}})
+        return pd.DataFrame(rows)
 
 
 def train(
@@ -345,7 +360,7 @@ def train(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         save_checkpoint(model, cfg, out)
-        (out / "log.json").write_text(json.dumps(log))
+        write_text(out / "log.json", json_text(log, indent=None))
     return TrainResult(model=model, config=cfg, log=log, out_dir=out, seconds=log["seconds"], evals=tuple(evals))
 
 
@@ -370,7 +385,7 @@ def save_checkpoint(model: HookedTransformer, cfg: TrainConfig, out_dir: str | P
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    write_text(out / "config.json", json_text(cfg.to_dict()))
     return out / "model.safetensors"
 
 

@@ -1,0 +1,237 @@
+"""The one result protocol (`sinkmech.results`): every result class writes strict JSON.
+
+Each result is built on the tiny model, then "poisoned": the first entries of
+each float tensor field become NaN, +inf and -inf, and each float field +inf.
+Its `to_json()` must parse under a strict JSON parser (no bare NaN/Infinity)
+and carry the poison as null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import pkgutil
+
+import pytest
+import torch
+
+import sinkmech
+from sinkmech.files import json_text
+from sinkmech.results import Result
+from tests.conftest import TINY_BOS
+
+
+def strict_loads(text: str):
+    def refuse(name):
+        raise ValueError(f"bare {name} in JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def all_result_classes() -> set[type]:
+    for mod in pkgutil.walk_packages(sinkmech.__path__, "sinkmech."):
+        if ".cli" not in mod.name:
+            importlib.import_module(mod.name)
+    out, todo = set(), [Result]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            out.add(sub)
+            todo.append(sub)
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_tokens):
+    return [tiny_tokens[i, : 12 - i].tolist() for i in range(4)]  # ragged: 12 .. 9 content tokens
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model, rows):
+    from sinkmech.prompts import tokenize
+
+    return tokenize(tiny_model, rows, bos="prepend", max_tokens=12, bos_token_id=TINY_BOS)
+
+
+def _sink_scores(m, rows, batch):
+    from sinkmech.sinks import sink_scores
+
+    return sink_scores(m, batch, loss=True, progress=False)
+
+
+def _massive_dims(m, rows, batch):
+    from sinkmech.massive import massive_dims
+
+    return massive_dims(m, batch, top_k=2, progress=False)
+
+
+def _massive_reset(m, rows, batch):
+    from sinkmech.massive import reset_massive_dims
+
+    return reset_massive_dims(m, batch, dims=(0, 1), from_layer=0, progress=False)
+
+
+def _length_sweep(m, rows, batch):
+    from sinkmech.eval_length import sinks_vs_length
+
+    return sinks_vs_length(m, batch, lengths=(4, 8), top_k=1, progress=False)
+
+
+def _value_weighted(m, rows, batch):
+    from sinkmech.value_weighted import value_weighted_first
+
+    return value_weighted_first(m, batch, progress=False)
+
+
+def _comparison(m, rows, batch):
+    from sinkmech.compare import compare_model
+
+    return compare_model(m, rows, n_prompts=4, max_tokens=12, spread_prompts=2, spread_tokens=8, spread_position=3,
+                         dormant_prompts=4, noop_prompts=4, noop_heads=1,
+                         bos_token_id=TINY_BOS, progress=False)
+
+
+def _spread(m, rows, batch):
+    from sinkmech.perturb import EmbeddingNoise, perturbation_spread
+
+    return perturbation_spread(m, rows, perturbation=EmbeddingNoise(0.3, 2), bos_token_id=TINY_BOS, progress=False)
+
+
+def _stream(m, rows, batch):
+    from sinkmech.prompts import tokenize
+    from sinkmech.streaming import stream_perplexity
+
+    return stream_perplexity(m, tokenize(m, rows[:1], bos="prepend", bos_token_id=TINY_BOS), window=3, keep=(0, 1), progress=False)
+
+
+def _key_sinks(m, rows, batch):
+    from sinkmech.key_sinks import key_sink_scores
+
+    return key_sink_scores(m, batch, top_k=2, min_queries=2, progress=False)
+
+
+def _head_attention(m, rows, batch):
+    from sinkmech.attention import head_attention
+
+    return head_attention(m, rows[0], ["0.1", "1.2"], bos_token_id=TINY_BOS)
+
+
+def _ablation(m, rows, batch):
+    from sinkmech.interventions.ablation import head_ablations
+
+    return head_ablations(m, batch, mode="zero", progress=False)
+
+
+def _patch(m, rows, batch):
+    from sinkmech.interventions.patching import bos_pair, patch
+
+    return patch(m, bos_pair(m, rows, max_tokens=8, bos_token_id=TINY_BOS), act="resid_pre", by="layer")
+
+
+def _sensitivity(m, rows, batch):
+    from sinkmech.sensitivity import sensitivity
+
+    return sensitivity(m, rows[:1], bos="prepend", max_tokens=4, bos_token_id=TINY_BOS)
+
+
+def _sensitivity_study(m, rows, batch):
+    from sinkmech.sensitivity import sensitivity_study
+
+    return sensitivity_study(m, rows[:2], max_tokens=4, bos_token_id=TINY_BOS, progress=False)
+
+
+def _scan(m, rows, batch):
+    from sinkmech.dormant.scan import scan_heads
+
+    return scan_heads(m, batch, min_queries=1, progress=False)
+
+
+def _noop(m, rows, batch):
+    from sinkmech.dormant.noop import noop_check
+
+    return noop_check(m, batch, [(0, 0)], n_boot=50, progress=False)
+
+
+def _train(m, rows, batch):
+    from sinkmech.train.run import TrainConfig, TrainResult
+
+    log = {"evals": [{"step": 1, "val_loss": {"prepend": 1.0, "none": 2.0},
+                      "conditions": {c: {"max_head_score": 0.5, "mean_head_score": 0.25, "sink_rate": {"0.3": 10.0}}
+                                     for c in ("prepend", "none")}}],
+           "train_loss": [1.0]}
+    return TrainResult(model=m, config=TrainConfig(), log=log)
+
+
+FACTORIES = {
+    "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
+    "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
+    "PerturbationSpread": _spread, "StreamResult": _stream, "KeySinks": _key_sinks,
+    "HeadAttention": _head_attention, "HeadAblation": _ablation, "PatchResult": _patch,
+    "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
+    "NoopCheck": _noop, "TrainResult": _train,
+}
+
+
+def test_every_result_class_is_covered_and_complete():
+    classes = all_result_classes()
+    assert {c.__name__ for c in classes} == set(FACTORIES)
+    for c in classes:
+        assert dataclasses.is_dataclass(c) and c.__dataclass_params__.frozen, c
+        for name in ("to_dict", "to_dataframe"):
+            assert getattr(c, name) is not getattr(Result, name), f"{c.__name__} does not define {name}"
+        assert c.to_json is Result.to_json, f"{c.__name__} writes its own JSON"
+
+
+def poison(result, *, top: bool = True):
+    """A copy with NaN, +inf and -inf in every float tensor field and +inf in
+    every float field, nested result records included."""
+    changes = {}
+    for f in dataclasses.fields(result):
+        v = getattr(result, f.name)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() >= 3:
+            v = v.clone()
+            flat = v.view(-1)
+            flat[0], flat[1], flat[2] = float("nan"), float("inf"), float("-inf")
+            changes[f.name] = v
+        elif isinstance(v, float):
+            changes[f.name] = float("inf")
+        elif dataclasses.is_dataclass(v) and hasattr(v, "to_dict"):  # a nested record, not settings
+            changes[f.name] = poison(v, top=False)
+        elif isinstance(v, dict) and v and all(dataclasses.is_dataclass(x) for x in v.values()):
+            changes[f.name] = {k: poison(x, top=False) for k, x in v.items()}
+        elif f.name == "log":  # TrainResult: the log itself
+            changes[f.name] = {**v, "train_loss": [float("nan"), float("inf"), float("-inf")]}
+    assert changes or not top, f"nothing to poison in {type(result).__name__}"
+    return dataclasses.replace(result, **changes)
+
+
+def nulls(value) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, dict):
+        return sum(nulls(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(nulls(v) for v in value)
+    assert not (isinstance(value, float) and not math.isfinite(value))
+    return 0
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_nan_and_infinities_are_written_as_null(name, tiny_model, rows, batch):
+    result = FACTORIES[name](tiny_model, rows, batch)
+    assert type(result).__name__ == name
+    clean = strict_loads(result.to_json())
+    assert clean == strict_loads(json_text(result.to_dict()))  # to_json is to_dict through the strict writer
+    bad = poison(result)
+    text = bad.to_json()
+    assert "NaN" not in text and "Infinity" not in text
+    assert nulls(strict_loads(text)) > nulls(clean), "the poisoned values did not reach the JSON as null"
+    df = result.to_dataframe()
+    assert len(df) > 0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_strict_writer_nulls_every_non_finite_float(value):
+    assert strict_loads(json_text({"a": value, "b": [1.0, value, {"c": (value,)}]})) == \
+        {"a": None, "b": [1.0, None, {"c": [None]}]}
