@@ -45,7 +45,7 @@ from sinkmech.train.data import sink_tokens  # noqa: E402
 from sinkmech.train.emergence import emergence  # noqa: E402
 from sinkmech.train.intervals import seed_interval, slope  # noqa: E402
 from sinkmech.train.run import TrainConfig, hardware, train_to_log  # noqa: E402
-from sinkmech.train_figures import (  # noqa: E402
+from sinkmech.figures.training import (  # noqa: E402
     context_length_plot,
     context_length_seeds_plot,
     depth_plot,

@@ -67,7 +67,7 @@ def _section(key: str, fail: BaseException | None = None):
     from sinkmech.report import Section
 
     def make(ctx):
-        figs = ctx.figure(key, lambda p: __import__("sinkmech.figures", fromlist=["x"]).layer_lines(
+        figs = ctx.figure(key, lambda p: __import__("sinkmech.figures.core", fromlist=["x"]).layer_lines(
             {"a": [1.0, 2.0]}, p, title=key, ylabel="y"))
         if fail is not None:
             raise fail

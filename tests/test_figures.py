@@ -8,7 +8,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from sinkmech import figures
+from sinkmech.figures import core as figures
 
 DPI = 200  # figures.save writes at 200 dpi
 PAGE_W, COLUMN_W = 7.5, 3.9  # inches a figure may take: a page, a column (with margin)

@@ -26,7 +26,7 @@ from sinkmech.cli.shard import (
     run_command_on_ray,
     shard_run,
 )
-from sinkmech.figures import heatmap_panels, save, shared_limits
+from sinkmech.figures.core import heatmap_panels, save, shared_limits
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
 from sinkmech.partial import write_partial

@@ -15,7 +15,7 @@ from sinkmech.compare import ModelComparison, compare_model
 from sinkmech.dormant.noop import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record
-from sinkmech.figures_compare import depth_curves, first_token_score_panels, spread_panels
+from sinkmech.figures.compare import depth_curves, first_token_score_panels, spread_panels
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]

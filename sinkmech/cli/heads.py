@@ -19,7 +19,7 @@ from sinkmech.dormant.discover import split_corpus
 from sinkmech.dormant.labels import Thresholds, mode_meaning
 from sinkmech.dormant.noop import effect_text, noop_check, noop_heads
 from sinkmech.dormant.scan import accumulate, scan_heads
-from sinkmech.figures import heatmap_panels, save
+from sinkmech.figures.core import heatmap_panels, save
 from sinkmech.findings import flatten, record
 from sinkmech.hooks import parse_head
 from sinkmech.partial import write_partial

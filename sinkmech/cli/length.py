@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sinkmech.cli.common import MODEL_HELP, PNG_HELP, UsageError, load_model_arg, write_results
 from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
-from sinkmech.figures_beyond import length_lines
+from sinkmech.figures.mechanisms import length_lines
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.prompts import DEFAULT_EPS
 from sinkmech.sinks import format_eps

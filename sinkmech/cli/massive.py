@@ -5,7 +5,7 @@ dimensions reset at position 0 from the onset layer on."""
 from __future__ import annotations
 
 from sinkmech.cli.common import add_common, load_model_arg, prompts_arg, warn_short, write_results
-from sinkmech.figures_beyond import massive_figure
+from sinkmech.figures.mechanisms import massive_figure
 from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
 

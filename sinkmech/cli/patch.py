@@ -6,7 +6,7 @@ from __future__ import annotations
 from sinkmech.cli.common import (
     add_intervention_common, add_metric, answers, conditions, load_model_arg, prompts_arg, warn_short, write_results,
 )
-from sinkmech.figures import heatmap_grid, heatmap_panels, save, shared_limits
+from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
 from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
 
 BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}

@@ -11,7 +11,7 @@ import numpy as np
 from sinkmech.cli.common import (
     UsageError, add_bos_token, add_intervention_common, bos_token_arg, load_model_arg, prompts_arg, write_results,
 )
-from sinkmech.figures import heatmap_panels, save, shared_limits
+from sinkmech.figures.core import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
 from sinkmech.prompts import CONDITION_LABELS
 from sinkmech.sensitivity import sensitivity_study

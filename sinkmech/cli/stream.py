@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinkmech.cli.common import MODEL_HELP, UsageError, load_model_arg, write_results
-from sinkmech.figures_beyond import stream_bars
+from sinkmech.figures.mechanisms import stream_bars
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.streaming import long_tokens, stream_perplexity
 

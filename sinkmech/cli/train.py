@@ -7,7 +7,7 @@ from pathlib import Path
 from sinkmech.backend import BACKEND, IS_BRIDGE
 from sinkmech.cli.common import UsageError
 from sinkmech.prompts import CONDITIONS
-from sinkmech.train_figures import training_curves
+from sinkmech.figures.training import training_curves
 
 
 def add_train_parser(sub) -> None:

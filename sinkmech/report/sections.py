@@ -4,7 +4,8 @@ figures and returns a `Section` (HTML, summary.json entry, circuitsvis views).
 Sinks and norms and heads up close are in `sections_sinks`; the perturbation
 spread, dormant heads and sink ablation / patching in `sections_interventions`;
 secondary sinks, massive activations, value-weighted attention, streaming and
-evaluation length in `sections_beyond`.
+evaluation length (how the sink works, past the first-token score) in
+`sections_mechanisms`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sinkmech.report.context import ReportContext, Section
-from sinkmech.report.sections_beyond import (
+from sinkmech.report.sections_mechanisms import (
     key_sinks_section, length_section, massive_section, stream_section, value_weighted_section,
 )
 from sinkmech.report.sections_interventions import ablation_section, dormant_section, spread_section

@@ -13,7 +13,7 @@ import html
 import numpy as np
 import torch
 
-from sinkmech import figures
+from sinkmech.figures import core as figures
 from sinkmech.dormant.labels import mode_meaning
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.dormant.noop import effect_text

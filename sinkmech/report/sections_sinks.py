@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import html
 
-from sinkmech import figures, render
+from sinkmech import render
+from sinkmech.figures import core as figures
 from sinkmech.attention import head_attention
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html

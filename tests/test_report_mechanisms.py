@@ -1,4 +1,4 @@
-"""The report sections beyond the paper, on the tiny model: their numbers
+"""The report sections on the sink's mechanisms (sections_mechanisms), on the tiny model: their numbers
 equal direct calls of the analyses, their figures are drawn, their settings
 are small and capped by the model's context."""
 
@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from conftest import TINY_BOS
-from sinkmech import figures_beyond, report
+from sinkmech import report
+from sinkmech.figures import mechanisms
 from sinkmech.eval_length import LengthSweep, sinks_vs_length
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.massive import massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.report.context import SETTINGS
 from sinkmech.report.sections import SECTIONS
-from sinkmech.report.sections_beyond import (
+from sinkmech.report.sections_mechanisms import (
     STREAM_KEEP, key_sinks_section, length_section, massive_section, stream_section, value_weighted_section,
 )
 from sinkmech.streaming import stream_perplexity
@@ -88,7 +89,7 @@ def test_pages_and_figures(built):
 
 def test_massive_section_resets_from_the_onset(tiny_model, prompts, tmp_path, monkeypatch):
     # A low threshold gives the tiny model an onset, so the reset runs and is reported.
-    import sinkmech.report.sections_beyond as sb
+    import sinkmech.report.sections_mechanisms as sb
 
     monkeypatch.setattr(sb, "massive_dims", lambda *a, **k: massive_dims(*a, **{**k, "threshold": 1.01, "sun_min_abs": 0.0,
                                                                                  "sun_min_ratio": 0.0}))
@@ -103,11 +104,11 @@ def test_massive_section_resets_from_the_onset(tiny_model, prompts, tmp_path, mo
 
 def test_figures_refuse_empty_results(tmp_path):
     with pytest.raises(ValueError, match="no key-sink results"):
-        figures_beyond.strongest_key_heatmap({}, tmp_path / "a.png")
+        mechanisms.strongest_key_heatmap({}, tmp_path / "a.png")
     empty = LengthSweep(
         lengths=(), eps=(0.3,), sink_rate=torch.zeros(0, 1), mean_score=torch.zeros(0), uniform_score=torch.zeros(0),
         top_layer=torch.zeros(0, 1, dtype=torch.long), top_head=torch.zeros(0, 1, dtype=torch.long),
         top_score=torch.zeros(0, 1), mask_first_cost=torch.zeros(0, 1), skipped=((64, "too long"),), bos="prepend",
         n_prompts=1)
     with pytest.raises(ValueError, match="every length was skipped"):
-        figures_beyond.length_lines(empty, tmp_path / "b.png")
+        mechanisms.length_lines(empty, tmp_path / "b.png")

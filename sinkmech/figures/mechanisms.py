@@ -1,4 +1,4 @@
-"""Figures of the instruments beyond the paper's first-token score: secondary
+"""Figures of how the sink works, past the first-token score: secondary
 sinks at any key (Gu et al. 2025, Sec. 3), massive activations (Sun et al.
 2024), value-weighted attention (Kobayashi et al. 2020), streaming with and
 without the sink (Xiao et al. 2024) and sinks against the evaluation length.
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from sinkmech.figures import COLUMN_WIDTH, heatmap_panels, legend_below, plain_log_axis, plt, save
+from sinkmech.figures.core import COLUMN_WIDTH, heatmap_panels, legend_below, plain_log_axis, plt, save
 from sinkmech.prompts import CONDITION_LABELS
 
 

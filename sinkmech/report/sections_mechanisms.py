@@ -1,4 +1,4 @@
-"""Report sections beyond the paper's first-token score: secondary sinks at any
+"""Report sections on how the sink works, past the first-token score: secondary sinks at any
 key (Gu et al. 2025, Sec. 3), massive activations (Sun et al. 2024), value-
 weighted attention (Kobayashi et al. 2020), sliding-window attention with and
 without the sink (Xiao et al. 2024) and sinks against the evaluation length.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 
-from sinkmech import figures_beyond
+from sinkmech.figures import mechanisms
 from sinkmech.eval_length import long_prompts, sinks_vs_length
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
@@ -37,7 +37,7 @@ def key_sinks_section(ctx: ReportContext) -> Section:
     name = ctx.model.cfg.model_name
     res = {c: key_sink_scores(ctx.model, _batch(ctx, c), batch_size=ctx.batch_size, progress=ctx.progress)
            for c in CONDITIONS}
-    figs = ctx.figure("strongest_key", lambda p: figures_beyond.strongest_key_heatmap(res, p, model_name=name))
+    figs = ctx.figure("strongest_key", lambda p: mechanisms.strongest_key_heatmap(res, p, model_name=name))
     summary: dict = {"n_prompts": res["prepend"].n_prompts, "min_queries": res["prepend"].min_queries}
     rows = []
     for c, r in res.items():
@@ -83,7 +83,7 @@ def massive_section(ctx: ReportContext) -> Section:
     name = ctx.model.cfg.model_name
     batch = _batch(ctx, "prepend")
     md = massive_dims(ctx.model, batch, batch_size=ctx.batch_size, progress=ctx.progress)
-    figs = ctx.figure("massive_dims", lambda p: figures_beyond.massive_figure(md, p, model_name=name))
+    figs = ctx.figure("massive_dims", lambda p: mechanisms.massive_figure(md, p, model_name=name))
     summary = {"n_prompts": len(batch), **md.to_dict()}
     body = (
         f"<p>{len(batch)} prompts with &lt;bos&gt;, up to {batch.max_content} content tokens. For each residual layer "
@@ -130,7 +130,7 @@ def value_weighted_section(ctx: ReportContext) -> Section:
     name = ctx.model.cfg.model_name
     batch = _batch(ctx, "prepend")
     vw = value_weighted_first(ctx.model, batch, batch_size=ctx.batch_size, progress=ctx.progress)
-    figs = ctx.figure("value_weighted", lambda p: figures_beyond.value_weighted_scatter(vw, p, model_name=name))
+    figs = ctx.figure("value_weighted", lambda p: mechanisms.value_weighted_scatter(vw, p, model_name=name))
     attn, out = vw.mean_attn_first(), vw.mean_output_first()
     eps = DEFAULT_EPS[0]
     sink = attn > eps
@@ -177,7 +177,7 @@ def stream_section(ctx: ReportContext) -> Section:
     n = int(seq.lengths[0]) - 1
     window = min(ctx.stream_window, max(1, (n - 1) // 2))
     res = stream_perplexity(ctx.model, seq, window=window, keep=STREAM_KEEP, progress=ctx.progress)
-    figs = ctx.figure("stream", lambda p: figures_beyond.stream_bars(res, p, model_name=name))
+    figs = ctx.figure("stream", lambda p: mechanisms.stream_bars(res, p, model_name=name))
     summary = {**res.to_dict(), "n_scored": res.n_scored}
     rows = [["full attention", f"{res.full_ppl:.2f}"]] + [
         ["last %d keys%s" % (window, "" if k == 0 else f" + first {k}"), f"{p:.2f}"] for k, p in zip(res.keep, res.ppl)]
@@ -215,7 +215,7 @@ def length_section(ctx: ReportContext) -> Section:
         body += "<p>Skipped: " + html.escape("; ".join(f"{T} ({why})" for T, why in sweep.skipped)) + ".</p>"
     figs: list[str] = []
     if sweep.lengths:
-        figs = ctx.figure("sinks_vs_length", lambda p: figures_beyond.length_lines(sweep, p, model_name=name))
+        figs = ctx.figure("sinks_vs_length", lambda p: mechanisms.length_lines(sweep, p, model_name=name))
         rows = [[T] + [f"{float(sweep.sink_rate[i, j]):.1f}" for j in range(len(sweep.eps))]
                 + [float(sweep.mean_score[i]), float(sweep.uniform_score[i]),
                    f"{head_label(int(sweep.top_layer[i, 0]), int(sweep.top_head[i, 0]))} ({float(sweep.mask_first_cost[i, 0]):.4f})"]

@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 from numpy.typing import ArrayLike
 
-from sinkmech.figures import COLUMN_WIDTH, plt, save
+from sinkmech.figures.core import COLUMN_WIDTH, plt, save
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from collections.abc import Mapping, Sequence
 
-from sinkmech.figures import plt, save
+from sinkmech.figures.core import plt, save
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
 COLORS = {"prepend": "tab:blue", "none": "tab:orange"}
