@@ -8,7 +8,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from sinkmech.figures import core as figures
+from sinkmech.figures import core, heads, patching, sinks, spread
 
 DPI = 200  # figures.save writes at 200 dpi
 PAGE_W, COLUMN_W = 7.5, 3.9  # inches a figure may take: a page, a column (with margin)
@@ -32,35 +32,35 @@ def check_files(draw, tmp_path, name: str, max_width_in: float, max_height_in: f
 
 def test_sink_rate_lines(tmp_path):
     rates = {"prepend": 100 * rng.random(30), "none": 100 * rng.random(30)}
-    check_files(lambda p: figures.sink_rate_lines(rates, p, eps=0.3, model_name="m"), tmp_path, "rate", COLUMN_W)
+    check_files(lambda p: sinks.sink_rate_lines(rates, p, eps=0.3, model_name="m"), tmp_path, "rate", COLUMN_W)
 
 
 def test_layer_lines_log(tmp_path):
     series = {"position 0": 10 ** rng.uniform(1, 3, 30), "other positions": rng.uniform(1, 2, 30)}
-    check_files(lambda p: figures.layer_lines(series, p, title="t", ylabel="norm", logy=True), tmp_path, "lines", COLUMN_W)
+    check_files(lambda p: core.layer_lines(series, p, title="t", ylabel="norm", logy=True), tmp_path, "lines", COLUMN_W)
 
 
 def test_spread_heatmaps(tmp_path):
     pos, layer = np.arange(64)[None], np.arange(30)[:, None]
     panels = {"prepend": np.where(pos >= 20, 1e-3 * (1 + layer), 0.0), "none": np.where(pos >= 20, 1e-2 * (1 + layer), 0.0)}
-    check_files(lambda p: figures.spread_heatmaps(panels, p, perturbed_pos=20), tmp_path, "spread", PAGE_W)
+    check_files(lambda p: spread.spread_heatmaps(panels, p, perturbed_pos=20), tmp_path, "spread", PAGE_W)
 
 
 def test_head_norm_bars(tmp_path):
     values = {"first token": [0.2, 0.3, 0.5], "other tokens": [3.0, 2.5, 4.0]}
-    check_files(lambda p: figures.head_norm_bars(HEADS, values, p), tmp_path, "value_bars", COLUMN_W)
+    check_files(lambda p: heads.head_norm_bars(HEADS, values, p), tmp_path, "value_bars", COLUMN_W)
     outputs = {"dormant": [0.1, 0.2, 0.3], "active": [1.0, 2.0, 3.0]}
-    check_files(lambda p: figures.head_norm_bars(HEADS, values, p, output_norms=outputs), tmp_path, "both_bars", PAGE_W)
+    check_files(lambda p: heads.head_norm_bars(HEADS, values, p, output_norms=outputs), tmp_path, "both_bars", PAGE_W)
 
 
 def test_band_heatmaps(tmp_path):
     q, k = rng.random((3, 32)), 5 * rng.random((3, 32))
-    check_files(lambda p: figures.band_heatmaps(q, k, p, heads=HEADS), tmp_path, "bands", PAGE_W)
+    check_files(lambda p: heads.band_heatmaps(q, k, p, heads=HEADS), tmp_path, "bands", PAGE_W)
 
 
 def test_patching_heatmaps(tmp_path):
     panels = {"prepend": rng.normal(size=(30, 9)), "none": rng.normal(size=(30, 9))}
-    check_files(lambda p: figures.patching_heatmaps(panels, p), tmp_path, "patching", PAGE_W)
+    check_files(lambda p: patching.patching_heatmaps(panels, p), tmp_path, "patching", PAGE_W)
 
 
 def test_spread_log_scale_keeps_the_untouched_positions_at_the_floor(tmp_path):
@@ -68,27 +68,27 @@ def test_spread_log_scale_keeps_the_untouched_positions_at_the_floor(tmp_path):
     # must sit at the floor colour, not turn into NaN holes.
     a = np.zeros((4, 10))
     a[:, 5:] = 0.1
-    img = check_files(lambda p: figures.spread_heatmaps({"prepend": a}, p, floor=1e-3), tmp_path, "floor", PAGE_W)
+    img = check_files(lambda p: spread.spread_heatmaps({"prepend": a}, p, floor=1e-3), tmp_path, "floor", PAGE_W)
     assert np.isfinite(img).all()
 
 
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda p: figures.sink_rate_lines({}, p, eps=0.3), "empty"),
-        (lambda p: figures.sink_rate_lines({"prepend": [120.0]}, p, eps=0.3), "percentages"),
-        (lambda p: figures.layer_lines({"a": []}, p, title="t", ylabel="y"), "non-empty 1-D"),
-        (lambda p: figures.spread_heatmaps({}, p), "empty"),
-        (lambda p: figures.spread_heatmaps({"prepend": np.ones(5)}, p), r"\[layer, pos\]"),
-        (lambda p: figures.spread_heatmaps({"prepend": -np.ones((2, 2))}, p), "negative"),
-        (lambda p: figures.head_norm_bars([], {"a": []}, p), "no heads"),
-        (lambda p: figures.head_norm_bars(HEADS, {}, p), "empty"),
-        (lambda p: figures.head_norm_bars(HEADS, {"a": [1.0, 2.0]}, p), "2 values for 3 heads"),
-        (lambda p: figures.head_norm_bars(HEADS, {"a": [0.0, 1.0, 2.0]}, p), "log scale"),
-        (lambda p: figures.band_heatmaps(np.ones((3, 4)), np.ones((3, 5)), p, heads=HEADS), "differ in shape"),
-        (lambda p: figures.band_heatmaps(np.ones((2, 4)), np.ones((2, 4)), p, heads=HEADS), "2 rows for 3 head"),
-        (lambda p: figures.patching_heatmaps({}, p), "empty"),
-        (lambda p: figures.patching_heatmaps({"prepend": np.ones((0, 9))}, p), "non-empty 2-D"),
+        (lambda p: sinks.sink_rate_lines({}, p, eps=0.3), "empty"),
+        (lambda p: sinks.sink_rate_lines({"prepend": [120.0]}, p, eps=0.3), "percentages"),
+        (lambda p: core.layer_lines({"a": []}, p, title="t", ylabel="y"), "non-empty 1-D"),
+        (lambda p: spread.spread_heatmaps({}, p), "empty"),
+        (lambda p: spread.spread_heatmaps({"prepend": np.ones(5)}, p), r"\[layer, pos\]"),
+        (lambda p: spread.spread_heatmaps({"prepend": -np.ones((2, 2))}, p), "negative"),
+        (lambda p: heads.head_norm_bars([], {"a": []}, p), "no heads"),
+        (lambda p: heads.head_norm_bars(HEADS, {}, p), "empty"),
+        (lambda p: heads.head_norm_bars(HEADS, {"a": [1.0, 2.0]}, p), "2 values for 3 heads"),
+        (lambda p: heads.head_norm_bars(HEADS, {"a": [0.0, 1.0, 2.0]}, p), "log scale"),
+        (lambda p: heads.band_heatmaps(np.ones((3, 4)), np.ones((3, 5)), p, heads=HEADS), "differ in shape"),
+        (lambda p: heads.band_heatmaps(np.ones((2, 4)), np.ones((2, 4)), p, heads=HEADS), "2 rows for 3 head"),
+        (lambda p: patching.patching_heatmaps({}, p), "empty"),
+        (lambda p: patching.patching_heatmaps({"prepend": np.ones((0, 9))}, p), "non-empty 2-D"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, call, message):
@@ -101,16 +101,16 @@ def test_unwritable_folder_and_wrong_suffix_are_clear_errors(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     with pytest.raises(OSError, match="cannot write figure"):
-        figures.sink_rate_lines({"prepend": [50.0, 60.0]}, blocker / "sub" / "rate.png", eps=0.3)
+        sinks.sink_rate_lines({"prepend": [50.0, 60.0]}, blocker / "sub" / "rate.png", eps=0.3)
     with pytest.raises(ValueError, match=".png, .svg or .pdf"):
-        figures.patching_heatmaps({"prepend": np.ones((2, 2))}, tmp_path / "x.jpg")
+        patching.patching_heatmaps({"prepend": np.ones((2, 2))}, tmp_path / "x.jpg")
 
 
 def test_shared_colour_scale_and_heatmap_grid():
     panels = [("a", np.array([[0.5, np.nan], [2.0, 1.0]])), ("b", np.array([[-1.0, 3.0]]))]
-    assert figures.shared_limits(panels) == {"vmin": 0.0, "vmax": 3.0}
-    assert figures.shared_limits(panels, signed=True) == {"vmin": -1.0, "vmax": 3.0}
-    assert figures.shared_limits([("z", np.zeros((2, 2)))]) == {"vmin": 0.0, "vmax": 1e-12}
-    assert figures.heatmap_grid(np.arange(3.0)).shape == (3, 1)
-    np.testing.assert_allclose(figures.heatmap_grid(np.arange(8.0).reshape(2, 2, 2)), [[0.5, 2.5], [4.5, 6.5]])
-    assert figures.heatmap_grid(np.ones((2, 5))).shape == (2, 5)
+    assert core.shared_limits(panels) == {"vmin": 0.0, "vmax": 3.0}
+    assert core.shared_limits(panels, signed=True) == {"vmin": -1.0, "vmax": 3.0}
+    assert core.shared_limits([("z", np.zeros((2, 2)))]) == {"vmin": 0.0, "vmax": 1e-12}
+    assert core.heatmap_grid(np.arange(3.0)).shape == (3, 1)
+    np.testing.assert_allclose(core.heatmap_grid(np.arange(8.0).reshape(2, 2, 2)), [[0.5, 2.5], [4.5, 6.5]])
+    assert core.heatmap_grid(np.ones((2, 5))).shape == (2, 5)

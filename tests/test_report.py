@@ -13,7 +13,8 @@ from circuitsvis.tokens import colored_tokens
 
 from browser import Dom, dump_dom, screenshot
 from conftest import TINY_BOS
-from sinkmech import cli, figures, render, report
+from sinkmech import cli, render, report
+from sinkmech.figures import core as figures
 from sinkmech.attention import head_attention
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.dormant.scan import scan_heads

@@ -31,7 +31,7 @@ from sinkmech.cli.shard import (
     run_command_on_ray,
     shard_run,
 )
-from sinkmech.figures.core import sink_heatmap
+from sinkmech.figures.sinks import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.partial import write_partial

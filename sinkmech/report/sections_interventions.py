@@ -13,10 +13,13 @@ import html
 import numpy as np
 import torch
 
-from sinkmech.figures import core as figures
-from sinkmech.dormant.labels import mode_meaning
 from sinkmech.dormant.discover import discover_heads
+from sinkmech.dormant.labels import mode_meaning
 from sinkmech.dormant.noop import effect_text
+from sinkmech.figures.core import layer_lines
+from sinkmech.figures.heads import band_heatmaps, head_norm_bars, mode_sweep
+from sinkmech.figures.patching import patching_heatmaps
+from sinkmech.figures.spread import spread_heatmaps
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
 from sinkmech.perturb import corpus_swaps, perturbation_spread
@@ -43,15 +46,15 @@ def spread_section(ctx: ReportContext) -> Section:
     change, entropy, norm_entropy = res.change, res.entropy, res.normalized_entropy
     news = [int(s.replacement[0]) for s in swaps]
     per, mean = res.per_layer(), res.mean_change()
-    figs = ctx.figure("perturbation_spread", lambda p: figures.spread_heatmaps(
+    figs = ctx.figure("perturbation_spread", lambda p: spread_heatmaps(
         {c: mean[i].numpy() for i, c in enumerate(CONDITIONS)}, p, perturbed_pos=pos,
         title=f"Relative residual change after a token swap at position {pos} (mean of {len(rows)} prompts)"))
-    line_figs = ctx.figure("perturbation_per_layer", lambda p: figures.layer_lines(
+    line_figs = ctx.figure("perturbation_per_layer", lambda p: layer_lines(
         {c: per["mean_change"][i].numpy() for i, c in enumerate(CONDITIONS)}, p,
         title="Change at later positions (layer 0 = embeddings)", ylabel="mean ||h'-h|| / ||h||"))
     ent = {c: entropy[i].mean(-1).numpy() for i, c in enumerate(CONDITIONS)}
     norm_ent = {c: norm_entropy[i].nanmean(-1).numpy() for i, c in enumerate(CONDITIONS)}
-    ent_figs = ctx.figure("attention_entropy", lambda p: figures.layer_lines(
+    ent_figs = ctx.figure("attention_entropy", lambda p: layer_lines(
         norm_ent, p, title="Normalised attention entropy of content queries",
         ylabel="H / log(n_keys) (1 = uniform)"))
     last = {c: float(per["mean_change"][i, -1]) for i, c in enumerate(CONDITIONS)}
@@ -142,20 +145,20 @@ def dormant_section(ctx: ReportContext) -> Section:
          "zero out, dormant", "zero out, active"],
         [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active,
           *(effect_text(v, ci) for v, ci in r.effects().values())] for r in noop_results])
-    sweep_figs = ctx.figure("dormant_sweep", lambda p: figures.mode_sweep(
+    sweep_figs = ctx.figure("dormant_sweep", lambda p: mode_sweep(
         scan.sweep, p, title=f"Head modes at other (high, low) cuts ({scan.n_prompts} prompts)")) if scan.sweep else []
     sweep_table = table_html(["high", "low", "sink", "active", "mixed", "if_else", "if_else heads"],
                              [[r["high"], r["low"], *(r["mode_counts"][m] for m in ("sink", "active", "mixed", "if_else")),
                                ", ".join(r["if_else_heads"]) or "-"] for r in scan.sweep or ()])
     names = [head_label(*hd) for hd in cands]
     get = lambda t: [float(t[hd]) for hd in cands]  # noqa: E731
-    bar_figs = ctx.figure("dormant_norms", lambda p: figures.head_norm_bars(
+    bar_figs = ctx.figure("dormant_norms", lambda p: head_norm_bars(
         names, {"first token (<bos>)": get(scan.value_norm_first), "read by active queries": get(scan.value_norm_active)}, p,
         output_norms={"dormant queries": get(scan.output_norm_dormant), "active queries": get(scan.output_norm_active)},
         title="Value and output norms of the dormant-head candidates"))
     best = cands[0]
     b = {k: v[best] for k, v in scan.bands.items()}
-    band_figs = ctx.figure("dormant_bands", lambda p: figures.band_heatmaps(
+    band_figs = ctx.figure("dormant_bands", lambda p: band_heatmaps(
         torch.stack([b["q_dormant"], b["q_active"]]).numpy(), torch.stack([b["k_first"], b["k_rest"]]).numpy(), p,
         heads=["q: dormant, k: position 0", "q: active, k: other positions"],
         title=f"{head_label(*best)}: query/key norm per rotary chunk"))
@@ -212,11 +215,11 @@ def ablation_section(ctx: ReportContext) -> Section:
     # with the <bos> run's (ordinary) first content token would measure destroying that sink.
     pr = patch_resid_pre(model, pair, per_position=False, source="prepend", progress=False,
                          positions=range(1, pair.n_content))
-    heat = ctx.figure("ablation_mask_first", lambda p: figures.patching_heatmaps(
+    heat = ctx.figure("ablation_mask_first", lambda p: patching_heatmaps(
         {"mask_first, with <bos>": abl.effects.numpy()}, p, diverging=False, cbar_label="KL(clean || ablated), nats",
         title="Sink of one head masked: effect on the output"))
     n_layers = len(pr.layers)
-    curve = ctx.figure("patch_resid_pre", lambda p: figures.layer_lines(
+    curve = ctx.figure("patch_resid_pre", lambda p: layer_lines(
         {"resid_pre patched at this layer": pr.values.clamp(min=1e-6).numpy(),
          "unpatched no-<bos> run": np.full(n_layers, max(pr.baseline, 1e-6))}, p, logy=True,
         title="<bos> run's resid_pre patched into the no-<bos> run\n(content positions 1..n-1; its position 0 kept)",

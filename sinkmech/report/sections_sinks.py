@@ -9,7 +9,9 @@ from __future__ import annotations
 import html
 
 from sinkmech import render
-from sinkmech.figures import core as figures
+from sinkmech.figures.core import layer_lines
+from sinkmech.figures.heads import head_norm_bars
+from sinkmech.figures.sinks import sink_heatmap, sink_rate_lines
 from sinkmech.attention import head_attention
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
@@ -19,10 +21,10 @@ def sink_section(ctx: ReportContext) -> Section:
     """Sink scores and sink rates per head, with and without `<bos>`."""
     res = ctx.sinks()
     name = ctx.model.cfg.model_name
-    figs = ctx.figure("sink_heatmap", lambda p: figures.sink_heatmap(res, p, model_name=name))
+    figs = ctx.figure("sink_heatmap", lambda p: sink_heatmap(res, p, model_name=name))
     per_layer_rate = {c: r.per_layer_sink_rate(DEFAULT_EPS[0]).tolist() for c, r in res.items()}
     rate_figs = ctx.figure("sink_rate_per_layer",
-                           lambda p: figures.sink_rate_lines(per_layer_rate, p, eps=DEFAULT_EPS[0], model_name=name))
+                           lambda p: sink_rate_lines(per_layer_rate, p, eps=DEFAULT_EPS[0], model_name=name))
     rows = [[f"sink rate (alpha_0 > {e:g}), %"] + [f"{res[c].sink_rate(e):.1f}" for c in CONDITIONS] for e in DEFAULT_EPS]
     rows.append(["mean alpha_0 over heads"] + [float(res[c].scores.mean()) for c in CONDITIONS])
     rows.append(["alpha_0 of uniform attention"] + [res[c].uniform_score() for c in CONDITIONS])
@@ -63,16 +65,16 @@ def norms_section(ctx: ReportContext) -> Section:
         resid[f"position 0, {label}"] = r.resid_norm_first.mean(0).tolist()
         resid[f"other positions, {label}"] = r.resid_norm_rest.mean(0).tolist()
         ratio[c] = r.value_norm_ratio().tolist()
-    resid_figs = ctx.figure("resid_norm", lambda p: figures.layer_lines(
+    resid_figs = ctx.figure("resid_norm", lambda p: layer_lines(
         resid, p, title="Residual-stream norm after each layer", ylabel="mean ||resid||", logy=True))
-    ratio_figs = ctx.figure("value_norm_ratio", lambda p: figures.layer_lines(
+    ratio_figs = ctx.figure("value_norm_ratio", lambda p: layer_lines(
         ratio, p, title="Value norm at position 0 / elsewhere", ylabel="ratio (mean over heads)", logy=True))
     chosen = ctx.chosen_heads()
     heads = [hd for group in chosen.values() for hd in group]
     r = res["prepend"]
     first = [float(r.value_norm_first[:, l, h].mean()) for l, h in heads]
     rest = [float(r.value_norm_rest[:, l, h].mean()) for l, h in heads]
-    bar_figs = ctx.figure("head_value_norms", lambda p: figures.head_norm_bars(
+    bar_figs = ctx.figure("head_value_norms", lambda p: head_norm_bars(
         [head_label(*hd) for hd in heads], {"first token (<bos>)": first, "other tokens": rest}, p,
         title="Value-vector norm of the chosen heads (with <bos>)"))
     summary = {
