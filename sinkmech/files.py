@@ -116,13 +116,22 @@ def finite_or_none(value):
     return value
 
 
-def json_text(payload, indent: int | None = 1, *, sort_keys: bool = False) -> str:
+def json_text(
+    payload, indent: int | None = 1, *, sort_keys: bool = False, compact: bool = False, ensure_ascii: bool = True
+) -> str:
     """Strict JSON: NaN and infinities become null (a strict parser rejects bare NaN).
 
     The one place sinkmech turns Python into JSON text: results (`sinkmech.results`),
-    CLI output, the report, the findings, training logs and the model cache all
-    write through it.
+    CLI output, the report, the findings, partial results and their checksums,
+    training logs and the model cache all write through it.
+
+    Args:
+        indent: spaces per level (None: one line).
+        sort_keys: keys in sorted order (canonical text, e.g. for a checksum).
+        compact: no spaces after separators (and one line).
+        ensure_ascii: escape non-ASCII characters (json's default).
     """
     import json
 
-    return json.dumps(finite_or_none(payload), indent=indent, allow_nan=False, sort_keys=sort_keys)
+    return json.dumps(finite_or_none(payload), indent=None if compact else indent, allow_nan=False,
+                      sort_keys=sort_keys, separators=(",", ":") if compact else None, ensure_ascii=ensure_ascii)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sinkmech.files import cannot
+from sinkmech.files import cannot, json_text
 
 FORMAT = "sinkmech.partial"
 FORMAT_VERSION = 1
@@ -102,7 +102,7 @@ class Partial:
         return {**body, "sha256": checksum(body)}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), allow_nan=False, separators=(",", ":"))
+        return json_text(self.to_dict(), compact=True)
 
     @classmethod
     def from_dict(cls, d: dict, *, name: str = "part") -> Partial:
@@ -133,7 +133,7 @@ class Partial:
 
 def checksum(body: dict) -> str:
     """sha256 of the canonical JSON text of `body` (sorted keys, no spaces)."""
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    text = json_text(body, sort_keys=True, compact=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -205,7 +205,7 @@ def merge(parts: Sequence[Partial], names: Sequence[str] | None = None) -> Parti
         diff = differing_setting(first.settings, p.settings)
         if diff is not None:
             key, x, y = diff
-            raise PartialError(f"{a} and {b} differ in setting '{key}': {json.dumps(x)} vs {json.dumps(y)}")
+            raise PartialError(f"{a} and {b} differ in setting '{key}': {json_text(x, indent=None)} vs {json_text(y, indent=None)}")
         if set(p.rows) != set(first.rows) or set(p.sums) != set(first.sums):
             raise PartialError(f"{a} and {b} hold different statistics: they do not merge")
     seen: dict[int, str] = {}

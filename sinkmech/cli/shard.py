@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech.cli.common import UsageError
+from sinkmech.files import json_text
 from sinkmech.partial import (
     SUFFIX,
     PartialError,
@@ -75,7 +75,7 @@ def model_sha256(spec: str) -> str | None:
 
 
 def prompts_sha256(prompts) -> str:
-    return hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode("utf-8")).hexdigest()
+    return hashlib.sha256(json_text(prompts, indent=None, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def base_settings(args, prompts, **extra) -> dict:
