@@ -23,7 +23,7 @@ from sinkmech.backend import Model
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
 from sinkmech.results import Result
-from sinkmech.sinks import format_eps, sink_scores_from_tokens
+from sinkmech.sinks import check_eps, format_eps, sink_scores_from_tokens
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
 
@@ -128,9 +128,7 @@ def sinks_vs_length(
         raise ValueError(f"lengths must be one or more integers >= 2, got {lengths}")
     if not 1 <= top_k <= model.cfg.n_layers * model.cfg.n_heads:
         raise ValueError(f"top_k must lie in [1, {model.cfg.n_layers * model.cfg.n_heads}], got {top_k}")
-    eps = tuple(float(e) for e in eps)
-    if any(not 0.0 <= e < 1.0 for e in eps):
-        raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
+    eps = tuple(check_eps(e) for e in eps)
     shortest = int(batch.lengths.min()) - batch.offset
     done, skipped = [], []
     for T in lengths:

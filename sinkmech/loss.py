@@ -11,12 +11,15 @@ flat for a 262k-token vocabulary (Gemma 3).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from sinkmech.backend import Model, unembed
-from sinkmech.hooks import act_name, cached_run
+from sinkmech.hooks import Hook, act_name, cached_run
 from sinkmech.prompts import TokenBatch
 
 # (prompt, position) rows unembedded at once: 256 x 262k vocabulary floats is
@@ -71,25 +74,65 @@ def resid_token_losses(
     return total, n
 
 
-def content_loss(model: Model, batch: TokenBatch, *, batch_size: int = 16) -> float:
+def masked_loss(
+    model: Model,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Bool[Tensor, "batch pos"],
+    fwd_hooks: Sequence[Hook] = (),
+    *,
+    chunk: int | None = None,
+) -> tuple[float, int]:
+    """The one masked loss: one forward pass to the last block's output (with
+    `fwd_hooks` attached, e.g. an intervention or hooks that read the same
+    pass), then the summed next-token loss (nats) at the positions where
+    `mask` is True, and how many there were.
+
+    Args:
+        tokens: right-padded token ids.
+        mask: True at the positions whose next token is scored (position p
+            predicts token p + 1), e.g. `target_mask(batch)`.
+        fwd_hooks: (hook name, function) pairs, removed afterwards.
+
+    Returns:
+        (sum of losses, number of scored positions).
+    """
+    L = model.cfg.n_layers
+    name = act_name("resid_post", L - 1)
+    _, cache = cached_run(model, tokens, [name], fwd_hooks, stop_at_layer=L)
+    return resid_token_losses(model, cache[name], tokens, mask, chunk=chunk)
+
+
+NO_TARGETS = "no content targets to score: every prompt needs at least 2 content tokens"
+
+
+def content_loss(
+    model: Model,
+    batch: TokenBatch,
+    *,
+    batch_size: int = 16,
+    hooks: Callable[[slice, TokenBatch], Sequence[Hook]] | None = None,
+    progress: bool = False,
+    desc: str = "content loss",
+) -> float:
     """Mean next-token loss (nats) over content targets 1 .. n-1 of every prompt.
 
     Args:
         batch: right-padded tokens, with or without `<bos>`.
         batch_size: prompts per forward pass.
+        hooks: `hooks(rows, part)` gives the forward hooks of one chunk (the
+            prompts `rows` of `batch`): an intervention, or hooks that read
+            other quantities from the same pass.
+        progress, desc: a progress bar over the chunks.
 
     Returns:
         The mean over all scored targets (the same targets in both conditions).
     """
-    L = model.cfg.n_layers
-    name = act_name("resid_post", L - 1)
     total, n = 0.0, 0
-    for _, part in batch.batches(batch_size):
-        _, cache = cached_run(model, part.tokens, [name], stop_at_layer=L)
-        t, k = resid_token_losses(model, cache[name], part.tokens, target_mask(part))
+    for rows, part in tqdm(batch.batches(batch_size), desc=desc, disable=not progress, unit="batch"):
+        t, k = masked_loss(model, part.tokens, target_mask(part), hooks(rows, part) if hooks else ())
         total, n = total + t, n + k
     if n == 0:
-        raise ValueError("no content targets to score: every prompt needs at least 2 content tokens")
+        raise ValueError(NO_TARGETS)
     return total / n
 
 

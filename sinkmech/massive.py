@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, run
-from sinkmech.loss import resid_token_losses, target_mask
+from sinkmech.loss import content_loss
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
 from sinkmech.results import Result
-from sinkmech.sinks import format_eps
+from sinkmech.sinks import first_key_score, format_eps, sink_rate
 
 
 @dataclass(frozen=True)
@@ -211,9 +211,11 @@ class MassiveIntervention(Result):
     bos: Bos
     mode: str = "others_mean"  # see RESETS
 
-    def sink_rate(self, eps: float, which: str = "clean") -> float:
-        scores = {"clean": self.scores_clean, "reset": self.scores_reset}[which]
-        return 100.0 * (scores > float(eps)).float().mean().item()
+    def sink_rate(self, eps: float | str, which: str = "clean") -> float:
+        """Percent of (prompt, head) pairs with alpha_0 > eps, clean or with the dims reset."""
+        if which not in ("clean", "reset"):
+            raise ValueError(f"which must be 'clean' or 'reset', got {which!r}")
+        return sink_rate(self.scores_clean if which == "clean" else self.scores_reset, eps)
 
     def to_dict(self, eps: Sequence[float] = DEFAULT_EPS) -> dict:
         return {
@@ -258,30 +260,24 @@ def reset_dims_hook(dims: Sequence[int], lengths: Tensor, values: Tensor | None 
 
 def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer: int | None, progress: bool,
                      values: Tensor | None = None):
+    """Content loss (`sinkmech.loss.content_loss`) and alpha_0 (`sinkmech.sinks.first_key_score`)
+    from the same passes, with `dims` reset (to `values` when given) from `from_layer` on."""
     L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(batch)
     scores = torch.zeros(P, L, H)
-    total, n = 0.0, 0
-    for rows, part in tqdm(batch.batches(batch_size), desc="massive reset" if dims else "clean", disable=not progress, unit="batch"):
-        valid = part.mask.float()
-        store: dict[str, Tensor] = {}
 
+    def hooks(rows: slice, part: TokenBatch) -> list:
         def pattern_hook(pattern, hook):
-            first = torch.einsum("bhq,bq->bh", pattern[..., 0].float(), valid) / part.lengths[:, None].float()
-            scores[rows, hook.layer()] = first.cpu()
+            scores[rows, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
 
-        def final_hook(resid, hook):
-            store["resid"] = resid
-
-        hooks = [(act_name("pattern", l), pattern_hook) for l in range(L)] + [(act_name("resid_post", L - 1), final_hook)]
+        out = [(act_name("pattern", l), pattern_hook) for l in range(L)]
         if dims:
-            hooks += [(act_name("resid_pre", l), reset_dims_hook(dims, part.lengths, None if values is None else values[l]))
-                      for l in range(from_layer, L)]
-        run(model, part.tokens, hooks, stop_at_layer=L)
-        t, k = resid_token_losses(model, store["resid"], part.tokens, target_mask(part))
-        total, n = total + t, n + k
-    if n == 0:
-        raise ValueError("no content targets to score: every prompt needs at least 2 content tokens")
-    return total / n, scores
+            out += [(act_name("resid_pre", l), reset_dims_hook(dims, part.lengths, None if values is None else values[l]))
+                    for l in range(from_layer, L)]
+        return out
+
+    loss = content_loss(model, batch, batch_size=batch_size, hooks=hooks, progress=progress,
+                        desc="massive reset" if dims else "clean")
+    return loss, scores
 
 
 def reset_massive_dims(

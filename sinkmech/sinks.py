@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, expand_kv, run
-from sinkmech.loss import resid_token_losses, target_mask
+from sinkmech.loss import masked_loss, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
 
@@ -72,10 +72,7 @@ class SinkScores(Result):
 
     def sink_rate(self, eps: float | str) -> float:
         """Percent of (prompt, head) pairs whose alpha_0 > eps (strict)."""
-        eps = float(eps)
-        if not 0.0 <= eps < 1.0:
-            raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
-        return 100.0 * (self.scores > eps).float().mean().item()
+        return sink_rate(self.scores, eps)
 
     def mean_scores(self) -> Float[Tensor, "layer head_index"]:
         return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
@@ -86,9 +83,7 @@ class SinkScores(Result):
 
     def per_layer_sink_rate(self, eps: float | str) -> Float[Tensor, " layer"]:
         """Percent of (prompt, head) pairs of each layer whose alpha_0 > eps."""
-        eps = float(eps)
-        if not 0.0 <= eps < 1.0:
-            raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
+        eps = check_eps(eps)
         return 100.0 * einops.reduce((self.scores > eps).float(), "prompt layer head_index -> layer", "mean")
 
     def value_norm_ratio(self) -> Float[Tensor, " layer"]:
@@ -167,6 +162,44 @@ def format_eps(eps: float | str) -> str:
     return eps.strip() if isinstance(eps, str) else repr(float(eps))
 
 
+# The one definition of each quantity: every analysis that scores the first key
+# or applies a sink-rate threshold calls these.
+
+
+def check_eps(eps: float | str) -> float:
+    """A sink-rate threshold as a float; `ValueError` unless 0 <= eps < 1
+    (alpha_0 lies in [1/T, 1], so eps = 1 could never be exceeded)."""
+    value = float(eps)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
+    return value
+
+
+def sink_rate(scores: Float[Tensor, "..."], eps: float | str) -> float:
+    """Percent of the scores (alpha_0 of (prompt, head) pairs) strictly above `eps`."""
+    return 100.0 * (scores > check_eps(eps)).float().mean().item()
+
+
+def first_key_score(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, "batch"]
+) -> Float[Tensor, "batch head_index"]:
+    """alpha_0 (Gu et al. 2025): per prompt and head, the mean over all real
+    query positions t = 0 .. T-1 of the attention A[t, 0] on the first key.
+    Query 0 counts (it can only attend to key 0); padding queries never do.
+
+    Args:
+        pattern: a layer's attention pattern over right-padded prompts.
+        lengths: real positions per prompt (`<bos>` included when prepended).
+
+    Returns:
+        alpha_0 in float32, in [1/T, 1] for a prompt of T positions.
+    """
+    pos = torch.arange(pattern.shape[-2], device=pattern.device)
+    valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()  # [batch, query_pos]
+    first = einops.einsum(pattern[..., 0].float(), valid, "b h q, b q -> b h")
+    return first / lengths.to(pattern.device)[:, None].float()
+
+
 def sink_scores(
     model: Model,
     tokens: PromptSource | TokenBatch,
@@ -234,9 +267,7 @@ def sink_scores(
                     f"layer {hook.layer()}: attention rows do not sum to 1 "
                     "(NaN or inf in the attention scores)"
                 )
-            first = pattern[:, :, :, 0]  # [batch, head, query]
-            score = einops.einsum(first, valid, "b h q, b q -> b h") / n_real[:, None]
-            out["scores"][rows, hook.layer()] = score.float().cpu()
+            out["scores"][rows, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
 
         def value_hook(v, hook):
             norms = expand_kv(model, v).float().norm(dim=-1)  # [batch, pos, head_index]
@@ -248,10 +279,6 @@ def sink_scores(
             norms = resid.float().norm(dim=-1)  # [batch, pos]
             resid_first[rows, hook.layer()] = norms[:, 0].float().cpu()
             resid_rest[rows, hook.layer()] = ((norms * rest).sum(-1) / n_rest).float().cpu()
-            if loss and hook.layer() == L - 1:
-                nonlocal loss_sum, loss_n
-                total, n = resid_token_losses(model, resid, part.tokens, target_mask(part))
-                loss_sum, loss_n = loss_sum + total, loss_n + n
 
         hooks = []
         for l in range(L):
@@ -260,8 +287,11 @@ def sink_scores(
                 (act_name("v", l), value_hook),
                 (act_name("resid_post", l), resid_hook),
             ]
-        # The logits are not needed: stop after the last block.
-        run(model, part.tokens, hooks, stop_at_layer=L)
+        if loss:  # the same pass, through the one masked loss
+            total, n = masked_loss(model, part.tokens, target_mask(part), hooks)
+            loss_sum, loss_n = loss_sum + total, loss_n + n
+        else:  # the logits are not needed: stop after the last block
+            run(model, part.tokens, hooks, stop_at_layer=L)
     for k, v in out.items():
         if torch.isnan(v).any():
             raise FloatingPointError(f"NaN in {k}: the model produced NaN activations")

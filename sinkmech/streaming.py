@@ -33,8 +33,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
-from sinkmech.hooks import act_name, cached_run
-from sinkmech.loss import resid_token_losses
+from sinkmech.hooks import act_name
+from sinkmech.loss import masked_loss
 from sinkmech.prompts import Bos, TokenBatch, tokenize
 from sinkmech.results import Result
 
@@ -118,10 +118,7 @@ class StreamResult(Result):
 
 
 def _ppl(model: Model, tokens: Tensor, mask: Tensor, hooks) -> float:
-    L = model.cfg.n_layers
-    name = act_name("resid_post", L - 1)
-    _, cache = cached_run(model, tokens, [name], fwd_hooks=hooks, stop_at_layer=L)
-    total, n = resid_token_losses(model, cache[name], tokens, mask)
+    total, n = masked_loss(model, tokens, mask, hooks)
     return math.exp(total / n)
 
 

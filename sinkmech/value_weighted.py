@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from sinkmech.backend import W_O, Model
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, TokenBatch
+from sinkmech.sinks import first_key_score
 from sinkmech.results import Result
 
 VectorKind = Literal["output", "value"]
@@ -128,7 +129,7 @@ def value_weighted_first(
             first = einops.einsum(p[..., 0], n[:, 0], "b h q, b h -> b h")
             total = einops.einsum(p, n, "b h q k, b k h -> b h")
             output_first[rows, l] = (first / total.clamp(min=1e-30)).cpu()
-            attn_first[rows, l] = (p[..., 0].sum(-1) / part.lengths[:, None].float()).cpu()
+            attn_first[rows, l] = first_key_score(pattern, part.lengths).cpu()
 
         hooks = []
         for l in range(L):

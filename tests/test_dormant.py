@@ -177,7 +177,7 @@ def test_streamed_profile_equals_brute_force():
         logit0.append((q * k0).sum(-1)[1:].T / model.blocks[l].attn.attn_scale)
     f, d, a = torch.cat(firsts, 1), torch.cat(dorms, 1), torch.cat(acts, 1)
     assert d.any(1).all() and a.any(1).all(), "choose thresholds that give both modes"
-    torch.testing.assert_close(scan.first_token_attention[1], f.mean(1))
+    torch.testing.assert_close(scan.first_key_attention_excl_q0[1], f.mean(1))
     torch.testing.assert_close(scan.dormant_fraction[1], d.float().mean(1))
     torch.testing.assert_close(scan.active_fraction[1], a.float().mean(1))
 
@@ -243,7 +243,7 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     payload = json.loads(out.read_text())
     heads = payload["heads"]
     assert {(e["layer"], e["head"]) for e in heads} == {(l, h) for l in range(30) for h in range(9)}
-    for key in ("layer", "head", "mode", "first_token_attention", "dormant_fraction", "active_fraction",
+    for key in ("layer", "head", "mode", "first_key_attention_excl_q0", "dormant_fraction", "active_fraction",
                 "value_norm_first", "value_norm_active", "triggers"):
         assert all(key in e for e in heads)
     assert all(set(t) >= {"token", "where", "count", "lift"} for e in heads for t in e["triggers"])

@@ -84,13 +84,13 @@ def print_heads_table(scan, top: int) -> None:
     else:
         print("no head passes the if_else rule; the closest candidates (score = fulfilment of the rule):")
         ranked = scan.ranked()
-    print(f"{'head':>7} {'mode':>8} {'score':>6} {'a0':>6} {'dorm':>6} {'act':>6} {'v_first':>8} {'v_act':>8} {'out d/a':>8} "
+    print(f"{'head':>7} {'mode':>8} {'score':>6} {'att0':>6} {'dorm':>6} {'act':>6} {'v_first':>8} {'v_act':>8} {'out d/a':>8} "
           f"{'held-out':>12}  triggers (n = queries/prompts)")
     for l, h in ranked[:top]:
         e = scan.head_summary(l, h)
         ratio = (e["output_norm_dormant"] / e["output_norm_active"]
                  if e["output_norm_dormant"] is not None and e["output_norm_active"] else None)
-        print(f"{f'{l}.{h}':>7} {e['mode']:>8} {_fmt(e['if_else_score'], '.2f'):>6} {_fmt(e['first_token_attention'], '.2f'):>6} "
+        print(f"{f'{l}.{h}':>7} {e['mode']:>8} {_fmt(e['if_else_score'], '.2f'):>6} {_fmt(e['first_key_attention_excl_q0'], '.2f'):>6} "
               f"{_fmt(e['dormant_fraction'], '.2f'):>6} {_fmt(e['active_fraction'], '.2f'):>6} {_fmt(e['value_norm_first'], '.2f'):>8} "
               f"{_fmt(e['value_norm_active'], '.2f'):>8} {_fmt(ratio, '.2f'):>8} {_validation(e['trigger']):>12}  "
               f"{_trigger_text(e['triggers'])}")
@@ -118,7 +118,7 @@ def print_head_profile(scan, layer: int, head: int) -> None:
     for why in e["evidence"]:
         print(f"  - {why}")
     u = e["uncertainty"] or {}
-    for k in ("first_token_attention", "dormant_fraction", "active_fraction", "bimodality", "value_norm_first",
+    for k in ("first_key_attention_excl_q0", "dormant_fraction", "active_fraction", "bimodality", "value_norm_first",
               "value_norm_rest", "value_norm_active", "value_norm_dormant", "output_norm_active", "output_norm_dormant"):
         ci = u.get(k + "_ci")
         print(f"  {k:<22} {_fmt(e[k])}" + ("" if ci is None else f"  [{_fmt(ci[0])}, {_fmt(ci[1])}]"))

@@ -36,7 +36,9 @@ def trigger_text(triggers: Sequence[Trigger | Mapping], n: int = 3, *, sep: str 
 class HeadScan(Result):
     """Per-(layer, head) profiles over a corpus. NaN where a mode never occurred."""
 
-    first_token_attention: Float[Tensor, "layer head_index"]  # mean over queries
+    # mean of A[t, 0] over real queries t >= 1, pooled over prompts: query 0 (which can
+    # only attend to itself) is left out, so this is not alpha_0 (`sinkmech.sinks.first_key_score`)
+    first_key_attention_excl_q0: Float[Tensor, "layer head_index"]
     dormant_fraction: Float[Tensor, "layer head_index"]
     active_fraction: Float[Tensor, "layer head_index"]
     bimodality: Float[Tensor, "layer head_index"]  # Sarle's coefficient; > 5/9 hints bimodal
@@ -70,11 +72,11 @@ class HeadScan(Result):
 
     @property
     def n_layers(self) -> int:
-        return self.first_token_attention.shape[0]
+        return self.first_key_attention_excl_q0.shape[0]
 
     @property
     def n_heads(self) -> int:
-        return self.first_token_attention.shape[1]
+        return self.first_key_attention_excl_q0.shape[1]
 
     def mode(self, layer: int, head: int) -> Mode:
         return self.modes[layer][head]
@@ -124,7 +126,7 @@ class HeadScan(Result):
             "head": h,
             "mode": self.modes[l][h],
             "if_else_score": num(self.if_else_score[l, h]),
-            "first_token_attention": num(self.first_token_attention[l, h]),
+            "first_key_attention_excl_q0": num(self.first_key_attention_excl_q0[l, h]),
             "dormant_fraction": num(self.dormant_fraction[l, h]),
             "active_fraction": num(self.active_fraction[l, h]),
             "bimodality": num(self.bimodality[l, h]),

@@ -297,7 +297,7 @@ class _Accumulator:
                 denom = (nd if "dormant" in k else na)[..., None]
             bands[k] = div(v.cpu(), denom)
         kw = dict(
-            first_token_attention=mean.float(),
+            first_key_attention_excl_q0=mean.float(),
             dormant_fraction=(nd / n).float(),
             active_fraction=(na / n).float(),
             bimodality=bimodality.float(),
