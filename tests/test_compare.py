@@ -111,8 +111,8 @@ def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
 
 
 def test_depth_curves_and_sweep_figures_draw(tmp_path):
-    from sinkmech.figures import mode_sweep
-    from sinkmech.figures_compare import depth_curves
+    from sinkmech.figures.heads import mode_sweep
+    from sinkmech.figures.compare import depth_curves
 
     curve = [[0.1, 0.05, 0.2], [0.5, 0.4, 0.6], [0.9, 0.8, 1.0]]
     out = depth_curves({"a": {"prepend": ([0, 0.5, 1], curve), "none": ([0, 0.5, 1], curve)},

@@ -163,13 +163,22 @@ def _train(m, rows, batch):
     return TrainResult(model=m, config=TrainConfig(), log=log)
 
 
+def _contrast(m, rows, batch):
+    from sinkmech.dormant.contrast import ContrastHead, HeadContrast
+
+    head = ContrastHead(layer=0, head=1, dormant_a=0.5, dormant_b=0.25, mode_a="if_else", mode_b="sink",
+                        diff_selected=0.3, diff_validated=0.2, diff_validated_ci=(0.1, 0.3), confirmed=True)
+    return HeadContrast(heads=(head,), name_a="prose", name_b="code", n_prompts_a=8, n_prompts_b=8, high=0.8,
+                        low=0.2, min_diff=0.2, level=0.95, mode_counts_a={"sink": 1}, mode_counts_b={"sink": 2})
+
+
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
     "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
     "PerturbationSpread": _spread, "StreamResult": _stream, "KeySinks": _key_sinks,
     "HeadAttention": _head_attention, "HeadAblation": _ablation, "PatchResult": _patch,
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
-    "NoopCheck": _noop, "TrainResult": _train,
+    "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
 }
 
 

@@ -229,7 +229,7 @@ def test_logs_that_predate_a_field_are_reused_only_for_its_default():
 
 
 def test_context_length_seeds_plot_reads_the_findings(tmp_path):
-    from sinkmech.train_figures import context_length_seeds_plot
+    from sinkmech.figures.training import context_length_seeds_plot
 
     base = "train.context_length_seeds"
     flat = {f"{base}.lengths": "32,64", f"{base}.robust_lengths": "64"}

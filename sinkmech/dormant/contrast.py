@@ -13,13 +13,13 @@ chosen heads.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor
 
 from sinkmech.dormant.result import HeadScan
+from sinkmech.results import Result
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ContrastHead:
 
 
 @dataclass(frozen=True)
-class HeadContrast:
+class HeadContrast(Result):
     """Heads whose dormant fraction differs between corpus A and corpus B."""
 
     heads: tuple[ContrastHead, ...]  # chosen on the selection halves, largest |difference| first
@@ -70,8 +70,11 @@ class HeadContrast:
                 "n_chosen": len(self.heads), "n_confirmed": len(self.confirmed()),
                 "heads": [h.to_dict() for h in self.heads]}
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+    def to_dataframe(self):
+        """Long format: one row per chosen head."""
+        import pandas as pd
+
+        return pd.DataFrame([{**h.to_dict(), "name_a": self.name_a, "name_b": self.name_b} for h in self.heads])
 
 
 def _per_prompt(scan: HeadScan) -> tuple[Tensor, Tensor]:
