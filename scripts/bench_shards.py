@@ -7,7 +7,7 @@ worker. Both run interleaved, round after round (`benchtime.interleaved_medians`
 On 2 cores there is little to gain: two workers share the cores the single
 process already uses. Also prints the size of a sinks part and of a heads part
 per 1,000 prompts (sinks parts grow with the prompts; a heads part is mostly
-fixed-size sums and grows with the distinct tokens seen).
+sparse trigger counts and grows with the distinct (head, token) pairs seen).
 
     python scripts/bench_shards.py --prompts 64 --max-tokens 64 --repeats 2
 """
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
         heads_kb = (tmp / "heads.partial.json").stat().st_size / 1024
         print(f"  sinks part: {sinks_kb:.0f} KiB for {args.prompts} prompts = "
               f"{sinks_kb / args.prompts * 1000 / 1024:.1f} MiB per 1,000 prompts (both conditions)")
-        print(f"  heads part: {heads_kb / 1024:.1f} MiB for the same {args.prompts} prompts (mostly fixed-size sums "
-              "and trigger counts of the tokens seen: not proportional to the prompts)")
+        print(f"  heads part: {heads_kb / 1024:.1f} MiB for the same {args.prompts} prompts (mostly sparse trigger "
+              "counts per (head, token): they grow with the distinct pairs seen, less than linearly)")
     return {"single_s": single, "ray_s": ray, "sinks_kib": sinks_kb, "heads_kib": heads_kb}
 
 
