@@ -181,7 +181,7 @@ def sink_rate(scores: Float[Tensor, "..."], eps: float | str) -> float:
 
 
 def first_key_score(
-    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, "batch"]
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"]
 ) -> Float[Tensor, "batch head_index"]:
     """alpha_0 (Gu et al. 2025): per prompt and head, the mean over all real
     query positions t = 0 .. T-1 of the attention A[t, 0] on the first key.
