@@ -54,8 +54,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --out figures/compare --overwrite --findings figures/findings.json
 	$(BIN)/sinkmech report --model smollm2 --out figures/smollm2 --overwrite --findings figures/findings.json
-	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first.
-	$(BIN)/sinkmech sinks --model smollm2 --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
+	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first
+	# (the run without a first token is compare's, on the same tokens: not run again).
+	$(BIN)/sinkmech sinks --model smollm2 --bos prepend --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
 	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models.
 	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --findings figures/findings.json
 	$(BIN)/sinkmech heads --model gemma3-270m --contrast --n-prompts 64 --json figures/contrast_gemma3-270m.json --findings figures/findings.json

@@ -33,22 +33,40 @@ def content_logits(
     return logits[:, offset : offset + n_content]
 
 
+# Bytes of one fp32 temporary in the KL's chunks: 64 positions of a 262k
+# vocabulary (Gemma 3), 341 of SmolLM2's 49k.
+KL_CHUNK_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class KL:
-    """Mean KL(reference || intervened) over the real content positions."""
+    """Mean KL(reference || intervened) over the real content positions.
+
+    Computed a few positions at a time (`KL_CHUNK_BYTES` per temporary), the
+    reference's log-probabilities included: nothing as large as the logits is
+    held besides the logits themselves (with Gemma 3's 262k vocabulary, a
+    log_softmax of a whole sweep pass, or of the reference, is another GiB)."""
 
     name: str = "kl"
 
     def bind(self, reference: Tensor, mask: Tensor) -> Bound:
-        ref_lp = torch.log_softmax(reference.float(), dim=-1)
-        p = ref_lp.exp()
-        neg_entropy = (p * ref_lp).sum(-1)
-        m = mask.float()
+        batch, n_pos, vocab = reference.shape
+        weight = mask.float() / mask.float().sum()
+        step = max(1, KL_CHUNK_BYTES // (4 * vocab))
+        # (prompt, positions) chunks; indexing, never reshaping, so no view of the logits is copied whole
+        chunks = [(b, slice(a, min(a + step, n_pos))) for b in range(batch) for a in range(0, n_pos, step)]
 
         def score(logits: Tensor) -> Tensor:
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            kl = neg_entropy - (p * lp).sum(-1)  # [copies, batch, content_pos]
-            return (kl * m).sum((-1, -2)) / m.sum()
+            out = []
+            for copy in logits:  # [batch, content_pos, d_vocab]
+                total = logits.new_zeros((), dtype=torch.float)
+                for b, pos in chunks:
+                    ref_lp = torch.log_softmax(reference[b, pos].float(), dim=-1)
+                    lp = torch.log_softmax(copy[b, pos].float(), dim=-1)
+                    kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1)  # out of place: attribution differentiates it
+                    total = total + (kl * weight[b, pos]).sum()
+                out.append(total)
+            return torch.stack(out)
 
         return score
 
