@@ -237,7 +237,7 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
         argv = ["heads", "--prompts", str(prompts), "--max-tokens", "24", "--json", str(out), "--top", "5",
                 "--noop", "2", "--noop-prompts", "2"]
         assert cli.main(argv) == 0
-        assert cli.main(["heads", "--head", "30.0", "--prompts", str(prompts)]) == 2
+        assert cli.main(["heads", "--head", "30.0", "--prompts", str(prompts), "--noop-prompts", "2"]) == 2
     finally:
         torch.set_num_threads(threads)
     payload = json.loads(out.read_text())
