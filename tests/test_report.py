@@ -215,7 +215,10 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     assert set(s["timing_s"]) == {"sinks", "norms", "head_views", "perturbation", "dormant", "ablation",
                                   "key_sinks", "massive", "value_weighted", "streaming", "length"}
     assert (sec["perturbation"]["n_prompts"], sec["perturbation"]["max_tokens"]) == (8, 8)
-    assert sec["dormant"]["n_prompts"] == 8 and sum(sec["dormant"]["mode_counts"].values()) == 270
+    # 8 prompts: the scan sees 4, the no-op check runs on the other 4 (held out from the scan).
+    assert sec["dormant"]["n_prompts"] == 4 and sum(sec["dormant"]["mode_counts"].values()) == 270
+    noop = sec["dormant"]["noop"]
+    assert noop is None or (noop["n_prompts"] == 4 and set(noop["prompt_indices"]).isdisjoint(range(4)))
     assert (sec["ablation"]["n_prompts"], sec["ablation"]["max_tokens"]) == (4, 8)
     assert np.asarray(sec["ablation"]["effects"]).shape == (30, 9) and min(map(min, sec["ablation"]["effects"])) >= -1e-6
     # The real <bos> string "<|im_start|>" reaches the page as text.
