@@ -227,16 +227,21 @@ def _load(spec, device, n_ctx, cache, dtype) -> Model:
             warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
             model = HookedTransformer.from_pretrained(spec, device=device)
     except Exception as e:
-        reason = str(e).splitlines()[0] if str(e) else ""
-        reason = reason if len(reason) <= 160 else reason[:160] + " ..."
-        raise ModelNotFoundError(
-            f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, or a path to a "
-            f".gguf file. Other TransformerLens names need their weights downloaded, which this machine cannot "
-            f"do (from_pretrained said: {type(e).__name__}: {reason})"
-        ) from e
+        raise _unknown_model(spec, e, "or a path to a .gguf file. Other TransformerLens names need their weights "
+                             "downloaded, which this machine cannot do", "from_pretrained") from e
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "right"
     return model
+
+
+def _unknown_model(spec: str, error: Exception, what_else: str, loader: str) -> ModelNotFoundError:
+    """The one 'unknown model' message: what works offline, and the loader's first line of complaint."""
+    reason = str(error).splitlines()[0] if str(error) else ""
+    reason = reason if len(reason) <= 160 else reason[:160] + " ..."
+    return ModelNotFoundError(
+        f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, {what_else} "
+        f"({loader} said: {type(error).__name__}: {reason})"
+    )
 
 
 def _load_bridge(spec: str, device: str, n_ctx: int, store: ModelCache | None, dtype: torch.dtype) -> Model:
@@ -262,13 +267,8 @@ def _load_bridge(spec: str, device: str, n_ctx: int, store: ModelCache | None, d
 
         model = TransformerBridge.boot_transformers(spec, device=device, dtype=dtype)
     except Exception as e:
-        reason = str(e).splitlines()[0] if str(e) else ""
-        reason = reason if len(reason) <= 160 else reason[:160] + " ..."
-        raise ModelNotFoundError(
-            f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, a path to a "
-            f".gguf file or a local Hugging Face folder. Hub names need the network "
-            f"(boot_transformers said: {type(e).__name__}: {reason})"
-        ) from e
+        raise _unknown_model(spec, e, "a path to a .gguf file or a local Hugging Face folder. Hub names need the "
+                             "network", "boot_transformers") from e
     model.tokenizer.padding_side = "right"
     return model.eval()
 
@@ -420,8 +420,9 @@ def _convert_with_transformers(
     path: Path, arch: str, meta: dict, *, n_ctx: int, tl_name: str | None
 ) -> Model:
     """transformers dequantizes the file; TransformerLens converts its weights offline."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    from sinkmech.bridge_loading import read_gguf_transformers
     from transformer_lens import HookedTransformer
 
     if arch not in GGUF_SUPPORTED_ARCHITECTURES:
@@ -431,17 +432,9 @@ def _convert_with_transformers(
             "architectures TransformerLens names"
         )
     tl_name = tl_name or _tl_name_for(path, arch, meta)
-    folder, name = str(path.parent), path.name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except Exception as e:
-        raise GGUFError(f"transformers cannot read {path}: {type(e).__name__}: {e}") from e
+    # the one GGUF reader (float32, the GGUF quantization_config dropped: TransformerLens refuses it)
+    hf, tokenizer = read_gguf_transformers(path)
     _check_dims(path, hf.config, tl_name)
-    # TransformerLens refuses a config that still says GGUF; the weights are
-    # already dequantized to float32.
-    hf.config.__dict__.pop("quantization_config", None)
-    hf.hf_quantizer = None
     tokenizer.padding_side = "right"
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "HookedTransformer is deprecated", DeprecationWarning)
