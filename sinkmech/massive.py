@@ -140,6 +140,69 @@ def dim_stats(
     return a[:, 0], med, norms[:, 0], rest_norm
 
 
+MASSIVE_SUMS = ("first_abs", "median_abs", "sq_share", "first_signed", "first_norm", "rest_norm", "hidden_median")
+
+
+def massive_sums(model: Model, batch: TokenBatch, *, batch_size: int = 16, progress: bool = True) -> dict[str, Tensor]:
+    """The additive statistics behind `massive_dims`: float64 sums over the
+    prompts of `batch` of each per-prompt statistic (`MASSIVE_SUMS`), by name,
+    plus "n_prompts". Sums of shards of the prompts add up to the sums of the
+    whole corpus (`sinkmech.shards_mechanisms`).
+
+    Returns:
+        name -> float64 tensor [resid_layer, d_model] (|h_0|, median_t |h_t|,
+        h_0^2 / ||h_0||^2, h_0) or [resid_layer] (||h_0||, mean_t ||h_t||, the
+        hidden state's median magnitude); "n_prompts": [1].
+    """
+    _check(batch, batch_size)
+    L, D = model.cfg.n_layers, model.cfg.d_model
+    sums = {k: torch.zeros(L + 1, D, dtype=torch.float64) for k in MASSIVE_SUMS[:4]}
+    sums.update({k: torch.zeros(L + 1, dtype=torch.float64) for k in MASSIVE_SUMS[4:]})
+    for _, part in tqdm(batch.batches(batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
+
+        def make(i: int):
+            def hook(resid, hook):
+                f, m, a, b = dim_stats(resid, part.lengths)
+                stats = {"first_abs": f, "median_abs": m, "first_norm": a, "rest_norm": b,
+                         "sq_share": f ** 2 / (a ** 2)[:, None].clamp(min=1e-30), "first_signed": resid[:, 0].float(),
+                         "hidden_median": hidden_median(resid, part.lengths)}
+                for k, v in stats.items():
+                    sums[k][i] += v.double().sum(0).cpu()
+
+            return hook
+
+        hooks = [(act_name("resid_pre", l), make(l)) for l in range(L)] + [(act_name("resid_post", L - 1), make(L))]
+        run(model, part.tokens, hooks, stop_at_layer=L)
+    return {**sums, "n_prompts": torch.tensor([float(len(batch))], dtype=torch.float64)}
+
+
+def massive_from_sums(
+    sums: dict[str, Tensor],
+    *,
+    top_k: int = 4,
+    threshold: float = 10.0,
+    sun_min_abs: float = 100.0,
+    sun_min_ratio: float = 1000.0,
+    bos: Bos = "prepend",
+    model_name: str = "",
+) -> MassiveDims:
+    """`MassiveDims` from the sums of `massive_sums` (of one pass or of merged shards)."""
+    if not 1 <= top_k <= sums["first_abs"].shape[-1]:
+        raise ValueError(f"top_k must lie in [1, d_model={sums['first_abs'].shape[-1]}], got {top_k}")
+    if threshold <= 0:
+        raise ValueError(f"threshold must be > 0, got {threshold}")
+    P = float(sums["n_prompts"][0])
+    mean = {k: (sums[k] / P).float() for k in ("first_abs", "median_abs", "sq_share", "first_signed", "hidden_median")}
+    first, med = mean["first_abs"], mean["median_abs"]
+    ratio = (sums["first_norm"] / sums["rest_norm"].clamp(min=1e-12)).float()
+    top = (first / med.clamp(min=1e-12)).topk(top_k, dim=-1).indices
+    above = (ratio > threshold).nonzero()
+    onset = int(above[0]) if len(above) else None
+    return MassiveDims(first, med, ratio, top, onset, float(threshold), bos, model_name,
+                       sq_share=mean["sq_share"], hidden_median=mean["hidden_median"], first_mean=mean["first_signed"],
+                       sun_min_abs=float(sun_min_abs), sun_min_ratio=float(sun_min_ratio))
+
+
 def massive_dims(
     model: Model,
     batch: TokenBatch,
@@ -164,38 +227,13 @@ def massive_dims(
     Returns:
         MassiveDims over resid_layer 0 .. n_layers (embeddings .. last block's output).
     """
-    _check(batch, batch_size)
     if not 1 <= top_k <= model.cfg.d_model:
         raise ValueError(f"top_k must lie in [1, d_model={model.cfg.d_model}], got {top_k}")
     if threshold <= 0:
         raise ValueError(f"threshold must be > 0, got {threshold}")
-    L, D, P = model.cfg.n_layers, model.cfg.d_model, len(batch)
-    first, med, share, signed = (torch.zeros(L + 1, D) for _ in range(4))
-    n0, nr, hmed = torch.zeros(L + 1), torch.zeros(L + 1), torch.zeros(L + 1)
-    for _, part in tqdm(batch.batches(batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
-
-        def make(i: int):
-            def hook(resid, hook):
-                f, m, a, b = dim_stats(resid, part.lengths)
-                first[i] += f.sum(0).cpu()
-                med[i] += m.sum(0).cpu()
-                n0[i] += a.sum().cpu()
-                nr[i] += b.sum().cpu()
-                share[i] += (f ** 2 / (a ** 2)[:, None].clamp(min=1e-30)).sum(0).cpu()
-                signed[i] += resid[:, 0].float().sum(0).cpu()
-                hmed[i] += hidden_median(resid, part.lengths).sum().cpu()
-
-            return hook
-
-        hooks = [(act_name("resid_pre", l), make(l)) for l in range(L)] + [(act_name("resid_post", L - 1), make(L))]
-        run(model, part.tokens, hooks, stop_at_layer=L)
-    first, med, ratio = first / P, med / P, n0 / nr.clamp(min=1e-12)
-    top = (first / med.clamp(min=1e-12)).topk(top_k, dim=-1).indices
-    above = (ratio > threshold).nonzero()
-    onset = int(above[0]) if len(above) else None
-    return MassiveDims(first, med, ratio, top, onset, float(threshold), batch.bos, model.cfg.model_name,
-                       sq_share=share / P, hidden_median=hmed / P, first_mean=signed / P,
-                       sun_min_abs=float(sun_min_abs), sun_min_ratio=float(sun_min_ratio))
+    sums = massive_sums(model, batch, batch_size=batch_size, progress=progress)
+    return massive_from_sums(sums, top_k=top_k, threshold=threshold, sun_min_abs=sun_min_abs,
+                             sun_min_ratio=sun_min_ratio, bos=batch.bos, model_name=model.cfg.model_name)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class PerturbationSpread(Result):
     conditions: tuple[str, ...]
     kind: str
     threshold: float
+    sums: dict[str, Tensor] | None = None  # the float64 entropy sums (ENTROPY_SUMS), for merging shards
 
     def mean_change(self) -> Float[Tensor, "bos resid_layer pos"]:
         """Mean over prompts (padding excluded)."""
@@ -223,6 +224,8 @@ def perturbation_spread(
     threshold: float = 0.1,
     batch_size: int = 16,
     progress: bool = True,
+    first_prompt: int = 0,
+    n_prompts_total: int | None = None,
 ) -> PerturbationSpread:
     """Relative residual change at every (layer, content position), with and without `<bos>`.
 
@@ -234,6 +237,9 @@ def perturbation_spread(
             TokenSwaps (one per prompt, e.g. from `corpus_swaps`) or an
             EmbeddingNoise (the same noise vector in both conditions).
         threshold: relative change above which a later position counts as reached.
+        first_prompt, n_prompts_total: when `tokens` are prompts first_prompt ..
+            of a corpus of n_prompts_total (a shard): the noise of an
+            EmbeddingNoise is the one the whole corpus' run draws for them.
 
     Returns:
         PerturbationSpread with change [bos, prompt, layer, pos] and entropy
@@ -251,7 +257,7 @@ def perturbation_spread(
             raise ValueError(f"{len(perturbation)} token swaps for {len(rows)} prompts: give one per prompt")
         done = [apply_swap(model, [row], swap) for row, swap in zip(rows, perturbation)]
         changed, last = [c[0][0] for c in done], [c[1][0] for c in done]
-        kind = f"one token swap per prompt at content positions {sorted(set(last))}"
+        kind = per_prompt_kind(last)
     elif isinstance(perturbation, TokenSwap):
         changed, last = apply_swap(model, rows, perturbation)
         kind = f"swap {perturbation.original!r} -> {perturbation.replacement!r}"
@@ -262,13 +268,16 @@ def perturbation_spread(
         if not 0 <= perturbation.position < short:
             raise ValueError(f"noise position {perturbation.position} out of range: the shortest prompt has {short} content tokens")
         changed, last = rows, [perturbation.position] * len(rows)
+        n_total = len(rows) if n_prompts_total is None else n_prompts_total
+        if not 0 <= first_prompt <= n_total - len(rows):
+            raise ValueError(f"prompts {first_prompt}.. of {n_total}: the {len(rows)} prompts do not fit")
         g = torch.Generator().manual_seed(perturbation.seed)
-        noise = torch.randn(len(rows), model.cfg.d_model, generator=g)
+        noise = torch.randn(n_total, model.cfg.d_model, generator=g)[first_prompt : first_prompt + len(rows)]
         noise = perturbation.scale * noise / noise.norm(dim=-1, keepdim=True)
         kind = f"noise {perturbation.scale:g} at content position {perturbation.position}"
     P, L, J = len(rows), model.cfg.n_layers, max(len(r) for r in rows)
     change = torch.full((2, P, L + 1, J), float("nan"))
-    ent_sum, ent_n, norm_sum, norm_n = (torch.zeros(2, L, model.cfg.n_heads) for _ in range(4))
+    sums = {k: torch.zeros(2, L, model.cfg.n_heads, dtype=torch.float64) for k in ENTROPY_SUMS}
     # One tokenization per condition and copy; batches are slices of it.
     both = {
         bos: (tokenize(model, rows, bos=bos, max_tokens=J, bos_token_id=bos_id),
@@ -291,11 +300,27 @@ def perturbation_spread(
         rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)
         rel = torch.where(mask[:, None, :], rel, torch.full_like(rel, float("nan")))
         change[c, e, :, : rel.shape[-1]] = rel.float().cpu()
-        for l, (tot, n, tot_norm, n_norm) in enumerate(store):
-            ent_sum[c, l] += tot.float().cpu()
-            ent_n[c, l] += n.float().cpu()
-            norm_sum[c, l] += tot_norm.float().cpu()
-            norm_n[c, l] += n_norm.float().cpu()
-    normalized = torch.where(norm_n > 0, norm_sum / norm_n.clamp(min=1), torch.tensor(float("nan")))
-    return PerturbationSpread(change, ent_sum / ent_n.clamp(min=1), normalized, torch.tensor(last), CONDITIONS,
-                              kind, threshold)
+        for l, values in enumerate(store):
+            for k, v in zip(ENTROPY_SUMS, values):
+                sums[k][c, l] += v.double().cpu()
+    return spread_from_sums(change, sums, torch.tensor(last), kind=kind, threshold=threshold)
+
+
+# The entropy sums of both runs, [bos, layer, head_index]: raw entropy and its
+# query count, normalised entropy and its count (queries with >= 2 keys).
+ENTROPY_SUMS = ("entropy_sum", "entropy_n", "normalized_sum", "normalized_n")
+
+
+def spread_from_sums(change: Tensor, sums: dict[str, Tensor], last_changed: Tensor, *, kind: str,
+                     threshold: float) -> PerturbationSpread:
+    """A `PerturbationSpread` from its per-prompt rows and the float64 entropy
+    sums (`ENTROPY_SUMS`), of one pass or of merged shards."""
+    entropy = (sums["entropy_sum"] / sums["entropy_n"].clamp(min=1)).float()
+    n = sums["normalized_n"]
+    normalized = torch.where(n > 0, sums["normalized_sum"] / n.clamp(min=1), torch.tensor(float("nan"))).float()
+    return PerturbationSpread(change, entropy, normalized, last_changed, CONDITIONS, kind, threshold, sums)
+
+
+def per_prompt_kind(last_changed: Sequence[int]) -> str:
+    """The `kind` of a spread with one token swap per prompt."""
+    return f"one token swap per prompt at content positions {sorted(set(int(j) for j in last_changed))}"

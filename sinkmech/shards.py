@@ -188,3 +188,49 @@ def ablate_result(part: Partial):
     return HeadAblation(effects=effects, mode=s["mode"], metric=s["metric"], bos=s["bos"],
                         baseline=float(part.sums["baseline_sum"][0] / w), method=s["method"],
                         layers=tuple(s["layers"]), heads=tuple(s["heads"]), n_prompts=len(part.prompt_index))
+
+
+# patch: like ablate, each cell's metric is a mean over the shard's content
+# positions (KL) or prompts (logit difference), kept as a weighted sum. A
+# per-position cell that a shard lacks (no prompt of it that long) patches
+# padding only: its value there is the shard's unpatched baseline.
+
+def patch_partial(result, pair, settings: dict, *, width: int, prompt_index: Sequence[int],
+                  shard: tuple[int, int] = (1, 1), n_prompts_total: int | None = None) -> Partial:
+    """A `PatchResult` of one shard (the prompts of the `BosPair` `pair`) as a part.
+
+    Args:
+        width: content positions every part pads a per-position result to (the
+            run's max tokens): the merged values are cut to the longest prompt.
+    """
+    if result.positions is not None:
+        raise ValueError("a patch of chosen positions (positions=) scores another set of positions: not merged")
+    lengths = pair.without_bos.lengths.cpu()
+    w = float(lengths.sum()) if result.metric == "kl" else float(len(lengths))
+    values = result.values.double()
+    if "pos" in result.axes:
+        if values.shape[-1] > width:
+            raise ValueError(f"the patch has {values.shape[-1]} content positions, more than width={width}")
+        padded = torch.full((*values.shape[:-1], width), result.baseline, dtype=torch.float64)
+        padded[..., : values.shape[-1]] = values
+        values = padded
+    settings = {**settings, "act": result.act, "axes": list(result.axes), "source": result.source,
+                "target": result.target, "metric": result.metric, "layers": list(result.layers), "width": width}
+    n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total
+    return shard_part("patch", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_total,
+                      rows={"content_lengths": lengths.numpy()},
+                      sums={"values_sum": values.numpy() * w, "baseline_sum": [result.baseline * w],
+                            "source_value_sum": [result.source_value * w], "weight": [w]})
+
+
+def patch_result(part: Partial):
+    """A (merged) patch part back as a `PatchResult`."""
+    from sinkmech.interventions.patching import PatchResult
+
+    s, w = part.settings, float(part.sums["weight"][0])
+    values = torch.from_numpy(part.sums["values_sum"] / w).float()
+    if "pos" in s["axes"]:
+        values = values[..., : int(part.rows["content_lengths"].max())].contiguous()
+    return PatchResult(values=values, axes=tuple(s["axes"]), act=s["act"], source=s["source"], target=s["target"],
+                       metric=s["metric"], baseline=float(part.sums["baseline_sum"][0] / w),
+                       source_value=float(part.sums["source_value_sum"][0] / w), layers=tuple(s["layers"]))
