@@ -18,6 +18,7 @@ flat in the number of prompts):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -160,6 +161,32 @@ def key_sink_scores(
         KeySinks: top keys [layer, head_index, k], prompt-averaged alpha by
         key position [layer, head_index, key_pos], flagged heads.
     """
+    rows, sums = key_sink_sums(model, batch, top_k=top_k, min_queries=min_queries, batch_size=batch_size,
+                               progress=progress)
+    return key_sinks_from_sums(rows, sums, top_k=top_k, min_queries=min_queries, bos=batch.bos,
+                               model_name=model.cfg.model_name, decode=token_text(model))
+
+
+def key_sink_sums(
+    model: Model,
+    batch: TokenBatch,
+    *,
+    top_k: int = 5,
+    min_queries: int = 8,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """What `key_sink_scores` aggregates, in a form that adds over shards of the
+    prompts: per prompt, each head's top_k keys (the corpus' top keys are among
+    them); float64 sums over prompts of alpha_k by key position, of the scored
+    prompts per position and of the prompts whose strongest key is not 0.
+
+    Returns:
+        rows: "top_scores" [prompt, layer, head_index, k] (-inf past the
+        prompt's scored keys), "top_position", "top_token_id" (int64, same
+        axes); sums: "by_position_sum" [layer, head_index, key_pos],
+        "n_scored" [key_pos], "off_first" [layer, head_index], float64.
+    """
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if min_queries < 1:
@@ -167,42 +194,62 @@ def key_sink_scores(
     chunks = batch.batches(batch_size)
     cfg = model.cfg
     P, L, H, T = len(batch), cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
-    # Running top-k per layer: values [H, k] and flat indices prompt * T + position.
-    state = {"v": [torch.zeros(H, 0)] * L, "i": [torch.zeros(H, 0, dtype=torch.long)] * L}
-    pos_sum, pos_cnt = torch.zeros(L, H, T), torch.zeros(T)
-    off_first = torch.zeros(L, H)
+    top_v = torch.full((P, L, H, top_k), float("-inf"))
+    top_pos = torch.zeros(P, L, H, top_k, dtype=torch.long)
+    pos_sum = torch.zeros(L, H, T, dtype=torch.float64)
+    pos_cnt = torch.zeros(T, dtype=torch.float64)
+    off_first = torch.zeros(L, H, dtype=torch.float64)
     for rows, part in tqdm(chunks, desc=f"key sinks (bos={batch.bos})", disable=not progress, unit="batch"):
-        b, t = part.tokens.shape
+        t = part.tokens.shape[1]
         lengths = part.lengths
 
         def hook(pattern, hook):
             l = hook.layer()
             alpha = key_alpha(pattern, lengths, min_queries).cpu()  # [b, H, t]
-            scored = ~torch.isnan(alpha)
-            pos_sum[l, :, :t] += torch.nan_to_num(alpha, nan=0.0).sum(0)
-            off_first[l] += (torch.nan_to_num(alpha, nan=-1.0).argmax(-1) != 0).float().sum(0)
-            flat = torch.nan_to_num(alpha, nan=float("-inf")).permute(1, 0, 2).reshape(H, b * t)
-            prompt = torch.arange(b)[:, None] + rows.start
-            index = (prompt * T + torch.arange(t)[None, :]).reshape(-1)  # [b * t]
-            cand_v = torch.cat([state["v"][l], flat], -1)
-            cand_i = torch.cat([state["i"][l], index[None].expand(H, -1)], -1)
-            k = min(top_k, cand_v.shape[-1])
-            v, j = cand_v.topk(k, dim=-1)
-            state["v"][l], state["i"][l] = v, cand_i.gather(-1, j)
+            pos_sum[l, :, :t] += torch.nan_to_num(alpha, nan=0.0).double().sum(0)
+            off_first[l] += (torch.nan_to_num(alpha, nan=-1.0).argmax(-1) != 0).double().sum(0)
+            k = min(top_k, t)
+            v, j = torch.nan_to_num(alpha, nan=float("-inf")).topk(k, dim=-1)  # [b, H, k]
+            top_v[rows, l, :, :k], top_pos[rows, l, :, :k] = v, j
             if l == 0:
-                pos_cnt[:t] += scored[:, 0].float().sum(0)
+                pos_cnt[:t] += (~torch.isnan(alpha[:, 0])).double().sum(0)
 
         run(model, part.tokens, [(act_name("pattern", l), hook) for l in range(L)], stop_at_layer=L)
-    top_v = torch.stack(state["v"])  # [L, H, k]
-    top_i = torch.stack(state["i"])
-    top_prompt, top_pos = top_i // T, top_i % T
-    ids = batch.tokens.cpu()[top_prompt, top_pos]
-    text = token_text(model)
-    top_token = tuple(tuple(tuple(text(int(i)) for i in row) for row in layer) for layer in ids)
-    by_position = pos_sum / pos_cnt.clamp(min=1)
+    ids = batch.tokens.cpu().gather(1, top_pos.reshape(P, -1)).reshape(top_pos.shape)
+    return ({"top_scores": top_v, "top_position": top_pos, "top_token_id": ids},
+            {"by_position_sum": pos_sum, "n_scored": pos_cnt, "off_first": off_first})
+
+
+def key_sinks_from_sums(
+    rows: dict[str, Tensor],
+    sums: dict[str, Tensor],
+    *,
+    top_k: int,
+    min_queries: int,
+    bos: Bos,
+    model_name: str = "",
+    decode: Callable[[int], str],
+) -> KeySinks:
+    """`KeySinks` from `key_sink_sums` (of one pass, or of merged shards: the
+    rows of every prompt in corpus order, the sums added). `decode` gives a
+    token id's text."""
+    top_v = rows["top_scores"]
+    P, L, H, K = top_v.shape
+    # every prompt's top keys, prompt by prompt: the corpus' top_k among them
+    cand_v = top_v.permute(1, 2, 0, 3).reshape(L, H, P * K)
+    v, j = cand_v.topk(min(top_k, P * K), dim=-1)
+    prompt = j // K
+
+    def pick(name: str) -> Tensor:
+        return rows[name].permute(1, 2, 0, 3).reshape(L, H, P * K).gather(-1, j)
+
+    ids = pick("top_token_id")
+    top_token = tuple(tuple(tuple(decode(int(i)) for i in row) for row in layer) for layer in ids)
+    pos_cnt = sums["n_scored"]
+    by_position = (sums["by_position_sum"] / pos_cnt.clamp(min=1)).float()
     by_position[:, :, pos_cnt == 0] = float("nan")
     return KeySinks(
-        top_scores=top_v, top_prompt=top_prompt, top_position=top_pos, top_token_id=ids, top_token=top_token,
-        by_position=by_position, n_scored=pos_cnt.long(), off_first_rate=off_first / P,
-        bos=batch.bos, min_queries=min_queries, n_prompts=P, model_name=cfg.model_name,
+        top_scores=v, top_prompt=prompt, top_position=pick("top_position"), top_token_id=ids, top_token=top_token,
+        by_position=by_position, n_scored=pos_cnt.long(), off_first_rate=(sums["off_first"] / P).float(),
+        bos=bos, min_queries=min_queries, n_prompts=P, model_name=model_name,
     )

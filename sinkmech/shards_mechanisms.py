@@ -133,3 +133,40 @@ def spread_result(part: Partial):
     return spread_from_sums(change, {k: _torch(part.sums[k]) for k in ENTROPY_SUMS}, last,
                             kind=s["kind"] if s["kind"] is not None else per_prompt_kind(last.tolist()),
                             threshold=s["threshold"])
+
+
+# key sinks: each prompt's top keys per head are rows (the corpus' top keys are
+# among them); alpha_k by key position and the counts are float64 sums, padded
+# to `width` positions; the token texts of the top keys are labels.
+
+def key_sinks_partial(rows: dict, sums: dict, batch: TokenBatch, settings: dict, *, width: int, decode,
+                      prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
+                      n_prompts_total: int | None = None) -> Partial:
+    """`key_sink_sums` of one shard (the prompts of `batch`) as a part.
+
+    Args:
+        width: key positions every part pads its sums to (the run's max tokens
+            plus the `<bos>` offset): the merged sums are cut to the longest prompt.
+        decode: token id -> text (the labels of the top keys).
+    """
+    T = sums["n_scored"].shape[0]
+    if T > width:
+        raise ValueError(f"the key sums have {T} positions, more than width={width}")
+    padded = {k: torch.nn.functional.pad(v, (0, width - T)) for k, v in sums.items() if k != "off_first"}
+    ids = sorted({int(i) for i in rows["top_token_id"].flatten().tolist()})
+    settings = {**settings, "bos": batch.bos, "width": width}
+    return Partial(**{**_part("key_sinks", settings, prompt_index, shard, n_prompts_total,
+                              {**_numpy(rows), "lengths": batch.lengths.cpu().numpy()},
+                              {**_numpy(padded), "off_first": sums["off_first"].numpy()}).__dict__,
+                      "labels": {str(i): decode(i) for i in ids}})
+
+
+def key_sinks_result(part: Partial, *, top_k: int, min_queries: int, model_name: str = ""):
+    """A (merged) key-sinks part back as `KeySinks`."""
+    from sinkmech.key_sinks import key_sinks_from_sums
+
+    T = int(part.rows["lengths"].max())
+    sums = {k: _torch(v[..., :T] if k != "off_first" else v) for k, v in part.sums.items()}
+    rows = {k: _torch(part.rows[k]) for k in ("top_scores", "top_position", "top_token_id")}
+    return key_sinks_from_sums(rows, sums, top_k=top_k, min_queries=min_queries, bos=part.settings["bos"],
+                               model_name=model_name, decode=lambda i: part.labels[str(i)])
