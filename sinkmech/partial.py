@@ -142,7 +142,7 @@ def checksum(body: dict) -> str:
 # with the flat indices of the non-zero ones. Non-finite floats are written as
 # the strings "nan", "inf", "-inf" (strict JSON has no NaN).
 
-DTYPES = ("float64", "float32", "int64", "bool")
+DTYPES = ("float64", "float32", "int64", "int32", "int8", "bool")
 
 
 def encode(a: np.ndarray) -> dict:

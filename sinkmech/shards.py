@@ -82,7 +82,7 @@ def sinks_result(part: Partial) -> dict[str, SinkScores]:
 # additive; labels and triggers are drawn from the merged sums. Every part keeps
 # the same position width (`n_pos`), cut to the corpus' longest prompt at the end.
 
-HEAD_STATE = ("sums", "hist", "pos", "pos_total", "band")
+HEAD_STATE = ("sums", "hist", "pos", "pos_total", "band", "cut_sums")
 
 
 def _tensors(obj, names=None, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -112,12 +112,12 @@ def heads_partial(acc, batch, settings: dict, *, prompt_index: Sequence[int], sh
                 "d_vocab": cfg.d_vocab, "bos": batch.bos, "n_bins": acc.n_bins, "n_pos": int(acc.pos_total.shape[0]),
                 "thresholds": dict(vars(acc.th))}
     n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total
-    # per-query records (the threshold sweep and the bootstrap read them): rows, one per prompt
-    width = acc.rec_first.shape[-1]
+    # what the threshold sweep and the bootstrap read (sinkmech.dormant.queries): rows, one per prompt
+    width = acc.key_level.shape[-1]
     tokens = torch.zeros(len(batch), width, dtype=torch.long)
     tokens[:, : batch.tokens.shape[1]] = batch.tokens.cpu()
-    rows = {"lengths": batch.lengths.cpu().numpy(), "tokens": tokens.numpy(), "rec_first": acc.rec_first.numpy(),
-            "rec_key": acc.rec_key.long().numpy(), "rec_out": acc.rec_out.numpy()}
+    rows = {"lengths": batch.lengths.cpu().numpy(), "tokens": tokens.numpy(), "key_level": acc.key_level.numpy(),
+            **{f"per_prompt.{k}": v.numpy() for k, v in acc.per_prompt.items()}}
     part = shard_part("heads", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_total,
                       rows=rows, sums={})
     return Partial(**{**part.__dict__, "sums": sums})
@@ -138,10 +138,9 @@ def heads_result(part: Partial, model, *, top_triggers: int = 5):
               else torch.zeros(len(lengths), width, dtype=torch.long))
     batch = TokenBatch(tokens, lengths, s["bos"], None)
     acc = _Accumulator(model, batch, th, s["n_bins"])
-    if "rec_first" in part.rows:  # per-query records: the merged scan has its sweep and bootstrap too
-        for name in ("rec_first", "rec_key", "rec_out"):
-            rec = torch.from_numpy(np.ascontiguousarray(part.rows[name]))[..., :width]
-            setattr(acc, name, rec.int() if name == "rec_key" else rec)
+    if "key_level" in part.rows:  # per-query records: the merged scan has its sweep and bootstrap too
+        acc.key_level = torch.from_numpy(np.ascontiguousarray(part.rows["key_level"]))[..., :width]
+        acc.per_prompt = {k: torch.from_numpy(np.ascontiguousarray(part.rows[f"per_prompt.{k}"])) for k in acc.per_prompt}
         acc.recorded = True
     state = scan_state(acc)
     if set(state) != set(part.sums) - {"n_prompts"}:

@@ -1,12 +1,16 @@
 """Per-query records of a head scan, and what they allow after the pass: the
-labels at any other thresholds (the threshold sweep), and the labels'
-uncertainty (a bootstrap over prompts).
+labels at any cut of the threshold sweep, and the labels' uncertainty (a
+bootstrap over prompts).
 
 A label that hangs on one cut (`high` 0.8, `low` 0.2) says little unless a
 reader can see whether it survives another; a fraction measured on a few dozen
-prompts says little without its interval. Both need the per-query first-token
-attention, which the scan keeps here (float32 and int32: 12 bytes per
-(prompt, layer, head, position)). Definitions: `sinkmech.dormant.labels`.
+prompts says little without its interval. The scan keeps only what these need,
+so that a partial result of a shard stays small (`sinkmech.shards`): per
+query, how many of the sweep's `low` cuts its first-token attention is under
+and, for an active query, its most attended key (one int32, zero elsewhere);
+per prompt and head, the counts and sums the bootstrap resamples at the scan's
+own cut; over all prompts, the counts and output sums at every cut.
+Definitions: `sinkmech.dormant.labels`.
 """
 
 from __future__ import annotations
@@ -23,35 +27,92 @@ from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
 # (high, low) cuts of the sweep: the default 0.8 / 0.2 and looser and stricter ones
 SWEEP_HIGH = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
 SWEEP_LOW = (0.2, 0.1, 0.05)
+# per prompt and head at the scan's cut (the bootstrap's resampling units): queries
+# dormant / active, output norm summed over them, and the first-token attention's raw moments
+PROMPT_SUMS = ("d", "a", "od", "oa", "m1", "m2", "m3", "m4")
+LEVELS = 8  # key_level = key * LEVELS + level: room for 7 low cuts
+
+
+def cuts(th: Thresholds) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(highs ascending, lows descending): the sweep's cuts and the scan's own."""
+    highs = tuple(sorted(set(SWEEP_HIGH) | {th.high}))
+    lows = tuple(sorted(set(SWEEP_LOW) | {th.low}, reverse=True))
+    if len(lows) >= LEVELS:
+        raise ValueError(f"at most {LEVELS - 1} low cuts")
+    return highs, lows
 
 
 @dataclass(frozen=True)
 class QueryRecords:
-    """What every head did on every query of the scan (CPU tensors)."""
+    """What the sweep, the bootstrap and a contrast need of every query (CPU tensors).
 
-    first: Float[Tensor, "prompt layer head_index pos"]  # attention on the first token
-    key: Int[Tensor, "prompt layer head_index pos"]  # most attended key other than the first
-    out: Float[Tensor, "prompt layer head_index pos"]  # head output norm ||z W_O||
+    `key_level[p, l, h, t]` = key * LEVELS + level: `level` counts the `lows`
+    (descending) that the query's first-token attention is <= (so it is active
+    at lows[j] when level > j), `key` is its most attended key other than the
+    first, kept where it is active at lows[0] (0 elsewhere). `per_prompt` holds
+    `PROMPT_SUMS` at the scan's cut [prompt, layer, head_index]; `cut_sums` the
+    counts and output-norm sums over all prompts at every cut: "n_dormant",
+    "out_dormant" [high, layer, head_index], "n_active", "out_active" [low, ...].
+    """
+
+    key_level: Int[Tensor, "prompt layer head_index pos"]
+    per_prompt: dict[str, Float[Tensor, "prompt layer head_index"]]
+    cut_sums: dict[str, Float[Tensor, "cut layer head_index"]]
+    highs: tuple[float, ...]
+    lows: tuple[float, ...]
+    cut: tuple[float, float]  # the scan's (high, low)
     tokens: Int[Tensor, "prompt pos"]
     valid: Bool[Tensor, "prompt pos"]  # real queries (query 0 and padding excluded)
 
+    def active(self, low: float) -> Bool[Tensor, "prompt layer head_index pos"]:
+        """Queries whose first-token attention is <= `low` (one of `lows`)."""
+        return (self.key_level % LEVELS) > self._index(self.lows, low, "low")
+
+    @property
+    def key(self) -> Int[Tensor, "prompt layer head_index pos"]:
+        return self.key_level // LEVELS
+
+    @staticmethod
+    def _index(values: tuple[float, ...], x: float, name: str) -> int:
+        if x not in values:
+            raise ValueError(f"the records hold the {name} cuts {values}, not {x}")
+        return values.index(x)
+
     def fractions(self, high: float, low: float) -> tuple[Tensor, Tensor]:
-        """Per prompt and head: (dormant, active) query counts [prompt, layer, head]."""
-        v = self.valid[:, None, None, :]
-        return ((self.first >= high) & v).sum(-1).double(), ((self.first <= low) & v).sum(-1).double()
+        """Per prompt and head: (dormant, active) query counts [prompt, layer, head], at the scan's cut."""
+        if (high, low) != self.cut:
+            raise ValueError(f"per-prompt counts are kept at the scan's cut {self.cut} only, not {(high, low)}")
+        return self.per_prompt["d"], self.per_prompt["a"]
 
 
-def stats_at(rec: QueryRecords, high: float, low: float, rows: Tensor | None = None) -> HeadStats:
-    """The label inputs at one cut, over all prompts (or `rows`)."""
-    first, out, valid = rec.first, rec.out, rec.valid
-    if rows is not None:
-        first, out, valid = first[rows], out[rows], valid[rows]
-    v = valid[:, None, None, :]
-    dorm, act = (first >= high) & v, (first <= low) & v
-    n = float(valid.sum())
-    nd, na = dorm.sum((0, 3)).double(), act.sum((0, 3)).double()
-    return HeadStats((nd / n).float(), (na / n).float(), ((out * dorm).sum((0, 3)) / nd).float(),
-                     ((out * act).sum((0, 3)) / na).float())
+def record_queries(first: Float[Tensor, "batch head_index pos"], key_index: Int[Tensor, "batch head_index pos"],
+                   out: Float[Tensor, "batch head_index pos"], valid_q: Bool[Tensor, "batch pos"],
+                   th: Thresholds) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    """One layer of one batch as records: key_level [batch, head, pos], the
+    per-prompt sums at the scan's cut [batch, head] and the cut sums [cut, head]."""
+    highs, lows = cuts(th)
+    v = valid_q[:, None, :]
+    level = sum(((first <= low) & v).long() for low in lows)
+    key_level = torch.where(level > 0, key_index.long(), 0) * LEVELS + level
+    dorm, act = (first >= th.high) & v, (first <= th.low) & v
+    f, o = first.double() * v, out.double()
+    per = {"d": dorm.sum(-1).double(), "a": act.sum(-1).double(), "od": (o * dorm).sum(-1), "oa": (o * act).sum(-1),
+           **{f"m{i}": (f ** i).sum(-1) for i in (1, 2, 3, 4)}}
+    at = {"dormant": [(first >= h) & v for h in highs], "active": [(first <= low) & v for low in lows]}
+    sums = {}
+    for mode, masks in at.items():
+        sums[f"n_{mode}"] = torch.stack([m.double().sum((0, 2)) for m in masks])
+        sums[f"out_{mode}"] = torch.stack([(o * m).sum((0, 2)) for m in masks])
+    return key_level, per, sums
+
+
+def stats_at(rec: QueryRecords, high: float, low: float) -> HeadStats:
+    """The label inputs at one cut, over all prompts."""
+    i, j = rec._index(rec.highs, high, "high"), rec._index(rec.lows, low, "low")
+    n = float(rec.valid.sum())
+    nd, na = rec.cut_sums["n_dormant"][i], rec.cut_sums["n_active"][j]
+    return HeadStats((nd / n).float(), (na / n).float(), (rec.cut_sums["out_dormant"][i] / nd).float(),
+                     (rec.cut_sums["out_active"][j] / na).float())
 
 
 def triggers_at(rec: QueryRecords, th: Thresholds, heads: list[tuple[int, int]], *, decode, top_k: int = 5) -> dict:
@@ -60,14 +121,13 @@ def triggers_at(rec: QueryRecords, th: Thresholds, heads: list[tuple[int, int]],
     halves by prompt parity; Bonferroni over every head of the model)."""
     if not heads:
         return {}
-    N, L, H, P = rec.first.shape
+    N, L, H, P = rec.key_level.shape
     ls, hs = torch.tensor([l for l, _ in heads]), torch.tensor([h for _, h in heads])
-    first = rec.first[:, ls, hs]  # [prompt, k, pos]
-    active = (first <= th.low) & rec.valid[:, None, :]
+    active = rec.active(th.low)[:, ls, hs] & rec.valid[:, None, :]  # [prompt, k, pos]
     counter = TriggerCounter(1, len(heads), int(rec.tokens.max()) + 1, P, "cpu")
     ids = torch.arange(N)
     counter.add_tokens(rec.tokens, rec.valid, ids)
-    counter.add_layer(0, rec.tokens, active, rec.key[:, ls, hs].long(), ids)
+    counter.add_layer(0, rec.tokens, active, rec.key[:, ls, hs], ids)
     found, _ = counter.finalize(decode=decode, min_count=th.min_count, top_k=top_k,
                                 min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha, n_tests=L * H)
     return {lh: found[0][i] for i, lh in enumerate(heads)}
@@ -133,16 +193,11 @@ def bootstrap_labels(rec: QueryRecords, th: Thresholds, modes, trigger_ok: Bool[
     rules at the scan's thresholds, its trigger verdict held fixed
     (`trigger_ok`: re-validating on resamples of the validation prompts would
     reuse them). Percentile intervals at `level`."""
-    N = rec.first.shape[0]
-    v = rec.valid[:, None, None, :]
-    f = rec.first.double() * v
-    dorm, act = (rec.first >= th.high) & v, (rec.first <= th.low) & v
-    per = {  # per-prompt sums [prompt, layer, head]
-        "n": v.sum(-1).double().expand(-1, *rec.first.shape[1:3]),
-        "d": dorm.sum(-1).double(), "a": act.sum(-1).double(),
-        "od": (rec.out.double() * dorm).sum(-1), "oa": (rec.out.double() * act).sum(-1),
-        **{f"m{i}": (f ** i).sum(-1) for i in (1, 2, 3, 4)},
-    }
+    if (th.high, th.low) != rec.cut:
+        raise ValueError(f"the records hold per-prompt sums at the cut {rec.cut}, not {(th.high, th.low)}")
+    N = rec.key_level.shape[0]
+    n = rec.valid.sum(-1).double()[:, None, None].expand(-1, *rec.key_level.shape[1:3])
+    per = {"n": n, **rec.per_prompt}  # per-prompt sums [prompt, layer, head]
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, N, (n_boot, N), generator=g)
     code = {m: i for i, m in enumerate(MODES)}

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from sinkmech.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
-from sinkmech.dormant.queries import QueryRecords, bootstrap_labels, threshold_sweep
+from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, threshold_sweep
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
 from sinkmech.hooks import act_name, expand_kv, run
@@ -161,12 +161,14 @@ class _Accumulator:
         self.hist = z(L, H, n_bins)
         self.pos = {k: z(L, H, P) for k in ("f", "active")}
         self.pos_total = z(P)
-        # per query, for the sweep and the bootstrap (sinkmech.dormant.queries)
+        # per query and per prompt, for the sweep and the bootstrap (sinkmech.dormant.queries)
         N = len(batch)
-        self.rec_first = torch.zeros(N, L, H, P)
-        self.rec_key = torch.zeros(N, L, H, P, dtype=torch.int32)
-        self.rec_out = torch.zeros(N, L, H, P)
-        self.recorded = False  # an accumulator rebuilt from summed shards has no per-query records
+        self.highs, self.lows = cuts(th)
+        self.key_level = torch.zeros(N, L, H, P, dtype=torch.int32)
+        self.per_prompt = {k: torch.zeros(N, L, H, dtype=torch.float64) for k in PROMPT_SUMS}
+        self.cut_sums = {f"{w}_{m}": z(len(self.highs if m == "dormant" else self.lows), L, H)
+                         for w in ("n", "out") for m in ("dormant", "active")}
+        self.recorded = False  # an accumulator rebuilt from summed shards without records has none
         self.band_keys = ("q_first", "q_rest", "k_first", "k_rest", "q_dormant", "q_active",
                           "logit_first_dormant", "logit_first_active", "logit_key_active")
         self.band = {k: z(L, H, C) for k in self.band_keys}
@@ -259,9 +261,12 @@ class _Accumulator:
         self.triggers.add_layer(l, part.tokens, active, key_index, prompt_ids)
         rows = (prompt_ids - self.first_prompt).cpu()  # rows of this batch, whatever the global index
         self.recorded = True
-        self.rec_first[rows, l, :, :P] = f.cpu()
-        self.rec_key[rows, l, :, :P] = key_index.int().cpu()
-        self.rec_out[rows, l, :, :P] = out.float().cpu()
+        key_level, per, at_cuts = record_queries(f, key_index, out, valid_q, th)
+        self.key_level[rows, l, :, :P] = key_level.int().cpu()
+        for k, v in per.items():
+            self.per_prompt[k][rows, l] = v.cpu()
+        for k, v in at_cuts.items():
+            self.cut_sums[k][:, l] += v
 
     def finish(self, th: Thresholds, *, decode: TokenStr, top_triggers: int, max_tokens: int, sweep: bool = True,
                n_boot: int = 200) -> HeadScan:
@@ -284,7 +289,8 @@ class _Accumulator:
                   for k, v in self.pos.items()}
         valid = self.batch.mask.cpu().clone()
         valid[:, 0] = False
-        records = (QueryRecords(self.rec_first, self.rec_key, self.rec_out, self.batch.tokens.cpu(), valid)
+        records = (QueryRecords(self.key_level, self.per_prompt, {k: v.cpu() for k, v in self.cut_sums.items()},
+                                self.highs, self.lows, (th.high, th.low), self.batch.tokens.cpu(), valid)
                    if self.recorded else None)
         triggers, best = self.triggers.finalize(decode=decode,
                                                 min_count=th.min_count, top_k=top_triggers,
