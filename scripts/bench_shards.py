@@ -6,8 +6,7 @@ the Ray run includes starting the local cluster and loading the model in each
 worker. Both run interleaved, round after round (`benchtime.interleaved_medians`).
 On 2 cores there is little to gain: two workers share the cores the single
 process already uses. Also prints the size of a sinks part and of a heads part
-per 1,000 prompts (sinks parts grow with the prompts; a heads part is mostly
-sparse trigger counts and grows with the distinct (head, token) pairs seen).
+per 1,000 prompts (see `heads_part_sizes`).
 
     python scripts/bench_shards.py --prompts 64 --max-tokens 64 --repeats 2
 """
@@ -66,16 +65,34 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {args.workers} Ray workers      {ray:7.1f} s   ratio ray / single {ray / single:.2f}x, "
               f"overhead {ray - single:+.1f} s")
         run(["--shard", "1/1", "--json", str(tmp / "sinks.partial.json")])
-        subprocess.run([sys.executable, "-m", "sinkmech.cli", "heads", *common, "--noop", "0", "--shard", "1/1",
-                        "--json", str(tmp / "heads.partial.json")], check=True, env=env, cwd=tmp,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         sinks_kb = (tmp / "sinks.partial.json").stat().st_size / 1024
-        heads_kb = (tmp / "heads.partial.json").stat().st_size / 1024
         print(f"  sinks part: {sinks_kb:.0f} KiB for {args.prompts} prompts = "
               f"{sinks_kb / args.prompts * 1000 / 1024:.1f} MiB per 1,000 prompts (both conditions)")
-        print(f"  heads part: {heads_kb / 1024:.1f} MiB for the same {args.prompts} prompts (mostly sparse trigger "
-              "counts per (head, token): they grow with the distinct pairs seen, less than linearly)")
-    return {"single_s": single, "ray_s": ray, "sinks_kib": sinks_kb, "heads_kib": heads_kb}
+        heads = heads_part_sizes(common, args.prompts, tmp, env)
+    return {"single_s": single, "ray_s": ray, "sinks_kib": sinks_kb, **heads}
+
+
+def heads_part_sizes(common: list[str], n: int, tmp: Path, env: dict) -> dict:
+    """A heads part holds fixed-size sums (moments, bands, positions: independent of
+    the prompts), trigger counts (sparse: they grow with the distinct (head, token)
+    pairs seen, less than linearly) and per-prompt rows. Measured on the first n/2
+    and on all n prompts: the growth per prompt between them, extrapolated
+    linearly to 1,000 prompts (an upper bound: the trigger counts grow less)."""
+    sizes = {}
+    for k in (n // 2, n):
+        path = tmp / f"heads-{k}.partial.json"
+        subprocess.run([sys.executable, "-m", "sinkmech.cli", "heads", *common, "--n-prompts", str(k), "--noop", "0",
+                        "--shard", "1/1", "--json", str(path)], check=True, env=env, cwd=tmp,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sizes[k] = path.stat().st_size / 1024**2
+        rows = json.loads(path.read_text())["rows"]
+        sizes[f"rows_{k}"] = len(json.dumps(rows, separators=(",", ":"))) / 1024**2
+    per_prompt = (sizes[n] - sizes[n // 2]) / (n - n // 2)
+    print(f"  heads part: {sizes[n // 2]:.1f} MiB for {n // 2} prompts, {sizes[n]:.1f} MiB for {n} "
+          f"(per-prompt rows {sizes[f'rows_{n}']:.1f} MiB); growth {1024 * per_prompt:.0f} KiB per prompt -> "
+          f"<= {sizes[n] + per_prompt * (1000 - n):.0f} MiB per 1,000 prompts")
+    return {"heads_mib": sizes[n], "heads_half_mib": sizes[n // 2], "heads_per_prompt_kib": 1024 * per_prompt,
+            "heads_per_1000_mib": sizes[n] + per_prompt * (1000 - n)}
 
 
 if __name__ == "__main__":
