@@ -30,6 +30,22 @@ def shard_part(kind: str, settings: dict, *, prompt_index: Sequence[int], shard:
                    sums={k: np.asarray(v, dtype=np.float64) for k, v in sums.items()}, labels=labels or {})
 
 
+def batch_rows(batch) -> tuple[dict, dict, dict]:
+    """What a part keeps of its `TokenBatch` for the JSON's record of what was
+    scored (`TokenBatch.used`): rows, sums and settings."""
+    return ({"content_lengths": (batch.lengths - batch.offset).cpu().numpy()},
+            {"context_cut": [0.0 if batch.context_limit is None else 1.0]},
+            {"context_limit": batch.context_limit})
+
+
+def used(part: Partial, requested: int | None) -> dict:
+    """`TokenBatch.used(requested)` of the merged prompts."""
+    lengths = part.rows["content_lengths"]
+    cut = part.sums["context_cut"][0] > 0
+    return {"max_tokens": int(lengths.max()), "max_tokens_requested": requested,
+            "content_lengths": [int(x) for x in lengths], "context_limit": part.settings["context_limit"] if cut else None}
+
+
 # sinks: every statistic is per prompt except the loss (a sum over targets).
 
 def sinks_partial(results: dict[str, SinkScores], settings: dict, *, prompt_index: Sequence[int],
@@ -194,42 +210,50 @@ def ablate_result(part: Partial):
 # per-position cell that a shard lacks (no prompt of it that long) patches
 # padding only: its value there is the shard's unpatched baseline.
 
-def patch_partial(result, pair, settings: dict, *, width: int, prompt_index: Sequence[int],
+def patch_partial(results: dict, pair, settings: dict, *, width: int, prompt_index: Sequence[int],
                   shard: tuple[int, int] = (1, 1), n_prompts_total: int | None = None) -> Partial:
-    """A `PatchResult` of one shard (the prompts of the `BosPair` `pair`) as a part.
+    """`{source: PatchResult}` of one shard (the prompts of the `BosPair` `pair`) as a part.
 
     Args:
         width: content positions every part pads a per-position result to (the
             run's max tokens): the merged values are cut to the longest prompt.
     """
-    if result.positions is not None:
-        raise ValueError("a patch of chosen positions (positions=) scores another set of positions: not merged")
-    lengths = pair.without_bos.lengths.cpu()
-    w = float(lengths.sum()) if result.metric == "kl" else float(len(lengths))
-    values = result.values.double()
-    if "pos" in result.axes:
-        if values.shape[-1] > width:
-            raise ValueError(f"the patch has {values.shape[-1]} content positions, more than width={width}")
-        padded = torch.full((*values.shape[:-1], width), result.baseline, dtype=torch.float64)
-        padded[..., : values.shape[-1]] = values
-        values = padded
-    settings = {**settings, "act": result.act, "axes": list(result.axes), "source": result.source,
-                "target": result.target, "metric": result.metric, "layers": list(result.layers), "width": width}
+    first = next(iter(results.values()))
+    batch = pair.without_bos
+    w = float(batch.lengths.sum()) if first.metric == "kl" else float(len(batch))
+    rows, sums, more = batch_rows(batch)
+    sums["weight"] = [w]
+    for source, r in results.items():
+        if r.positions is not None:
+            raise ValueError("a patch of chosen positions (positions=) scores another set of positions: not merged")
+        values = r.values.double()
+        if "pos" in r.axes:
+            if values.shape[-1] > width:
+                raise ValueError(f"the patch has {values.shape[-1]} content positions, more than width={width}")
+            padded = torch.full((*values.shape[:-1], width), r.baseline, dtype=torch.float64)
+            padded[..., : values.shape[-1]] = values
+            values = padded
+        sums.update({f"{source}.values_sum": values.numpy() * w, f"{source}.baseline_sum": [r.baseline * w],
+                     f"{source}.source_value_sum": [r.source_value * w]})
+    settings = {**settings, **more, "act": first.act, "axes": list(first.axes), "metric": first.metric,
+                "layers": list(first.layers), "targets": {k: r.target for k, r in results.items()}, "width": width}
     n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total
     return shard_part("patch", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_total,
-                      rows={"content_lengths": lengths.numpy()},
-                      sums={"values_sum": values.numpy() * w, "baseline_sum": [result.baseline * w],
-                            "source_value_sum": [result.source_value * w], "weight": [w]})
+                      rows=rows, sums=sums)
 
 
-def patch_result(part: Partial):
-    """A (merged) patch part back as a `PatchResult`."""
+def patch_result(part: Partial) -> dict:
+    """A (merged) patch part back as `{source: PatchResult}`."""
     from sinkmech.interventions.patching import PatchResult
 
     s, w = part.settings, float(part.sums["weight"][0])
-    values = torch.from_numpy(part.sums["values_sum"] / w).float()
-    if "pos" in s["axes"]:
-        values = values[..., : int(part.rows["content_lengths"].max())].contiguous()
-    return PatchResult(values=values, axes=tuple(s["axes"]), act=s["act"], source=s["source"], target=s["target"],
-                       metric=s["metric"], baseline=float(part.sums["baseline_sum"][0] / w),
-                       source_value=float(part.sums["source_value_sum"][0] / w), layers=tuple(s["layers"]))
+    out = {}
+    for source, target in s["targets"].items():
+        values = torch.from_numpy(part.sums[f"{source}.values_sum"] / w).float()
+        if "pos" in s["axes"]:
+            values = values[..., : int(part.rows["content_lengths"].max())].contiguous()
+        out[source] = PatchResult(values=values, axes=tuple(s["axes"]), act=s["act"], source=source, target=target,
+                                  metric=s["metric"], baseline=float(part.sums[f"{source}.baseline_sum"][0] / w),
+                                  source_value=float(part.sums[f"{source}.source_value_sum"][0] / w),
+                                  layers=tuple(s["layers"]))
+    return out

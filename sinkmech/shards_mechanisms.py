@@ -16,7 +16,7 @@ import torch
 
 from sinkmech.partial import Partial
 from sinkmech.prompts import TokenBatch
-from sinkmech.shards import shard_part
+from sinkmech.shards import batch_rows, shard_part
 
 
 def _numpy(d: dict) -> dict:
@@ -27,27 +27,10 @@ def _torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def batch_rows(batch: TokenBatch) -> tuple[dict, dict, dict]:
-    """What a part keeps of its prompts for the JSON's `used` record
-    (`TokenBatch.used`): rows, sums and settings."""
-    return ({"content_lengths": (batch.lengths - batch.offset).cpu().numpy()},
-            {"context_cut": [0.0 if batch.context_limit is None else 1.0]},
-            {"context_limit": batch.context_limit})
-
-
-def used(part: Partial, requested: int | None) -> dict:
-    """`TokenBatch.used(requested)` of the merged prompts."""
-    lengths = part.rows["content_lengths"]
-    cut = part.sums["context_cut"][0] > 0
-    return {"max_tokens": int(lengths.max()), "max_tokens_requested": requested,
-            "content_lengths": [int(x) for x in lengths], "context_limit": part.settings["context_limit"] if cut else None}
-
-
 def _part(kind: str, settings: dict, prompt_index, shard, n_prompts_total, rows: dict, sums: dict) -> Partial:
     index = list(prompt_index)
-    n_total = len(index) if n_prompts_total is None else n_prompts_total
-    part = shard_part(kind, settings, prompt_index=index, shard=shard, n_prompts_total=n_total, rows=rows, sums={})
-    return Partial(**{**part.__dict__, "sums": {k: np.asarray(v, dtype=np.float64) for k, v in sums.items()}})
+    return shard_part(kind, settings, prompt_index=index, shard=shard,
+                      n_prompts_total=len(index) if n_prompts_total is None else n_prompts_total, rows=rows, sums=sums)
 
 
 # value-weighted attention: every statistic is per prompt.

@@ -162,15 +162,15 @@ def test_patch_shards_merged_in_any_order_equal_the_one_pass_result(model, ragge
 
     def run(idx):
         pair = bos_pair(model, [ragged[i] for i in idx], max_tokens=24, bos_token_id=1)
-        return patch(model, pair, **kw), pair
+        return {"prepend": patch(model, pair, **kw)}, pair
 
-    one = run(range(N_PROMPTS))[0]
+    one = run(range(N_PROMPTS))[0]["prepend"]
     assert one.values.abs().max() > 1e-3
     assert max(map(len, ragged[3:6])) < max(map(len, ragged)) <= 24  # shard 2 of 3 lacks the last positions
     for n in (1, 2, 3):
         for m in merged_shards(lambda span, sh: patch_partial(*run(span), {}, width=24, prompt_index=span,
                                                               shard=sh, n_prompts_total=N_PROMPTS), n):
-            got = patch_result(m)
+            got = patch_result(m)["prepend"]
             assert got.values.shape == one.values.shape and got.axes == one.axes
             torch.testing.assert_close(got.values, one.values, rtol=1e-5, atol=1e-6)
             assert got.baseline == pytest.approx(one.baseline, rel=1e-5, abs=1e-7)
