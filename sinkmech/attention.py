@@ -16,7 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sinkmech.backend import Model
-from sinkmech.hooks import act_name, check_head, parse_head, run
+from sinkmech.hooks import act_name, check_head, head_label, parse_head, run
 from sinkmech.prompts import CONDITIONS, TokenStr, token_text, tokenize
 from sinkmech.results import Result
 
@@ -38,7 +38,7 @@ class HeadAttention(Result):
     tokens_without_bos: tuple[str, ...]
 
     def head_names(self) -> list[str]:
-        return [f"L{l}.H{h}" for l, h in self.heads]
+        return [head_label(l, h) for l, h in self.heads]
 
     def first_token(self, bos: Literal["prepend", "none"]) -> Float[Tensor, "head pos"]:
         """Attention each query puts on position 0 (`<bos>`, or the first content token)."""
@@ -49,7 +49,7 @@ class HeadAttention(Result):
     def index(self, head: HeadSpec) -> int:
         key = parse_head(head) if isinstance(head, str) else tuple(head)
         if key not in self.heads:
-            raise ValueError(f"head L{key[0]}.H{key[1]} was not computed; have {self.head_names()}")
+            raise ValueError(f"head {head_label(*key)} was not computed; have {self.head_names()}")
         return self.heads.index(key)
 
     def to_dataframe(self):

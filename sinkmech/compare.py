@@ -22,12 +22,12 @@ from torch import Tensor
 
 from sinkmech.backend import Model
 from sinkmech.dormant.discover import discover_heads
-from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
+from sinkmech.recipes import SPREAD_POSITION, swap_then_spread
 from sinkmech.sinks import format_eps, sink_scores
 from sinkmech.results import Result
 
-SPREAD_POSITION = 4  # content position of the swapped token (the setting)
 SPREAD_TOKENS = 48  # content tokens per prompt for the spread
 
 
@@ -169,10 +169,6 @@ def prompt_curve(x: Float[Tensor, "prompt layer"], *, n_boot: int = 1000, level:
     return [[float(m), float(lo), float(hi)] for m, lo, hi in zip(x.mean(0), q[0], q[1])]
 
 
-def _head(l: int, h: int) -> str:
-    return f"L{l}.H{h}"
-
-
 def compare_model(
     model: Model,
     prompts: PromptSource = None,
@@ -217,11 +213,9 @@ def compare_model(
         raise ValueError(f"spread_position must lie in [0, {spread_tokens - 1}), got {spread_position}")
     items = load_prompts(prompts)[:n_prompts]
     rows = {}
-    spread_rows = tokenize(model, items[:spread_prompts], bos="none", max_tokens=spread_tokens, bos_token_id=bos_token_id)
-    content = [r[:n].tolist() for r, n in zip(spread_rows.tokens.cpu(), spread_rows.lengths.cpu())]
-    swaps = corpus_swaps(content, spread_position)
-    spread = perturbation_spread(model, content, perturbation=swaps, batch_size=batch_size,
-                                 bos_token_id=bos_token_id, progress=progress)
+    swapped = swap_then_spread(model, items[:spread_prompts], max_tokens=spread_tokens, position=spread_position,
+                               batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
+    spread = swapped.spread
     later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
     curves = {k: [prompt_curve(v[i]) for i in range(len(CONDITIONS))] for k, v in spread.per_prompt().items()}
     depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
@@ -255,16 +249,16 @@ def compare_model(
         dormant = DormantSummary(
             n_prompts=scan.n_prompts,
             mode_counts=scan.mode_counts(),
-            if_else_heads=[_head(*hd) for hd in found],
-            candidates={_head(*hd): scan.head_summary(*hd) for hd in dict.fromkeys(found + checked)},
-            noop={} if noop is None else {_head(r.layer, r.head): r.to_dict() for r in noop.results},
+            if_else_heads=[head_label(*hd) for hd in found],
+            candidates={head_label(*hd): scan.head_summary(*hd) for hd in dict.fromkeys(found + checked)},
+            noop={} if noop is None else {head_label(r.layer, r.head): r.to_dict() for r in noop.results},
             loss_clean=None if noop is None else noop.loss_clean,
             sweep=list(scan.sweep or ()),
             noop_prompts=list(disc.noop_prompts),
         )
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
-        n_prompts=len(items), max_tokens=used, spread_prompts=len(content), spread_position=spread_position,
+        n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
         conditions=rows, dormant=dormant,
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
                   "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},

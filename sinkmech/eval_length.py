@@ -23,7 +23,7 @@ from sinkmech.backend import Model
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
 from sinkmech.results import Result
-from sinkmech.sinks import check_eps, format_eps, sink_scores_from_tokens
+from sinkmech.sinks import check_eps, format_eps, sink_scores
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
 
@@ -141,7 +141,7 @@ def sinks_vs_length(
     rates, means, uniform, tl, th, ts, cost = [], [], [], [], [], [], []
     for T in tqdm(done, desc="sinks vs length", disable=not progress, unit="length"):
         sub = truncate(batch, T)
-        ss = sink_scores_from_tokens(model, sub, batch_size=batch_size, progress=False)
+        ss = sink_scores(model, sub, batch_size=batch_size, progress=False)
         rates.append([ss.sink_rate(e) for e in eps])
         means.append(float(ss.scores.mean()))
         uniform.append(ss.uniform_score())

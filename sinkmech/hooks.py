@@ -30,6 +30,11 @@ def check_head(model: Model, layer: int, head: int) -> None:
         raise ValueError(f"head {head} out of range: the model has {model.cfg.n_heads} heads per layer")
 
 
+def head_label(layer: int, head: int) -> str:
+    """The one printed name of a head: `L{layer}.H{head}`, e.g. "L12.H3"."""
+    return f"L{layer}.H{head}"
+
+
 def parse_head(text: str, model: Model | None = None) -> tuple[int, int]:
     """'L.H' -> (L, H), checked against the model when given."""
     try:

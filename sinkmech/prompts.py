@@ -351,9 +351,11 @@ def as_batch(
 ) -> TokenBatch:
     """The one place an analysis turns its input into tokens.
 
-    A TokenBatch passes through untouched (its `<bos>` condition must match
-    `bos` when `bos` is given; `max_tokens` and `bos_token_id` are then unused).
-    Anything else is tokenized once with `tokenize`.
+    A TokenBatch passes through untouched: its `<bos>` condition must match
+    `bos` when `bos` is given, it must hold prompts, and it may not be wider
+    than a `max_tokens` given (never cut silently: tokenize with the
+    `max_tokens` you want); `bos_token_id` is then unused. Anything else is
+    tokenized once with `tokenize` (default `max_tokens` 64).
 
     Args:
         source: a ready TokenBatch, or prompts (see `load_prompts`).
@@ -362,8 +364,13 @@ def as_batch(
             documented default); without one, prompts need an explicit `bos`.
     """
     if isinstance(source, TokenBatch):
+        if len(source) == 0:
+            raise ValueError("the TokenBatch is empty")
         if bos is not None and check_bos(bos) != source.bos:
             raise ValueError(f"bos={bos!r} was asked for, but the token batch was built with bos={source.bos!r}")
+        if max_tokens is not None and max_tokens < source.max_content:
+            raise ValueError(f"the TokenBatch holds {source.max_content} content tokens per prompt, more than "
+                             f"max_tokens={max_tokens}: tokenize with the max_tokens you want")
         return source
     bos = bos if bos is not None else default
     if bos is None:

@@ -311,16 +311,3 @@ def sink_scores(
         loss_sum=loss_sum if loss else None,
         loss_count=loss_n if loss else 0,
     )
-
-
-def sink_scores_from_tokens(
-    model: Model,
-    batch: TokenBatch,
-    *,
-    batch_size: int = 16,
-    max_tokens: int | None = None,
-    progress: bool = True,
-) -> SinkScores:
-    """`sink_scores` on an already tokenized batch (kept for old callers:
-    `sink_scores` itself takes a TokenBatch)."""
-    return sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, progress=progress)

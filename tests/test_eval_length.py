@@ -8,7 +8,7 @@ import torch
 from sinkmech.eval_length import sinks_vs_length, truncate
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores_from_tokens
+from sinkmech.sinks import sink_scores
 from tests.conftest import TINY_BOS
 
 
@@ -29,7 +29,7 @@ def test_sweep_equals_direct_calls(tiny_model, long_batch):
     for i, T in enumerate(res.lengths):
         sub = truncate(long_batch, T)
         assert sub.tokens.shape[1] == T + 1
-        ss = sink_scores_from_tokens(tiny_model, sub, progress=False)
+        ss = sink_scores(tiny_model, sub, progress=False)
         assert abs(float(res.sink_rate[i, 0]) - ss.sink_rate(0.3)) < 1e-6
         assert abs(float(res.uniform_score[i]) - ss.uniform_score()) < 1e-6  # stored as float32
         for r, (l, h, s) in enumerate(ss.top_heads(2)):

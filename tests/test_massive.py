@@ -10,7 +10,7 @@ from sinkmech.hooks import act_name, residual_stack
 from sinkmech.loss import content_loss
 from sinkmech.massive import massive_dims, reset_massive_dims
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores_from_tokens
+from sinkmech.sinks import sink_scores
 from tests.conftest import TINY_BOS
 
 
@@ -69,7 +69,7 @@ def test_reset_undoes_a_planted_dim(tiny_model, ragged):
 
     clean = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, progress=False)
     # the clean arm equals sinks.py and loss.py
-    ss = sink_scores_from_tokens(tiny_model, ragged, progress=False)
+    ss = sink_scores(tiny_model, ragged, progress=False)
     assert torch.allclose(clean.scores_clean, ss.scores, atol=1e-5)
     assert abs(clean.loss_clean - content_loss(tiny_model, ragged)) < 1e-5
     assert clean.loss_reset != clean.loss_clean

@@ -13,7 +13,7 @@ from sinkmech.interventions.patching import bos_pair
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, corpus_swaps, perturbation_spread
 from sinkmech.prompts import as_batch, tokenize
 from sinkmech.sensitivity import rank_collapse, sensitivity
-from sinkmech.sinks import sink_scores, sink_scores_from_tokens
+from sinkmech.sinks import sink_scores
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_sink_scores_on_a_batch_equal_the_prompt_form(tiny_model, rows):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=64, bos_token_id=TINY_BOS)
         a = sink_scores(tiny_model, rows, bos=bos, bos_token_id=TINY_BOS, batch_size=3, progress=False)
         b = sink_scores(tiny_model, batch, batch_size=2, progress=False)
-        c = sink_scores_from_tokens(tiny_model, batch, progress=False)
+        c = sink_scores(tiny_model, batch, progress=False)
         for r in (b, c):
             assert r.bos == bos and torch.equal(a.lengths, r.lengths)
             assert torch.allclose(a.scores, r.scores, atol=1e-6)

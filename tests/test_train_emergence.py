@@ -22,7 +22,7 @@ from sinkmech.train.data import post_trigger, sink_tokens
 from sinkmech.hooks import act_name
 from sinkmech.train.modes import mode_attention
 from sinkmech.train.emergence import emergence, first_crossing, stable_crossing
-from sinkmech.train.run import TrainConfig, TrainData, build_model, evaluate, token_losses, train
+from sinkmech.train.run import TrainConfig, TrainData, build_model, evaluate, packed_token_losses, train
 
 TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=1, d_model=32, n_heads=2,
             eval_prompts=4, val_windows=8, threads=1, warmup=2)
@@ -85,7 +85,7 @@ def test_split_loss_recombines_to_the_validation_loss():
     # The brute-force per-token losses agree with the logged mean.
     inputs = torch.cat([torch.full((len(chunk), 1), cfg.bos_id), chunk[:, :-1]], 1)
     with torch.no_grad():
-        losses = token_losses(model, inputs, chunk, packing="causal", bos_id=cfg.bos_id, fixed_bos=True)
+        losses = packed_token_losses(model, inputs, chunk, packing="causal", bos_id=cfg.bos_id, fixed_bos=True)
     assert float(losses[:, 1:].mean()) == pytest.approx(ev.val_loss["prepend"], rel=1e-5)
     # Text data has no triggers: no split.
     text = TrainConfig(**{**TINY, "data": "text"})

@@ -27,6 +27,7 @@ from sinkmech.cli.shard import (
     shard_run,
 )
 from sinkmech.figures.core import heatmap_panels, save, shared_limits
+from sinkmech.hooks import head_label
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
 from sinkmech.partial import write_partial
@@ -123,7 +124,7 @@ def ablate_output(args, model, prompts, exact, kw) -> None:
     else:
         print(f"{args.mode} ablation (bos={args.bos}), {exact.metric}; the unablated run scores {exact.baseline:.4f}")
     for layer, head, value in exact.top_heads(args.top):
-        print(f"  L{layer}.H{head}  {value:.4f}")
+        print(f"  {head_label(layer, head)}  {value:.4f}")
     payload = {"model": args.model, **exact.to_dict()}
     panels = [("exact", exact.effects.numpy())]
     if args.attribution:

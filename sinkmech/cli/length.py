@@ -9,6 +9,7 @@ from pathlib import Path
 from sinkmech.cli.common import MODEL_HELP, PNG_HELP, UsageError, load_model_arg, write_results
 from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
 from sinkmech.figures.mechanisms import length_lines
+from sinkmech.hooks import head_label
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.prompts import DEFAULT_EPS
 from sinkmech.sinks import format_eps
@@ -33,7 +34,7 @@ def print_length_table(sweep) -> None:
     print(f"{'length':>7} " + " ".join(f"{'rate>' + format_eps(e):>9}" for e in sweep.eps)
           + f" {'mean a0':>8} {'uniform':>8}  top heads (mask_first KL)")
     for i, T in enumerate(sweep.lengths):
-        heads = ", ".join(f"L{int(sweep.top_layer[i, r])}.H{int(sweep.top_head[i, r])} ({float(sweep.mask_first_cost[i, r]):.4f})"
+        heads = ", ".join(f"{head_label(int(sweep.top_layer[i, r]), int(sweep.top_head[i, r]))} ({float(sweep.mask_first_cost[i, r]):.4f})"
                           for r in range(sweep.top_layer.shape[1]))
         print(f"{T:>7} " + " ".join(f"{float(sweep.sink_rate[i, j]):>8.1f}%" for j in range(len(sweep.eps)))
               + f" {float(sweep.mean_score[i]):>8.3f} {float(sweep.uniform_score[i]):>8.3f}  {heads}")

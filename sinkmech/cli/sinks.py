@@ -33,6 +33,7 @@ from sinkmech.cli.shard import (
 )
 from sinkmech.figures.sinks import sink_heatmap
 from sinkmech.findings import flatten, record
+from sinkmech.hooks import head_label
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.partial import write_partial
 from sinkmech.prompts import tokenize
@@ -149,7 +150,7 @@ def print_flagged(keys: dict) -> None:
             alpha, alpha0 = float(ks.by_position[l, h, pos]), float(ks.by_position[l, h, 0])
             top = ", ".join(f"{ks.top_token[l][h][r]!r} @{int(ks.top_position[l, h, r])} ({float(ks.top_scores[l, h, r]):.2f})"
                             for r in range(ks.top_scores.shape[-1]) if float(ks.top_scores[l, h, r]) > float("-inf"))
-            print(f"  L{l}.H{h}  position {pos}: mean alpha {alpha:.3f} vs alpha_0 {alpha0:.3f}; top keys: {top}")
+            print(f"  {head_label(l, h)}  position {pos}: mean alpha {alpha:.3f} vs alpha_0 {alpha0:.3f}; top keys: {top}")
 
 
 def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
@@ -172,7 +173,7 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
         print()
         print(f"top sink heads (bos={c}; uniform attention would score {r.uniform_score():.3f})")
         for layer, head, score in r.top_heads(top):
-            print(f"  L{layer}.H{head}  {score:.3f}")
+            print(f"  {head_label(layer, head)}  {score:.3f}")
 
 
 def cmd_sinks(args) -> None:

@@ -28,10 +28,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
-from sinkmech.dormant.scan import as_token_batch
 from sinkmech.hooks import act_name, all_to_first_hook, check_head, zero_head_hook
 from sinkmech.loss import token_losses
-from sinkmech.prompts import Bos, PromptSource, TokenBatch
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
 
 
@@ -149,7 +148,7 @@ def noop_check(
         model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
         tokens: a `TokenBatch`, or prompts (`sinkmech.prompts.load_prompts`)
             tokenized once with `bos` (default "prepend"), `max_tokens`
-            (default 64) and `bos_token_id`; see `scan.as_token_batch`.
+            (default 64) and `bos_token_id`; see `sinkmech.prompts.as_batch`.
         heads: (layer, head) pairs, e.g. `scan.if_else_heads()`.
         high, low: the query-mode thresholds (use the scan's).
         ci_level, n_boot, seed: the bootstrap interval of the per-query costs
@@ -166,7 +165,7 @@ def noop_check(
         raise ValueError(f"need 0 < ci_level < 1 and n_boot >= 1, got {ci_level}, {n_boot}")
     for layer, head in heads:
         check_head(model, layer, head)
-    batch, _ = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
     heads = [(int(l), int(h)) for l, h in heads]
     sums = {lh: {"n_dormant": 0, "n_active": 0, "dormant": 0.0, "active": 0.0} for lh in heads}
     # per prompt: summed loss change and intervened queries, for the bootstrap

@@ -24,40 +24,10 @@ from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
 from sinkmech.hooks import act_name, expand_kv, run
-from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, token_text, tokenize
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
 
-__all__ = ["HeadScan", "as_token_batch", "scan_heads"]
+__all__ = ["HeadScan", "scan_heads"]
 
-
-def as_token_batch(
-    model: Model,
-    tokens: TokenBatch | PromptSource,
-    *,
-    bos: Bos | None,
-    max_tokens: int | None,
-    bos_token_id: int | None,
-) -> tuple[TokenBatch, int]:
-    """The batch an analysis runs on, and the longest content it holds (what
-    `max_tokens` came to: shorter prompts keep their length).
-
-    A `TokenBatch` is used as it is (`bos`, if given, must match it; `max_tokens`
-    may not cut it); anything else is tokenized once with `bos` (default
-    "prepend") and `max_tokens` (default 64).
-    """
-    if isinstance(tokens, TokenBatch):
-        if len(tokens) == 0:
-            raise ValueError("the TokenBatch is empty")
-        if bos is not None and bos != tokens.bos:
-            raise ValueError(f"bos={bos!r} does not match the TokenBatch, which was built with bos={tokens.bos!r}")
-        width = int(tokens.lengths.max()) - tokens.offset
-        if max_tokens is not None and max_tokens < width:
-            raise ValueError(f"the TokenBatch holds {width} content tokens per prompt, more than max_tokens={max_tokens}: "
-                             "tokenize with the max_tokens you want")
-        return tokens, width
-    max_tokens = 64 if max_tokens is None else max_tokens
-    batch = tokenize(model, tokens, bos="prepend" if bos is None else bos, max_tokens=max_tokens,
-                     bos_token_id=bos_token_id)
-    return batch, batch.max_content
 
 def scan_heads(
     model: Model,
@@ -121,7 +91,8 @@ def scan_heads(
                     int(min_prompts), int(min_queries), alpha)
     if batch_size < 1 or n_bins < 2 or top_triggers < 1 or n_boot < 0:
         raise ValueError("need batch_size >= 1, n_bins >= 2, top_triggers >= 1 and n_boot >= 0")
-    batch, max_tokens = as_token_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    max_tokens = batch.max_content  # what max_tokens came to: shorter prompts keep their length
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
     acc = accumulate(model, batch, th, n_bins=n_bins, batch_size=batch_size, progress=progress)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from sinkmech.backend import Model
+from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
 from sinkmech.render import View
 from sinkmech.sinks import SinkScores, sink_scores
@@ -126,10 +127,6 @@ class Section:
     figures: tuple[str, ...] = ()
     summary: dict = field(default_factory=dict)
     views: tuple[View, ...] = ()
-
-
-def head_label(l: int, h: int) -> str:
-    return f"L{l}.H{h}"
 
 
 def figure_html(paths: Sequence[str], caption: str, out: Path | None = None) -> str:

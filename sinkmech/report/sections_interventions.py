@@ -22,27 +22,20 @@ from sinkmech.figures.patching import patching_heatmaps
 from sinkmech.figures.spread import spread_heatmaps
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
-from sinkmech.perturb import corpus_swaps, perturbation_spread
-from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, tokenize
+from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
+from sinkmech.recipes import SPREAD_THRESHOLD, swap_then_spread
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
 
 
-SPREAD_POSITION = 4  # content position of the swapped token (earlier if the prompts are shorter)
-SPREAD_THRESHOLD = 0.1  # relative change counted as "reached"
 ABLATION_ROWS = 512  # rows per batched forward of the ablation sweep: 2.7x faster than 128 on SmolLM2, 4 x 16 tokens
 
 
 def spread_section(ctx: ReportContext) -> Section:
     """One token swapped at an early position, with and without `<bos>`: how far the
     change spreads over layers and later positions, and how smooth attention is."""
-    model, kw = ctx.model, dict(max_tokens=ctx.max_tokens, bos_token_id=ctx.bos_token_id)
-    plain = tokenize(model, ctx.first(ctx.spread_prompts), bos="none", **kw)
-    rows = [r[:n].tolist() for r, n in zip(plain.tokens.cpu(), plain.lengths.cpu())]
-    if min(map(len, rows)) < 2:
-        raise ValueError("perturbation spread needs prompts of at least 2 tokens")
-    pos = min(SPREAD_POSITION, min(map(len, rows)) - 2)  # leave later positions to reach
-    swaps = corpus_swaps(rows, pos)
-    res = perturbation_spread(model, rows, perturbation=swaps, threshold=SPREAD_THRESHOLD, progress=False, **kw)
+    swapped = swap_then_spread(ctx.model, ctx.first(ctx.spread_prompts), max_tokens=ctx.max_tokens,
+                               bos_token_id=ctx.bos_token_id, progress=False)
+    res, pos, swaps, rows = swapped.spread, swapped.position, swapped.swaps, swapped.rows
     change, entropy, norm_entropy = res.change, res.entropy, res.normalized_entropy
     news = [int(s.replacement[0]) for s in swaps]
     per, mean = res.per_layer(), res.mean_change()
@@ -64,7 +57,7 @@ def spread_section(ctx: ReportContext) -> Section:
     swap_text = [[ctx.token_text(r[pos]), ctx.token_text(n)] for r, n in zip(rows, news)]
     later = res.later()
     summary = {
-        "n_prompts": len(rows), "max_tokens": plain.max_content, "position": pos, "threshold": SPREAD_THRESHOLD, "swaps": swap_text,
+        "n_prompts": len(rows), "max_tokens": max(map(len, rows)), "position": pos, "threshold": SPREAD_THRESHOLD, "swaps": swap_text,
         "swap_ids": [[r[pos], n] for r, n in zip(rows, news)],
         "last_layer_mean_change": last, "last_layer_spread_fraction": frac, "mean_entropy": mean_ent,
         "mean_normalized_entropy": mean_norm, "normalized_entropy_per_layer": {c: v.tolist() for c, v in norm_ent.items()},

@@ -52,8 +52,8 @@ from sinkmech.train.modes import attention_breakdown, trigger_classes
 
 # re-exported: `from sinkmech.train.run import TrainConfig, train` keeps working
 __all__ = ["EvalResult", "ConditionEval", "PACKINGS", "POSITIONALS", "Packing", "Positional", "TrainConfig",
-           "TrainData", "TrainResult", "build_model", "evaluate", "hardware", "load_checkpoint", "save_checkpoint",
-           "token_losses", "train", "train_to_log"]
+           "TrainData", "TrainResult", "build_model", "evaluate", "hardware", "load_checkpoint", "packed_token_losses",
+           "save_checkpoint", "train", "train_to_log"]
 
 
 def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransformer:
@@ -117,7 +117,7 @@ def packing_hooks(tokens: Tensor, *, packing: Packing, bos_id: int, fixed_bos: b
     return [(lambda name: name.endswith("attn_scores"), intra_doc_hook(allowed))]
 
 
-def token_losses(
+def packed_token_losses(
     model: HookedTransformer,
     inputs: Int[Tensor, "batch pos"],
     targets: Int[Tensor, "batch pos"],
@@ -126,7 +126,10 @@ def token_losses(
     bos_id: int,
     fixed_bos: bool,
 ) -> Float[Tensor, "batch pos"]:
-    """Next-token cross-entropy (nats) at every position."""
+    """Next-token cross-entropy (nats) at every position of a packed training
+    window, against explicit `targets`, under the run's packing (intra-document
+    masking when asked); with gradients. Not `sinkmech.loss.token_losses`, which
+    scores a prompt's own next tokens without gradients."""
     device = model.cfg.device
     hooks = packing_hooks(inputs, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
     with model.hooks(fwd_hooks=hooks):
@@ -146,7 +149,7 @@ def lm_loss(
     first: int = 0,
 ) -> Float[Tensor, ""]:
     """Mean next-token cross-entropy (nats/token) over positions >= `first`."""
-    losses = token_losses(model, inputs, targets, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
+    losses = packed_token_losses(model, inputs, targets, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
     return losses[:, first:].mean()
 
 
@@ -221,7 +224,7 @@ def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
         if not with_bos:
             inputs, targets = chunk[:, :-1], chunk[:, 1:]
         first = 1 if with_bos else 0
-        losses = token_losses(
+        losses = packed_token_losses(
             model, inputs, targets, packing=cfg.packing, bos_id=data.bos_id, fixed_bos=with_bos
         )[:, first:].cpu()
         val_loss[cond] = float(losses.mean())
