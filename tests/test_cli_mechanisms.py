@@ -35,7 +35,7 @@ def never_load(monkeypatch):
 
 @pytest.mark.parametrize("argv, message", [
     (["stream", "--window", "0"], "--window must be >= 1"),
-    (["stream", "--keep", "0", "-1"], "--keep values must be >= 0"),
+    (["stream", "--keep", "0", "-1"], "--keep must be >= 0"),
     (["stream", "--max-tokens", "0"], "--max-tokens must be >= 1"),
     (["stream", "--window", "32", "--keep", "4", "--max-tokens", "36"], "no token left to score"),
     (["stream", "--bos", "none", "--window", "8", "--keep", "0", "--max-tokens", "9"], "no token left to score"),
@@ -44,7 +44,7 @@ def never_load(monkeypatch):
     (["sinks", "--keys", "all", "--min-queries", "0"], "--min-queries must be >= 1"),
     (["massive", "--threshold", "0"], "--threshold must be > 0"),
     (["massive", "--top", "0"], "--top must be >= 1"),
-    (["length", "--lengths", "64", "1"], "--lengths must all be >= 2"),
+    (["length", "--lengths", "64", "1"], "--lengths must be >= 2"),
     (["length", "--n-prompts", "0"], "--n-prompts must be >= 1"),
 ])
 def test_bad_flags_fail_before_the_model_loads(argv, message, never_load, capsys):

@@ -15,6 +15,7 @@ from sinkmech.cli.common import (
     add_metric,
     answers,
     load_model_arg,
+    positive_int,
     prompts_arg,
     write_results,
 )
@@ -43,7 +44,7 @@ def add_ablate_parser(sub) -> None:
                         "zero / mean: its output replaced by 0 / its mean output")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
-    p.add_argument("--top", type=int, default=10, help="heads listed, by effect (default 10)")
+    p.add_argument("--top", type=positive_int, default=10, help="heads listed, by effect (default 10)")
     add_metric(p)
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_ablate)
@@ -77,11 +78,11 @@ class AblateTask:
 
 
 def cmd_ablate(args) -> None:
+    prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
     if args.shard is not None or args.resume or args.ray is not None:
         if args.mode == "mean" or args.attribution:
             raise UsageError("--shard / --ray: the mean ablation and --attribution need the whole corpus at once "
                              "(the mean output, one backward pass); shard mask_first, all_to_first or zero")
-        prompts = prompts_arg(args)
         extra = {"bos": args.bos, "mode": args.mode, "metric": args.metric, "answers": args.answers}
         if args.ray is not None:
             settings = base_settings(args, prompts, **extra)
@@ -97,7 +98,6 @@ def cmd_ablate(args) -> None:
         return
     model = load_model_arg(args)
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
-    prompts = prompts_arg(args)
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8, **kw)
     ablate_output(args, model, prompts, exact, kw)
 

@@ -3,8 +3,10 @@ conditions, JSON output, and the one error a command raises for a bad flag.
 
 Error policy (applied by `sinkmech.cli.main.main`):
 
-- exit 2, usage error: argparse's own errors (it exits itself), a `UsageError`
-  a command raises for a flag value it rejects, a `ValueError` an analysis
+- exit 2, usage error: argparse's own errors (it exits itself), a value a
+  flag's type rejects (`positive_int`, `fraction`, `image_file`, ...: each
+  flag is checked once, where it is declared, while the arguments are read), a
+  `UsageError` a command raises for flags that conflict, a `ValueError` an analysis
   raises for an option or input it rejects, and a `FileNotFoundError` for an
   input file that does not exist;
 - exit 2 also for an output folder that holds an earlier output (without
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +40,162 @@ class UsageError(Exception):
     """A flag value the command rejects: `main` prints `error: ...` and exits 2."""
 
 
+# Flag types: each flag's value is checked once, by the `type=` it is declared
+# with, while argparse reads it (so before any model loads). A rejected value
+# becomes one `error: --flag must be ...` line (`Parser.error`, exit 2).
+
+
+class FlagValueError(argparse.ArgumentTypeError):
+    """A value a flag type rejects; the message follows the flag's name."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a value rejected by a flag type (`FlagValueError`) raised as
+    `UsageError("--flag must be ...")`, which `main` prints as one `error:` line.
+    Other argparse errors (an unknown flag, a bad choice) keep argparse's message."""
+
+    def error(self, message):
+        err = sys.exc_info()[1]
+        if isinstance(err, argparse.ArgumentError) and isinstance(err.__context__, FlagValueError):
+            raise UsageError(f"{err.argument_name} {err.__context__}") from None
+        super().error(message)
+
+
+def _number(text: str, kind: type):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise FlagValueError(f"takes {'whole ' if kind is int else ''}numbers, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise FlagValueError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a count or a size)."""
+    value = _number(text, int)
+    if value < 1:
+        raise FlagValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (a count where 0 turns something off, a position, a layer)."""
+    value = _number(text, int)
+    if value < 0:
+        raise FlagValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def at_least(minimum: int):
+    """A flag type: an integer >= `minimum`."""
+    def check(text: str) -> int:
+        value = _number(text, int)
+        if value < minimum:
+            raise FlagValueError(f"must be >= {minimum}, got {value}")
+        return value
+
+    check.__name__ = f"at_least_{minimum}"
+    return check
+
+
+def finite_float(text: str) -> float:
+    """A finite number (no nan, no inf)."""
+    return _number(text, float)
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _number(text, float)
+    if value <= 0:
+        raise FlagValueError(f"must be > 0, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _number(text, float)
+    if value < 0:
+        raise FlagValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A finite number in [0, 1] (an attention threshold)."""
+    value = _number(text, float)
+    if not 0.0 <= value <= 1.0:
+        raise FlagValueError(f"must lie in [0, 1], got {value}")
+    return value
+
+
+def eps_value(text: str) -> str:
+    """A sink-rate threshold in [0, 1), kept as written ("0.3" stays the JSON key "0.3")."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise FlagValueError(f"takes numbers, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise FlagValueError(f"values must lie in [0, 1), got {text}")
+    return text.strip()
+
+
+def head_spec(text: str) -> str:
+    """A head written LAYER.HEAD, e.g. 12.3 (checked against the model once it loads)."""
+    parts = text.split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise FlagValueError(f"is written LAYER.HEAD, e.g. 12.3; got {text!r}")
+    return text
+
+
+class Distinct(argparse.Action):
+    """A list flag (nargs="+") whose values, each checked by the flag's type, may
+    not repeat: a repeat is one `error:` line (exit 2) while the flags are read."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise UsageError(f"{option_string} lists {', '.join(map(str, repeated))} more than once: "
+                             f"{' '.join(map(str, values))}")
+        setattr(namespace, self.dest, list(values))
+
+
+def model_name(text: str) -> str:
+    """A model this machine can load ('smollm2', a packaged model, a .gguf path,
+    a Hugging Face folder or a TransformerLens name), checked without loading it
+    (`sinkmech.models.check_model_spec`)."""
+    try:
+        models.check_model_spec(text)
+    except (ValueError, OSError) as e:
+        raise FlagValueError(f"is not loadable here: {e}") from None
+    return text
+
+
+def device_name(text: str) -> str:
+    """A torch device this machine has (cpu, cuda, cuda:1, mps)."""
+    try:
+        return check_device(text)
+    except ValueError as e:
+        raise FlagValueError(f"names no usable device: {e}") from None
+
+
+def output_file(text: str) -> Path:
+    """A file sinkmech will write ('-': stdout): not a folder, and its nearest
+    existing folder is writable (missing folders are created later)."""
+    path = Path(text)
+    if text != "-":
+        _check_writable(path)
+    return path
+
+
+def image_file(text: str) -> Path:
+    """A figure file: .png, .svg or .pdf, writable as `output_file`."""
+    path = Path(text)
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise FlagValueError(f"must end in {', '.join(IMAGE_SUFFIXES)}, got {text}")
+    _check_writable(path)
+    return path
+
+
 PROMPTS_HELP = ("text file (one prompt per line), .jsonl/.ndjson with a 'text' field per line, or a .json list of "
                 "strings or such objects; default: 170 windows of the Python docs")
 BATCH_HELP = "prompts per forward pass (default 16; lower it if memory runs out)"
@@ -45,12 +205,12 @@ BOS_HELP = "prepend: <bos> at position 0 of every prompt; none: the same content
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """--model, --prompts, --max-tokens, --batch-size, --json, --png."""
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--prompts", default=None, help=PROMPTS_HELP)
-    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
-    p.add_argument("--batch-size", type=int, default=16, help=BATCH_HELP)
-    p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout, everything else then goes to stderr)")
-    p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help=BATCH_HELP)
+    p.add_argument("--json", type=output_file, default=None, help="write results as JSON here ('-': stdout, everything else then goes to stderr)")
+    p.add_argument("--png", type=image_file, default=None, help=PNG_HELP)
 
 
 DTYPE_CHOICES = ("float32", "bfloat16", "float16")
@@ -61,7 +221,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
                    help="weights and activations in this dtype (default float32); sums, losses and norms "
                         "accumulate in float32 or wider whatever it is")
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when present)")
+    p.add_argument("--device", type=device_name, default=None,
+                   help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when present)")
 
 
 def load_model_arg(args, spec: str | None = None):
@@ -73,7 +234,7 @@ def load_model_arg(args, spec: str | None = None):
 def add_intervention_common(p: argparse.ArgumentParser) -> None:
     """The common flags and --n-prompts (patch, ablate, perturb)."""
     add_common(p)
-    p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--n-prompts", type=positive_int, default=None, help="use only the first N prompts")
 
 
 def add_bos_token(p: argparse.ArgumentParser) -> None:
@@ -113,8 +274,6 @@ def prompts_arg(args):
     """--prompts read now (a bad file fails before the slow model load), cut to
     the first --n-prompts when given."""
     n = getattr(args, "n_prompts", None)
-    if n is not None and n < 1:
-        raise UsageError(f"--n-prompts must be >= 1, got {n}")
     prompts = load_prompts(args.prompts)
     return prompts if n is None else prompts[:n]
 
@@ -176,77 +335,21 @@ def write_json(path: Path, payload: dict) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
-# Checked by `main` before any command runs, so before any model loads.
-POSITIVE_INTS = ("max_tokens", "batch_size", "n_prompts", "top", "noop_prompts", "min_count", "view_tokens",
-                 "view_prompts", "context_length", "tokens_per_step", "d_model", "steps", "eval_every",
-                 "spread_prompts", "spread_tokens")
-NON_NEGATIVE_INTS = ("noop", "warmup", "dormant_prompts", "position")
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def check_args(args) -> None:
-    """Reject bad flag values before the slow model load: counts below 1,
-    non-finite or negative numbers, inverted thresholds, a malformed --head,
-    an image path without an image suffix, an output path that cannot be written."""
-    import math
-
-    for name in POSITIVE_INTS:
-        v = getattr(args, name, None)
-        if isinstance(v, int) and v < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-    for name in NON_NEGATIVE_INTS:
-        v = getattr(args, name, None)
-        if isinstance(v, int) and v < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
-    if args.command == "train" and isinstance(getattr(args, "heads", None), int) and args.heads < 1:
-        raise UsageError(f"--heads must be >= 1, got {args.heads}")
-    for name, v in vars(args).items():
-        if isinstance(v, float) and not math.isfinite(v):
-            raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {v}")
-    if getattr(args, "noise", None) is not None and args.noise < 0:
-        raise UsageError(f"--noise must be >= 0, got {args.noise}")
-    if getattr(args, "threshold", None) is not None and args.threshold <= 0:
-        raise UsageError(f"--threshold must be > 0, got {args.threshold}")
-    if getattr(args, "lr", None) is not None and args.lr <= 0:
-        raise UsageError(f"--lr must be > 0, got {args.lr}")
-    high, low = getattr(args, "high", None), getattr(args, "low", None)
-    if high is not None and low is not None and not 0.0 <= low < high <= 1.0:
-        raise UsageError(f"need 0 <= --low < --high <= 1, got --low {low} --high {high}")
-    if getattr(args, "layers", None) is not None and isinstance(args.layers, list) and min(args.layers) < 0:
-        raise UsageError(f"--layers must be >= 0, got {args.layers}")
-    head = getattr(args, "head", None)
-    if isinstance(head, str):
-        parts = head.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise UsageError(f"--head is written LAYER.HEAD, e.g. 12.3; got {head!r}")
-    if getattr(args, "device", None) is not None:
-        try:
-            check_device(args.device)
-        except ValueError as e:
-            raise UsageError(f"--device: {e}") from None
-    png = getattr(args, "png", None)
-    if png is not None and Path(png).suffix.lower() not in IMAGE_SUFFIXES:
-        raise UsageError(f"--png must end in {', '.join(IMAGE_SUFFIXES)}, got {png}")
-    for name in ("json", "png", "findings"):
-        path = getattr(args, name, None)
-        if path is not None and str(path) != "-":
-            check_writable(Path(path), f"--{name}")
-
-
-def check_writable(path: Path, flag: str) -> None:
+def _check_writable(path: Path) -> None:
     """The file at `path` can be created: it is not a folder, and its nearest
     existing ancestor is a writable folder (missing folders are created later)."""
-    import os
-
     if path.is_dir():
-        raise UsageError(f"{flag} {path} is a folder; give a file name")
+        raise FlagValueError(f"{path} is a folder; give a file name")
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+        raise FlagValueError(f"{path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"{flag} {path}: cannot write into {parent} (permission denied)")
+        raise FlagValueError(f"{path}: cannot write into {parent} (permission denied)")
 
 
 def write_results(args, payload=None, png=None, *, extra: Sequence = ()) -> None:

@@ -9,8 +9,9 @@ import gc
 import time
 from pathlib import Path
 
-from sinkmech import models
-from sinkmech.cli.common import UsageError, load_model_arg, prompts_arg
+from sinkmech.cli.common import (
+    Distinct, FlagValueError, UsageError, load_model_arg, model_name, non_negative_int, output_file, positive_int, prompts_arg,
+)
 from sinkmech.compare import ModelComparison, compare_model
 from sinkmech.dormant.noop import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
@@ -27,18 +28,19 @@ CONFOUNDS = ("Confounds: the default models are 4-bit GGUF checkpoints (Gemma 3 
 
 def add_compare_parser(sub) -> None:
     p = sub.add_parser("compare", help="Table 2 / Figure 2 of the paper on several models: sinks, loss, spread, dormant heads")
-    p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, help="models to compare (default: smollm2 gemma3-270m)")
+    p.add_argument("--models", type=model_name, nargs="+", action=Distinct, default=None,
+                   help="models to compare (default: smollm2 gemma3-270m)")
     p.add_argument("--out", type=Path, required=True, help="output folder (compare.json, compare.md, figures)")
     p.add_argument("--prompts", default=None, help="prompt file (.txt, .json, .jsonl); default: 170 windows of the Python docs")
-    p.add_argument("--n-prompts", type=int, default=170, help="prompts for sink rates and loss (default 170)")
-    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
-    p.add_argument("--spread-prompts", type=int, default=16, help="prompts for the one-token swap (default 16)")
-    p.add_argument("--spread-tokens", type=int, default=48, help="content tokens per prompt for the swap (default 48)")
-    p.add_argument("--dormant-prompts", type=int, default=64, help="prompts for the dormant-head scan (0: skip it)")
-    p.add_argument("--noop-prompts", type=int, default=16, help="prompts for the no-op check of the top candidates")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    p.add_argument("--n-prompts", type=positive_int, default=170, help="prompts for sink rates and loss (default 170)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--spread-prompts", type=positive_int, default=16, help="prompts for the one-token swap (default 16)")
+    p.add_argument("--spread-tokens", type=positive_int, default=48, help="content tokens per prompt for the swap (default 48)")
+    p.add_argument("--dormant-prompts", type=non_negative_int, default=64, help="prompts for the dormant-head scan (0: skip it)")
+    p.add_argument("--noop-prompts", type=positive_int, default=16, help="prompts for the no-op check of the top candidates")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
-    p.add_argument("--findings", type=Path, default=None,
+    p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.set_defaults(func=cmd_compare)
 
@@ -108,20 +110,21 @@ def markdown(results: list[ModelComparison]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def default_models() -> list[str]:
+    """DEFAULT_MODELS, each checked by the --models type (argparse checks only the
+    names given), so that a missing one fails before the first model loads."""
+    try:
+        return [model_name(n) for n in DEFAULT_MODELS]
+    except FlagValueError as e:
+        raise UsageError(f"--models (default) {e}") from None
+
+
 def cmd_compare(args) -> None:
-    for flag in ("n_prompts", "max_tokens", "spread_prompts", "spread_tokens", "noop_prompts", "batch_size"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.dormant_prompts < 0:
-        raise UsageError("--dormant-prompts must be >= 0")
-    if len(set(args.models)) != len(args.models):
-        raise UsageError(f"--models lists a model twice: {args.models}")
-    for name in args.models:  # every name, before the first model loads
-        models.check_model_spec(name)
+    names = args.models if args.models is not None else default_models()
     prompts = prompts_arg(args)
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
     results, t0 = [], time.perf_counter()
-    for name in args.models:
+    for name in names:
         print(f"loading {name} ...", flush=True)
         model = load_model_arg(args, name)
         results.append(compare_model(

@@ -6,11 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from sinkmech import models
 from sinkmech.cli.common import (
-    BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, load_model_arg, write_results,
+    BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
+    load_model_arg, non_negative_int, output_file, positive_int, write_results,
 )
 from sinkmech.cli.shard import (
     add_shard_flags, already_done, base_settings, model_settings, prompts_sha256, run_command_on_ray, shard_run,
@@ -32,24 +32,24 @@ def add_heads_parser(sub) -> None:
     add_common(p)
     add_bos_token(p)
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
-    p.add_argument("--top", type=int, default=20, help="rows of the if-else table")
-    p.add_argument("--head", default=None, help="print one head's full profile, e.g. 20.4")
-    p.add_argument("--high", type=float, default=0.8, help="a query is dormant at first-token attention >= HIGH")
-    p.add_argument("--low", type=float, default=0.2, help="a query is active at first-token attention <= LOW")
-    p.add_argument("--min-lift", type=float, default=3.0, help="if_else needs a trigger with at least this lift")
-    p.add_argument("--min-count", type=int, default=5, help="... on at least this many active queries")
-    p.add_argument("--min-prompts", type=int, default=3, help="... in at least this many distinct prompts; the trigger is "
+    p.add_argument("--top", type=positive_int, default=20, help="rows of the if-else table")
+    p.add_argument("--head", type=head_spec, default=None, help="print one head's full profile, e.g. 20.4")
+    p.add_argument("--high", type=fraction, default=0.8, help="a query is dormant at first-token attention >= HIGH")
+    p.add_argument("--low", type=fraction, default=0.2, help="a query is active at first-token attention <= LOW")
+    p.add_argument("--min-lift", type=finite_float, default=3.0, help="if_else needs a trigger with at least this lift")
+    p.add_argument("--min-count", type=positive_int, default=5, help="... on at least this many active queries")
+    p.add_argument("--min-prompts", type=positive_int, default=3, help="... in at least this many distinct prompts; the trigger is "
                    "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
-    p.add_argument("--noop", type=int, default=3, help="run the no-op check on every if-else head plus this many top "
+    p.add_argument("--noop", type=non_negative_int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
-    p.add_argument("--noop-prompts", type=int, default=32, help="prompts used by the no-op check, held out from the "
+    p.add_argument("--noop-prompts", type=positive_int, default=32, help="prompts used by the no-op check, held out from the "
                    "scan (the last ones of the corpus)")
     p.add_argument("--contrast", nargs="?", const=PYTHON_SOURCE, default=None, metavar="PROMPTS_B",
                    help="heads whose mode differs between --prompts (default: Python-docs prose) and PROMPTS_B "
                    f"(a prompt file; alone or '{PYTHON_SOURCE}': windows of the standard library's .py files), "
                    "chosen on the even prompts of each and confirmed on the odd ones; no no-op check")
-    p.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts of each corpus (default: all)")
-    p.add_argument("--findings", type=Path, default=None,
+    p.add_argument("--n-prompts", type=positive_int, default=None, help="use the first N prompts of each corpus (default: all)")
+    p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file: under <model>.heads (mode counts, "
                    "if_else heads with their validated lifts, the threshold sweep, no-op effects with intervals) or, "
                    "with --contrast, <model>.contrast")
@@ -208,10 +208,8 @@ def cmd_contrast(args) -> None:
 
 
 def cmd_heads(args) -> None:
-    if args.top < 1 or args.noop < 0 or args.noop_prompts < 1:
-        raise UsageError("--top and --noop-prompts must be >= 1, --noop >= 0")
-    if args.min_prompts < 1:
-        raise UsageError(f"--min-prompts must be >= 1, got {args.min_prompts}")
+    if not args.low < args.high:  # each is in [0, 1] by its type
+        raise UsageError(f"need 0 <= --low < --high <= 1, got --low {args.low} --high {args.high}")
     if args.contrast is not None:
         if args.head or getattr(args, "shard", None) or getattr(args, "ray", None):
             raise UsageError("--contrast runs two whole scans: not with --head, --shard or --ray")

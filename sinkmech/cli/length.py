@@ -4,9 +4,10 @@ grows (the same texts cut to each length; see sinkmech.eval_length)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from sinkmech.cli.common import MODEL_HELP, PNG_HELP, UsageError, load_model_arg, write_results
+from sinkmech.cli.common import (
+    MODEL_HELP, model_name, PNG_HELP, Distinct, UsageError, at_least, image_file, load_model_arg, output_file, positive_int, write_results,
+)
 from sinkmech.eval_length import DEFAULT_LENGTHS, long_prompts, sinks_vs_length
 from sinkmech.figures.mechanisms import length_lines
 from sinkmech.hooks import head_label
@@ -17,15 +18,15 @@ from sinkmech.sinks import format_eps
 
 def add_length_parser(sub) -> None:
     p = sub.add_parser("length", help="sink rate and top-head mask_first cost against the evaluation length")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS),
+    p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--lengths", type=at_least(2), nargs="+", action=Distinct, default=list(DEFAULT_LENGTHS),
                    help="content lengths to measure (default 64 128 256 512 1024; longer than the context: skipped)")
-    p.add_argument("--n-prompts", type=int, default=8, help="texts of the Python docs, cut to each length (default 8)")
+    p.add_argument("--n-prompts", type=positive_int, default=8, help="texts of the Python docs, cut to each length (default 8)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each text (default prepend)")
-    p.add_argument("--top", type=int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per forward pass (default 8)")
-    p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout)")
-    p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
+    p.add_argument("--top", type=positive_int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per forward pass (default 8)")
+    p.add_argument("--json", type=output_file, default=None, help="write results as JSON here ('-': stdout)")
+    p.add_argument("--png", type=image_file, default=None, help=PNG_HELP)
     p.set_defaults(func=cmd_length)
 
 
@@ -43,13 +44,7 @@ def print_length_table(sweep) -> None:
 
 
 def cmd_length(args) -> None:
-    if any(T < 2 for T in args.lengths):
-        raise UsageError(f"--lengths must all be >= 2, got {args.lengths}")
-    repeated = sorted({T for T in args.lengths if args.lengths.count(T) > 1})
-    if repeated:
-        raise UsageError(f"--lengths lists {', '.join(map(str, repeated))} more than once: "
-                         f"{' '.join(map(str, args.lengths))}")
-    lengths = sorted(set(args.lengths))
+    lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
     model = load_model_arg(args)
     if args.top > model.cfg.n_layers * model.cfg.n_heads:
         raise UsageError(f"--top must be <= {model.cfg.n_layers * model.cfg.n_heads} (the model's heads), got {args.top}")

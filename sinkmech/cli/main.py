@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sinkmech.backend import version_text
 from sinkmech.cli.ablate import add_ablate_parser
-from sinkmech.cli.common import UsageError, add_model_options, check_args, json_only_stdout
+from sinkmech.cli.common import Parser, UsageError, add_model_options, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.heads import add_heads_parser
 from sinkmech.cli.length import add_length_parser
@@ -36,7 +36,7 @@ USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sinkmech", description="Attention-sink instruments (Barbero et al. 2025) for TransformerLens models.",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
     )
@@ -66,8 +66,14 @@ _python_format_warning = warnings.formatwarning
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one subcommand; returns the exit status (argparse exits 2 itself on bad flags)."""
-    args = build_parser().parse_args(argv)
+    """Run one subcommand; returns the exit status (argparse exits 2 itself on an
+    unknown flag or a bad choice; a value a flag's type rejects is a `UsageError`:
+    one `error:` line, exit 2)."""
+    try:
+        args = build_parser().parse_args(argv)  # every flag value is checked here, by its type
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE_ERROR
     previous, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
         return _run(args)
@@ -77,7 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     try:
-        check_args(args)
         with json_only_stdout(str(getattr(args, "json", None)) == "-"):
             args.func(args)
     except (UsageError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:

@@ -4,7 +4,9 @@ dimensions reset at position 0 from the onset layer on."""
 
 from __future__ import annotations
 
-from sinkmech.cli.common import add_common, load_model_arg, prompts_arg, warn_short, write_results
+from sinkmech.cli.common import (
+    add_common, load_model_arg, positive_float, positive_int, prompts_arg, warn_short, write_results,
+)
 from sinkmech.figures.mechanisms import massive_figure
 from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
@@ -13,10 +15,10 @@ from sinkmech.prompts import DEFAULT_EPS, tokenize
 def add_massive_parser(sub) -> None:
     p = sub.add_parser("massive", help="massive activations of the first token per layer, and the cost of resetting them")
     add_common(p)
-    p.add_argument("--n-prompts", type=int, default=32, help="use only the first N prompts (default 32)")
+    p.add_argument("--n-prompts", type=positive_int, default=32, help="use only the first N prompts (default 32)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each prompt (default prepend)")
-    p.add_argument("--top", type=int, default=4, help="dimensions listed per layer (default 4)")
-    p.add_argument("--threshold", type=float, default=10.0,
+    p.add_argument("--top", type=positive_int, default=4, help="dimensions listed per layer (default 4)")
+    p.add_argument("--threshold", type=positive_float, default=10.0,
                    help="onset: first layer where ||h_0|| / mean ||h_t|| exceeds this (default 10)")
     p.add_argument("--sun-min-abs", type=float, default=100.0,
                    help="a massive dimension has |h_0[d]| above this (Sun et al.: 100)")

@@ -9,17 +9,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sinkmech.cli.common import PNG_HELP
+from sinkmech.cli.common import PNG_HELP, image_file, output_file, positive_int
 from sinkmech.partial import read_parts
 
 
 def add_merge_parser(sub) -> None:
     p = sub.add_parser("merge", help="merge the partial results of a sharded run (--shard I/N) into the full result")
     p.add_argument("parts", nargs="+", type=Path, metavar="PART", help="the .partial.json files, in any order")
-    p.add_argument("--json", type=Path, default=None,
+    p.add_argument("--json", type=output_file, default=None,
                    help="write the merged result as JSON here ('-': stdout, everything else then goes to stderr)")
-    p.add_argument("--png", type=Path, default=None, help=PNG_HELP)
-    p.add_argument("--top", type=int, default=10, help="rows of the printed table")
+    p.add_argument("--png", type=image_file, default=None, help=PNG_HELP)
+    p.add_argument("--top", type=positive_int, default=10, help="rows of the printed table")
     p.set_defaults(func=cmd_merge)
 
 

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 from sinkmech.cli.common import (
-    add_intervention_common, add_metric, answers, conditions, load_model_arg, prompts_arg, warn_short, write_results,
+    add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
+    warn_short, write_results,
 )
 from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
-from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
+from sinkmech.interventions.patching import HEAD_ACTS, PatchAct, PatchBy, bos_pair, patch
 
 BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 
@@ -15,19 +18,20 @@ BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 def add_patch_parser(sub) -> None:
     p = sub.add_parser("patch", help="activation patching between the <bos> and no-<bos> runs")
     add_intervention_common(p)
-    p.add_argument("--act", choices=["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"], default="resid_pre",
+    p.add_argument("--act", choices=get_args(PatchAct), default="resid_pre",
                    help="activation patched from one run into the other (default resid_pre)")
-    p.add_argument("--by", choices=["layer_pos", "layer", "head", "head_pos"], default=None, help="default: layer_pos for residual activations, head for z/q/k/v")
+    p.add_argument("--by", choices=get_args(PatchBy), default=None, help="default: layer_pos for residual activations, head for z/q/k/v")
     p.add_argument("--source", choices=["prepend", "none", "both"], default="both", help="run the activations come from (patched into the other)")
-    p.add_argument("--layers", type=int, nargs="+", default=None, help="patch only these layers (default: all)")
+    p.add_argument("--layers", type=non_negative_int, nargs="+", default=None, help="patch only these layers (default: all)")
     add_metric(p)
     p.set_defaults(func=cmd_patch)
 
 
 def cmd_patch(args) -> None:
+    prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
     model = load_model_arg(args)
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
-    pair = bos_pair(model, prompts_arg(args), max_tokens=args.max_tokens)
+    pair = bos_pair(model, prompts, max_tokens=args.max_tokens)
     warn_short(pair.without_bos, args.max_tokens)
     results = {}
     for source in conditions(args.source):

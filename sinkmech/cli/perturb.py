@@ -9,7 +9,8 @@ from collections.abc import Callable
 import numpy as np
 
 from sinkmech.cli.common import (
-    UsageError, add_bos_token, add_intervention_common, bos_token_arg, load_model_arg, prompts_arg, write_results,
+    UsageError, add_bos_token, add_intervention_common, at_least, bos_token_arg, load_model_arg, non_negative_float,
+    non_negative_int, positive_float, positive_int, prompts_arg, write_results,
 )
 from sinkmech.figures.core import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
@@ -23,14 +24,14 @@ def add_perturb_parser(sub) -> None:
     add_bos_token(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--swap", nargs=2, metavar=("ORIGINAL", "REPLACEMENT"), help="swap a token string (same tokenized length)")
-    g.add_argument("--noise", type=float, metavar="SCALE", help="add noise of this relative norm to one input embedding")
-    p.add_argument("--position", type=int, default=None, help="content position (required with --noise)")
-    p.add_argument("--threshold", type=float, default=0.1, help="relative change counted as reached")
+    g.add_argument("--noise", type=non_negative_float, metavar="SCALE", help="add noise of this relative norm to one input embedding")
+    p.add_argument("--position", type=non_negative_int, default=None, help="content position (required with --noise)")
+    p.add_argument("--threshold", type=positive_float, default=0.1, help="relative change counted as reached")
     p.add_argument("--seed", type=int, default=0, help="seed of the --noise direction (default 0)")
     p.add_argument("--sensitivity", action="store_true",
                    help="also (or only) compare Jacobian norms with path weights, with and without <bos> (JSON key 'sensitivity')")
-    p.add_argument("--sensitivity-prompts", type=int, default=4, help="prompts for --sensitivity (default 4)")
-    p.add_argument("--sensitivity-tokens", type=int, default=16, help="content tokens per prompt for --sensitivity (default 16)")
+    p.add_argument("--sensitivity-prompts", type=positive_int, default=4, help="prompts for --sensitivity (default 4)")
+    p.add_argument("--sensitivity-tokens", type=at_least(2), default=16, help="content tokens per prompt for --sensitivity (default 16)")
     p.set_defaults(func=cmd_perturb)
 
 
@@ -41,8 +42,6 @@ def cmd_perturb(args) -> None:
         raise UsageError("give --swap, --noise or --sensitivity")
     if args.png and args.swap is None and args.noise is None:
         raise UsageError("--png draws the spread of --swap or --noise; --sensitivity alone has no figure")
-    if args.sensitivity_prompts < 1 or args.sensitivity_tokens < 2:
-        raise UsageError("--sensitivity-prompts must be >= 1 and --sensitivity-tokens >= 2")
     prompts = prompts_arg(args)
     model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)

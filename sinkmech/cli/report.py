@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sinkmech.cli.common import BATCH_HELP, MODEL_HELP, UsageError, load_model_arg
+from sinkmech.cli.common import BATCH_HELP, MODEL_HELP, model_name, load_model_arg, output_file, positive_int
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
 from sinkmech.models import DEFAULT_MODEL
@@ -20,20 +20,20 @@ SECTION_SIZES = ("spread_prompts", "scan_prompts", "noop_prompts", "ablation_pro
 
 def add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="one-page offline report: figures, summary.json and circuitsvis views")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--out", type=Path, required=True, help="output folder (index.html, summary.json, figures/)")
     p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: the Python docs corpus")
-    p.add_argument("--n-prompts", type=int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
-    p.add_argument("--max-tokens", type=int, default=64, help="content tokens per prompt (default 64)")
-    p.add_argument("--batch-size", type=int, default=16, help=BATCH_HELP)
-    p.add_argument("--heads", type=int, default=3, help="how many top / least sink-like heads to show up close")
-    p.add_argument("--view-tokens", type=int, default=32, help="tokens per prompt in the circuitsvis views")
-    p.add_argument("--view-prompts", type=int, default=3, help="prompts in the head-activity views")
+    p.add_argument("--n-prompts", type=positive_int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="content tokens per prompt (default 64)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help=BATCH_HELP)
+    p.add_argument("--heads", type=positive_int, default=3, help="how many top / least sink-like heads to show up close")
+    p.add_argument("--view-tokens", type=positive_int, default=32, help="tokens per prompt in the circuitsvis views")
+    p.add_argument("--view-prompts", type=positive_int, default=3, help="prompts in the head-activity views")
     sizes = p.add_argument_group("section sizes (prompt counts are capped by --n-prompts)")
     for name in SECTION_SIZES:
         default = ReportContext.__dataclass_fields__[name].default
-        sizes.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, help=f"default {default}")
-    p.add_argument("--findings", type=Path, default=None,
+        sizes.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=default, help=f"default {default}")
+    p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier report in --out (as a whole); without it an earlier report is kept")
@@ -41,9 +41,6 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args) -> None:
-    for flag in ("n_prompts", "max_tokens", "batch_size", "heads", "view_tokens", "view_prompts", *SECTION_SIZES):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1")
     check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", flush=True)

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinkmech.cli.common import UsageError
+from sinkmech.cli.common import FlagValueError, UsageError, non_negative_float, positive_int
 from sinkmech.files import json_text
 from sinkmech.partial import (
     SUFFIX,
@@ -28,7 +28,7 @@ from sinkmech.partial import (
 
 
 def add_shard_flags(p: argparse.ArgumentParser, *, ray: bool = False) -> None:
-    p.add_argument("--shard", default=None, metavar="I/N",
+    p.add_argument("--shard", type=shard_spec, default=None, metavar="I/N",
                    help="run on shard I (1-based) of N contiguous shards of the prompts and write a partial result "
                         f"to --json (a name ending in {SUFFIX}); `sinkmech merge` joins the parts")
     p.add_argument("--resume", action="store_true",
@@ -37,11 +37,19 @@ def add_shard_flags(p: argparse.ArgumentParser, *, ray: bool = False) -> None:
         p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="run the shards on a Ray cluster (ADDRESS, or 'auto'; a local one when no address is "
                             "given); needs `pip install \"sinkmech[ray]\"`")
-        p.add_argument("--workers", type=int, default=2, help="with --ray: model workers (one model each; default 2)")
-        p.add_argument("--num-gpus-per-worker", type=float, default=0.0, help="with --ray: GPUs per worker (default 0)")
-        p.add_argument("--shards", type=int, default=None,
+        p.add_argument("--workers", type=positive_int, default=2, help="with --ray: model workers (one model each; default 2)")
+        p.add_argument("--num-gpus-per-worker", type=non_negative_float, default=0.0, help="with --ray: GPUs per worker (default 0)")
+        p.add_argument("--shards", type=positive_int, default=None,
                        help="with --ray: how many shards the prompts are cut into (default 4 per worker); each "
                             "finished shard is written to OUT.shards/ as it finishes, so --resume loses at most one")
+
+
+def shard_spec(text: str) -> tuple[int, int]:
+    """A flag type: 'I/N' (1-based, 1 <= I <= N) -> (I, N)."""
+    try:
+        return parse_shard(text)
+    except ValueError:
+        raise FlagValueError(f"is written I/N with 1 <= I <= N, e.g. 2/8; got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -106,8 +114,8 @@ def shard_run(args, prompts, **extra) -> ShardRun | None:
         if args.resume:
             raise UsageError("--resume needs --shard I/N or --ray")
         return None
+    i, n = args.shard
     try:
-        i, n = parse_shard(args.shard)
         span = shard_span(len(prompts), i, n)
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -153,8 +161,6 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict):
     from sinkmech.partial import write_partial
 
     require_ray()
-    if args.workers < 1 or (args.shards is not None and args.shards < 1) or args.num_gpus_per_worker < 0:
-        raise UsageError("--workers and --shards must be >= 1, --num-gpus-per-worker >= 0")
     if args.shard is not None:
         raise UsageError("--shard runs one shard here; --ray runs them all on a cluster: give one of them")
     n = min(args.shards or 4 * args.workers, len(prompts))

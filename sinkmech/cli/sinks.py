@@ -18,7 +18,10 @@ from sinkmech.cli.common import (
     add_common,
     bos_token_arg,
     conditions,
+    eps_value,
     load_model_arg,
+    output_file,
+    positive_int,
     prompts_arg,
     warn_short,
     write_results,
@@ -45,18 +48,18 @@ def add_sinks_parser(sub) -> None:
     p = sub.add_parser("sinks", help="sink scores, sink rates and next-token loss, with and without <bos>")
     add_common(p)
     add_bos_token(p)
-    p.add_argument("--findings", type=Path, default=None,
+    p.add_argument("--findings", type=output_file, default=None,
                    help="merge sink rates and losses into this findings file, named MODEL.sinks.FIRST_TOKEN...")
-    p.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--n-prompts", type=positive_int, default=None, help="use only the first N prompts")
     p.add_argument("--bos", choices=["prepend", "none", "both"], default="both",
                    help="prepend: <bos> at position 0; none: the same content without it; both (default): each, side by side")
-    p.add_argument("--eps", nargs="+", default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
-    p.add_argument("--top", type=int, default=10, help="how many top sink heads to list")
+    p.add_argument("--eps", nargs="+", type=eps_value, default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
+    p.add_argument("--top", type=positive_int, default=10, help="how many top sink heads to list")
     p.add_argument("--keys", choices=["first", "all"], default="first",
                    help="first: score key 0 only (default); all: also score every key, list each head's top keys "
                         "(JSON 'key_scores') and the heads whose strongest key is not position 0")
-    p.add_argument("--top-keys", type=int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
-    p.add_argument("--min-queries", type=int, default=8,
+    p.add_argument("--top-keys", type=positive_int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
+    p.add_argument("--min-queries", type=positive_int, default=8,
                    help="with --keys all: score a key only when at least this many queries follow it (default 8)")
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_sinks)
@@ -177,16 +180,6 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
 
 
 def cmd_sinks(args) -> None:
-    for e in args.eps:
-        try:
-            value = float(e)
-        except ValueError:
-            raise UsageError(f"--eps takes numbers, got {e!r}") from None
-        if not 0.0 <= value < 1.0:
-            raise UsageError(f"--eps values must lie in [0, 1), got {e}")
-    for flag in ("top_keys", "min_queries"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     shard = shard_run(args, prompts, **sinks_settings(args))
     if (shard is not None or getattr(args, "ray", None) is not None) and args.keys == "all":

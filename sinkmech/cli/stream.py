@@ -4,9 +4,10 @@ StreamingLLM), against full attention; the same scored tokens in every setting."
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from sinkmech.cli.common import MODEL_HELP, UsageError, load_model_arg, write_results
+from sinkmech.cli.common import (
+    MODEL_HELP, model_name, UsageError, image_file, load_model_arg, non_negative_int, output_file, positive_int, write_results,
+)
 from sinkmech.figures.mechanisms import stream_bars
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.streaming import long_tokens, stream_perplexity
@@ -14,25 +15,21 @@ from sinkmech.streaming import long_tokens, stream_perplexity
 
 def add_stream_parser(sub) -> None:
     p = sub.add_parser("stream", help="perplexity under sliding-window attention, with and without the first keys (StreamingLLM)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--window", type=int, default=64, help="keys (t - W, t] each query sees (default 64)")
-    p.add_argument("--keep", type=int, nargs="+", default=[0, 1, 4],
+    p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
+    p.add_argument("--window", type=positive_int, default=64, help="keys (t - W, t] each query sees (default 64)")
+    p.add_argument("--keep", type=non_negative_int, nargs="+", default=[0, 1, 4],
                    help="first keys kept visible beside the window, one run each (0: window only; default 0 1 4)")
-    p.add_argument("--max-tokens", type=int, default=512, help="content tokens of the long text (default 512)")
+    p.add_argument("--max-tokens", type=positive_int, default=512, help="content tokens of the long text (default 512)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before the text (default prepend)")
-    p.add_argument("--json", type=Path, default=None, help="write results as JSON here ('-': stdout)")
-    p.add_argument("--png", type=Path, default=None, help="write a bar chart here (.png, .svg or .pdf)")
+    p.add_argument("--json", type=output_file, default=None, help="write results as JSON here ('-': stdout)")
+    p.add_argument("--png", type=image_file, default=None, help="write a bar chart here (.png, .svg or .pdf)")
     p.set_defaults(func=cmd_stream)
 
 
 def check_stream_args(window: int, keep: list[int], max_tokens: int, bos: str) -> int:
-    """Flag checks before the model loads; returns the first scored position."""
-    if window < 1:
-        raise UsageError(f"--window must be >= 1, got {window}")
-    if any(k < 0 for k in keep):
-        raise UsageError(f"--keep values must be >= 0, got {keep}")
-    if max_tokens < 1:
-        raise UsageError(f"--max-tokens must be >= 1, got {max_tokens}")
+    """The check across flags, before the model loads (each flag alone is checked
+    by its type): the window and kept keys leave a token to score. Returns the
+    first scored position."""
     n_pos = max_tokens + (1 if bos == "prepend" else 0)
     scored_from = window + max(keep)
     if scored_from >= n_pos - 1:
