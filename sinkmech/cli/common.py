@@ -71,29 +71,28 @@ def _number(text: str, kind: type):
     return value
 
 
+def _bounded(text: str, kind: type, low: int | float, *, strict: bool = False):
+    """`text` as a `kind` >= `low` (> `low` when `strict`)."""
+    value = _number(text, kind)
+    if value < low or (strict and value == low):
+        raise FlagValueError(f"must be {'>' if strict else '>='} {low:g}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (a count or a size)."""
-    value = _number(text, int)
-    if value < 1:
-        raise FlagValueError(f"must be >= 1, got {value}")
-    return value
+    return _bounded(text, int, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (a count where 0 turns something off, a position, a layer)."""
-    value = _number(text, int)
-    if value < 0:
-        raise FlagValueError(f"must be >= 0, got {value}")
-    return value
+    return _bounded(text, int, 0)
 
 
 def at_least(minimum: int):
     """A flag type: an integer >= `minimum`."""
     def check(text: str) -> int:
-        value = _number(text, int)
-        if value < minimum:
-            raise FlagValueError(f"must be >= {minimum}, got {value}")
-        return value
+        return _bounded(text, int, minimum)
 
     check.__name__ = f"at_least_{minimum}"
     return check
@@ -106,18 +105,12 @@ def finite_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
-    value = _number(text, float)
-    if value <= 0:
-        raise FlagValueError(f"must be > 0, got {value}")
-    return value
+    return _bounded(text, float, 0, strict=True)
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
-    value = _number(text, float)
-    if value < 0:
-        raise FlagValueError(f"must be >= 0, got {value}")
-    return value
+    return _bounded(text, float, 0)
 
 
 def fraction(text: str) -> float:
