@@ -367,7 +367,7 @@ def as_batch(
         if len(source) == 0:
             raise ValueError("the TokenBatch is empty")
         if bos is not None and check_bos(bos) != source.bos:
-            raise ValueError(f"bos={bos!r} was asked for, but the token batch was built with bos={source.bos!r}")
+            raise ValueError(f"bos={bos!r} does not match the TokenBatch, which was built with bos={source.bos!r}")
         if max_tokens is not None and max_tokens < source.max_content:
             raise ValueError(f"the TokenBatch holds {source.max_content} content tokens per prompt, more than "
                              f"max_tokens={max_tokens}: tokenize with the max_tokens you want")
