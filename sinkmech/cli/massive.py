@@ -5,7 +5,7 @@ dimensions reset at position 0 from the onset layer on."""
 from __future__ import annotations
 
 from sinkmech.cli.common import (
-    add_common, load_model_arg, positive_float, positive_int, prompts_arg, warn_short, write_results,
+    add_common, load_model_arg, non_negative_float, positive_float, positive_int, prompts_arg, warn_short, write_results,
 )
 from sinkmech.figures.mechanisms import massive_figure
 from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
@@ -20,9 +20,9 @@ def add_massive_parser(sub) -> None:
     p.add_argument("--top", type=positive_int, default=4, help="dimensions listed per layer (default 4)")
     p.add_argument("--threshold", type=positive_float, default=10.0,
                    help="onset: first layer where ||h_0|| / mean ||h_t|| exceeds this (default 10)")
-    p.add_argument("--sun-min-abs", type=float, default=100.0,
+    p.add_argument("--sun-min-abs", type=non_negative_float, default=100.0,
                    help="a massive dimension has |h_0[d]| above this (Sun et al.: 100)")
-    p.add_argument("--sun-min-ratio", type=float, default=1000.0,
+    p.add_argument("--sun-min-ratio", type=non_negative_float, default=1000.0,
                    help="... and at least this many times the hidden state's median magnitude (Sun et al.: ~1000)")
     p.add_argument("--no-reset", action="store_true", help="skip the two reset interventions (others_mean and Sun's "
                    "sun_mean; four more passes)")
