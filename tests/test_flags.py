@@ -42,3 +42,38 @@ def test_train_defaults_are_the_config_defaults():
     assert (args.context_length, args.tokens_per_step, args.layers, args.d_model, args.heads, args.steps, args.lr,
             args.warmup, args.eval_every) == (cfg.context_length, cfg.tokens_per_step, cfg.n_layers, cfg.d_model,
                                               cfg.n_heads, cfg.steps, cfg.lr, cfg.warmup, cfg.eval_every)
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["sinks", "--device", "nosuchdevice"], "error: --device names no usable device: "),
+    (["sinks", "--shard", "3/2", "--json", "x.partial.json"], "error: --shard is written I/N with 1 <= I <= N"),
+    (["sinks", "--ray", "--workers", "0"], "error: --workers must be >= 1, got 0"),
+    (["heads", "--ray", "--shards", "-1"], "error: --shards must be >= 1, got -1"),
+    (["sinks", "--model", "missing/file.gguf"], "error: --model is not loadable here: model file missing/file.gguf"),
+    (["compare", "--out", "unused", "--models", "smollm2", "smollm2"], "error: --models lists smollm2 more than once"),
+    (["length", "--lengths", "64", "1"], "error: --lengths must be >= 2, got 1"),
+    (["massive", "--sun-min-ratio", "-1"], "error: --sun-min-ratio must be >= 0, got -1.0"),
+])
+def test_flags_added_since_are_checked_by_their_type(argv, start, monkeypatch, capsys):
+    """The flags main gained after the first flag-type pass (--device, the shard and Ray
+    flags, --model/--models, --lengths) are checked the same way: one line, exit 2,
+    before any model loads."""
+    from sinkmech import models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(start) and err.count("\n") == 1, err
+
+
+def test_compare_checks_its_default_models_by_the_same_type(monkeypatch, capsys, tmp_path):
+    """argparse does not run a type over a list default: compare checks DEFAULT_MODELS
+    with --models' type itself, before any model loads."""
+    from sinkmech import models
+    from sinkmech.cli import compare as cli_compare
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_compare, "DEFAULT_MODELS", ["smollm2", "missing/other.gguf"])
+    assert main(["compare", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --models (default) is not loadable here: model file missing/other.gguf") and err.count("\n") == 1

@@ -21,7 +21,7 @@ from sinkmech.dormant.noop import effect_text, noop_check, noop_heads
 from sinkmech.dormant.scan import accumulate, scan_heads
 from sinkmech.figures.core import heatmap_panels, save
 from sinkmech.findings import flatten, record
-from sinkmech.hooks import parse_head
+from sinkmech.hooks import head_label, parse_head
 from sinkmech.partial import write_partial
 from sinkmech.prompts import load_prompts, tokenize
 from sinkmech.shards import heads_partial, heads_result
@@ -147,7 +147,7 @@ def print_noop(check) -> None:
           f"query, nats, {100 * check.ci_level:.0f}% bootstrap interval over prompts; an interval holding 0 reads "
           "'no detectable effect'")
     for r in check.results:
-        print(f"  L{r.layer}.H{r.head} ({r.n_dormant} dormant / {r.n_active} active queries in "
+        print(f"  {head_label(r.layer, r.head)} ({r.n_dormant} dormant / {r.n_active} active queries in "
               f"{r.n_prompts_dormant} / {r.n_prompts_active} prompts)")
         for name, (value, ci) in r.effects().items():
             how, _, mode = name.rpartition("_")
@@ -167,7 +167,7 @@ def print_contrast(c) -> None:
         print("no head differs by that much on the selection halves")
     for h in c.heads:
         lo, hi = h.diff_validated_ci
-        print(f"  L{h.layer}.H{h.head}: dormant {h.dormant_a:.2f} ({h.mode_a}) vs {h.dormant_b:.2f} ({h.mode_b}); "
+        print(f"  {head_label(h.layer, h.head)}: dormant {h.dormant_a:.2f} ({h.mode_a}) vs {h.dormant_b:.2f} ({h.mode_b}); "
               f"diff {h.diff_selected:+.2f} chosen, {h.diff_validated:+.2f} [{lo:+.2f}, {hi:+.2f}] held out: "
               + ("confirmed" if h.confirmed else "not confirmed"))
     print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed")
@@ -196,8 +196,8 @@ def cmd_contrast(args) -> None:
     print_contrast(contrast)
     if args.findings is not None:
         c = contrast.to_dict()
-        c["heads"] = {f"L{h['layer']}.H{h['head']}": h for h in c.pop("heads")}
-        c["confirmed_heads"] = [f"L{h.layer}.H{h.head}" for h in contrast.confirmed()]
+        c["heads"] = {head_label(h["layer"], h["head"]): h for h in c.pop("heads")}
+        c["confirmed_heads"] = [head_label(h.layer, h.head) for h in contrast.confirmed()]
         record(args.findings, flatten(f"{args.model}.contrast", c), replace_prefix=f"{args.model}.contrast")
         print(f"recorded findings in {args.findings}", file=sys.stderr)
 
@@ -360,13 +360,12 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
 def heads_findings(scan, check) -> dict:
     """The quotable numbers of a scan and its no-op check (nested; see `sinkmech.findings.flatten`)."""
     found = scan.if_else_heads()
-    label = lambda l, h: f"L{l}.H{h}"  # noqa: E731
     out = {
         "n_prompts": scan.n_prompts, "n_selection_prompts": len(scan.trigger_split()[0]),
         "n_validation_prompts": len(scan.trigger_split()[1]), "high": scan.thresholds.high, "low": scan.thresholds.low,
         "mode_counts": scan.mode_counts(), "n_if_else": len(found),
-        "if_else_heads": [label(*hd) for hd in found],
-        "if_else": {label(l, h): {"validated_lift": scan.top_trigger(l, h).validated_lift,
+        "if_else_heads": [head_label(*hd) for hd in found],
+        "if_else": {head_label(l, h): {"validated_lift": scan.top_trigger(l, h).validated_lift,
                                   "trigger": scan.top_trigger(l, h).token,
                                   "dormant_fraction": float(scan.dormant_fraction[l, h]),
                                   "active_fraction": float(scan.active_fraction[l, h])} for l, h in found},
@@ -376,6 +375,6 @@ def heads_findings(scan, check) -> dict:
     }
     if check is not None:
         out["noop"] = {"n_prompts": len(check.prompt_indices or ()), **{
-            label(r.layer, r.head): {k: {"value": v, "ci": ci, "detectable": r.detectable()[k]}
+            head_label(r.layer, r.head): {k: {"value": v, "ci": ci, "detectable": r.detectable()[k]}
                                      for k, (v, ci) in r.effects().items()} for r in check.results}}
     return out

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from sinkmech.dormant.labels import MODES, HeadStats, Mode, Thresholds, classify
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
+from sinkmech.hooks import head_label
 
 # (high, low) cuts of the sweep: the default 0.8 / 0.2 and looser and stricter ones
 SWEEP_HIGH = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
@@ -168,8 +169,8 @@ def threshold_sweep(rec: QueryRecords, th: Thresholds, *, decode, highs=SWEEP_HI
             rows.append({
                 "high": high, "low": low,
                 "mode_counts": {m: sum(r.count(m) for r in modes) for m in MODES},
-                "if_else_heads": [f"L{l}.H{h}" for l, h in if_else],
-                "triggers": {f"L{l}.H{h}": chosen_trigger(trig[(l, h)], cut.min_lift).token for l, h in if_else},
+                "if_else_heads": [head_label(l, h) for l, h in if_else],
+                "triggers": {head_label(l, h): chosen_trigger(trig[(l, h)], cut.min_lift).token for l, h in if_else},
             })
     return rows
 

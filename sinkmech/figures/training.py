@@ -8,6 +8,7 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 
 from sinkmech.figures.core import plt, save
+from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
 
 COLORS = {"prepend": "tab:blue", "none": "tab:orange"}
@@ -118,7 +119,7 @@ def emergence_plot(em: Mapping, path: str | os.PathLike, *, title: str = "") -> 
     ax.axhline(em["uniform_score"], color="k", ls=":", lw=1, label="uniform attention")
     ax.axhline(0.3, color="0.6", ls="-", lw=0.8)
     ax.set_ylim(0, 1)
-    ax.set_ylabel(f"first-token score $\\alpha_0$ (L{em['layer']}H{em['head']})")
+    ax.set_ylabel(f"first-token score $\\alpha_0$ ({head_label(em['layer'], em['head'])})")
     ax = axes[0, 1]
     ax.plot(steps, em["bos_value_norm"], "o-", ms=3, color="tab:purple", label="value norm at <bos>")
     ax.plot(steps, em["other_value_norm"], "s--", ms=2, color="tab:purple", alpha=0.6, label="value norm, other tokens")
