@@ -238,6 +238,34 @@ def merge(parts: Sequence[Partial], names: Sequence[str] | None = None) -> Parti
     return replace(first, shards=tuple(sorted(seen)), prompt_index=index[sort], rows=rows, sums=sums, labels=labels)
 
 
+def attach(part: Partial, name: str, other: Partial) -> Partial:
+    """`part` carrying `other` (another analysis of the same prompts of the same
+    shard) under `name`: its rows, sums and labels as "name/KEY", its settings as
+    `settings[name]`. Merged with `part`; `detach` takes it out again."""
+    if (other.shards, other.n_shards, other.n_prompts_total) != (part.shards, part.n_shards, part.n_prompts_total) \
+            or not np.array_equal(other.prompt_index, part.prompt_index):
+        raise ValueError(f"cannot attach '{name}': it holds other prompts than the part")
+    if name in part.settings:
+        raise ValueError(f"the part already has a setting '{name}'")
+    return replace(part, settings={**part.settings, name: {"kind": other.kind, **other.settings}},
+                   rows={**part.rows, **{f"{name}/{k}": v for k, v in other.rows.items()}},
+                   sums={**part.sums, **{f"{name}/{k}": v for k, v in other.sums.items()}},
+                   labels={**part.labels, **{f"{name}/{k}": v for k, v in other.labels.items()}})
+
+
+def detach(part: Partial, name: str) -> Partial:
+    """The analysis `attach`ed to `part` under `name`."""
+    pre = f"{name}/"
+    settings = dict(part.settings[name])
+    kind = settings.pop("kind")
+
+    def strip(d: dict) -> dict:
+        return {k[len(pre):]: v for k, v in d.items() if k.startswith(pre)}
+
+    return replace(part, kind=kind, settings=settings, rows=strip(part.rows), sums=strip(part.sums),
+                   labels=strip(part.labels))
+
+
 def differing_setting(a: dict, b: dict, prefix: str = "") -> tuple[str, object, object] | None:
     """The first setting (dotted name) whose values differ, or None."""
     for key in sorted(set(a) | set(b)):

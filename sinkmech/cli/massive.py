@@ -4,12 +4,20 @@ dimensions reset at position 0 from the onset layer on."""
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
+
+from sinkmech import models
 from sinkmech.cli.common import (
-    add_common, load_model_arg, non_negative_float, positive_float, positive_int, prompts_arg, warn_short, write_results,
+    UsageError, add_common, load_model_arg, non_negative_float, positive_float, positive_int, prompts_arg, warn_short,
+    write_results,
 )
+from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
 from sinkmech.figures.mechanisms import massive_figure
-from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
+from sinkmech.massive import RESETS, massive_dims, massive_sums, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
+from sinkmech.shards import used
+from sinkmech.shards_mechanisms import massive_partial, massive_result
 
 
 def add_massive_parser(sub) -> None:
@@ -26,7 +34,50 @@ def add_massive_parser(sub) -> None:
                    help="... and at least this many times the hidden state's median magnitude (Sun et al.: ~1000)")
     p.add_argument("--no-reset", action="store_true", help="skip the two reset interventions (others_mean and Sun's "
                    "sun_mean; four more passes)")
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_massive)
+
+
+@dataclass(frozen=True)
+class MassiveTask:
+    """The massive-dimension sums of one shard (`--shard`, or a Ray worker's)."""
+
+    model: str
+    device: str | None
+    dtype: str
+    bos: str
+    max_tokens: int
+    batch_size: int
+    n_prompts_total: int
+    settings: dict
+
+    def load(self):
+        return models.load_model(self.model, device=self.device, dtype=self.dtype)
+
+    def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
+        if self.settings["top"] > model.cfg.d_model:
+            raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {self.settings['top']}")
+        batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
+        sums = massive_sums(model, batch, batch_size=self.batch_size, progress=False)
+        return massive_partial(sums, batch, {**self.settings, **model_settings(model), "model_name": model.cfg.model_name},
+                               prompt_index=index, shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+
+
+def massive_settings(args) -> dict:
+    """What every part of one sharded `massive` run shares beyond the common settings."""
+    return {"bos": args.bos, "top": args.top, "threshold": args.threshold, "sun_min_abs": args.sun_min_abs,
+            "sun_min_ratio": args.sun_min_ratio}
+
+
+def merged_massive(part, args) -> None:
+    """`sinkmech merge` for massive parts: the table and --json / --png as `massive --no-reset` writes them."""
+    s = part.settings
+    md = massive_result(part, top_k=s["top"], threshold=s["threshold"], sun_min_abs=s["sun_min_abs"],
+                        sun_min_ratio=s["sun_min_ratio"], model_name=s["model_name"])
+    print_massive_table(md, None)
+    payload = {**md.to_dict(), "n_prompts": len(part.prompt_index), **used(part, s["max_tokens"]), "reset": None}
+    write_results(args, payload, lambda: print(f"wrote {massive_figure(md, args.png, model_name=s['model'])}",
+                                               file=sys.stderr))
 
 
 def print_massive_table(md, reset) -> None:
@@ -54,6 +105,16 @@ def print_massive_table(md, reset) -> None:
 
 def cmd_massive(args) -> None:
     prompts = prompts_arg(args)
+    if (args.shard is not None or args.ray is not None) and not args.no_reset:
+        raise UsageError("--shard / --ray: the reset interventions need the massive dimensions of the whole corpus "
+                         "first; shard with --no-reset (the reset is not sharded)")
+
+    def task(settings: dict) -> MassiveTask:
+        return MassiveTask(args.model, args.device, args.dtype, args.bos, args.max_tokens, args.batch_size,
+                           len(prompts), settings)
+
+    if sharded(args, prompts, "massive", task, merged_massive, **massive_settings(args)):
+        return
     model = load_model_arg(args)
     if args.top > model.cfg.d_model:
         raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {args.top}")

@@ -27,9 +27,10 @@ def mergers() -> dict:
     """Analysis kind -> the function that prints and writes its merged result."""
     from sinkmech.cli.ablate import merged_ablate
     from sinkmech.cli.heads import merged_heads
+    from sinkmech.cli.massive import merged_massive
     from sinkmech.cli.sinks import merged_sinks
 
-    return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate}
+    return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate, "massive": merged_massive}
 
 
 def cmd_merge(args) -> None:

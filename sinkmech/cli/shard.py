@@ -181,3 +181,32 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict):
     return run_on_ray(task, prompts, spans, address=None if args.ray == "local" else args.ray, workers=args.workers,
                       num_gpus_per_worker=args.num_gpus_per_worker, done=done,
                       on_part=(lambda i, part: write_partial(path(i), part)) if folder is not None else None)
+
+
+def run_shard(args, prompts, run: ShardRun, task, kind: str) -> None:
+    """`--shard I/N`: `task` on shard I's prompts, its part written to --json
+    (skipped with --resume when that part is already on disk)."""
+    from sinkmech.partial import write_partial
+
+    if args.resume and already_done(args.json, run, kind):
+        print(f"shard {run.i}/{run.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
+        return
+    print(f"shard {run.i}/{run.n}: prompts {run.index.start}..{run.index.stop - 1} of {run.n_total}", file=sys.stderr)
+    part = task.run(task.load(), run.i, run.n, run.index, [prompts[i] for i in run.index])
+    print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
+
+
+def sharded(args, prompts, kind: str, make_task, finish, **extra) -> bool:
+    """The sharded forms of a command: with --ray, the shards on a cluster and
+    `finish(merged part, args)`; with --shard, one shard's part. `make_task(settings)`
+    builds the command's task (`sinkmech.distributed.ShardTask`). Returns False
+    (nothing done) without either flag."""
+    if getattr(args, "ray", None) is not None:
+        settings = base_settings(args, prompts, **extra)
+        finish(run_command_on_ray(args, prompts, make_task(settings), kind, settings), args)
+        return True
+    run = shard_run(args, prompts, **extra)
+    if run is None:
+        return False
+    run_shard(args, prompts, run, make_task(run.settings), kind)
+    return True

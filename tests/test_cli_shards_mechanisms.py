@@ -1,0 +1,52 @@
+"""`--shard I/N` then `sinkmech merge` writes what the unsharded command writes:
+massive (--no-reset), patch, perturb, sinks --keys all, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import test_cli_shards as base
+from test_cli_shards import assert_same_json, error_line
+
+from sinkmech.cli.main import main
+
+
+@pytest.fixture
+def cli_model(monkeypatch):
+    """The tiny model and word tokenizer of tests/test_cli_shards.py."""
+    return base.cli_model.__wrapped__(monkeypatch)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    """9 prompts of 5 to 15 words (tests/test_cli_shards.py)."""
+    return base.prompts.__wrapped__(tmp_path)
+
+
+def shards_merge_to_the_unsharded_json(args: list[str], tmp_path, n: int) -> dict:
+    """Run `args` whole and in n shards, merge the parts (in reverse order) and
+    check the two JSONs agree (floats to 1e-6); returns the unsharded JSON."""
+    full = tmp_path / "full.json"
+    assert main([*args, "--json", str(full)]) == 0
+    parts = [tmp_path / f"p{i}.partial.json" for i in range(1, n + 1)]
+    for i, p in enumerate(parts, 1):
+        assert main([*args, "--shard", f"{i}/{n}", "--json", str(p)]) == 0
+    out, png = tmp_path / "merged.json", tmp_path / "merged.png"
+    assert main(["merge", *map(str, reversed(parts)), "--json", str(out), "--png", str(png)]) == 0
+    a = json.loads(full.read_text())
+    assert_same_json(a, json.loads(out.read_text()))
+    assert png.stat().st_size > 0
+    return a
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_massive_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
+    a = shards_merge_to_the_unsharded_json(["massive", "--prompts", prompts, "--max-tokens", "12", "--no-reset",
+                                            "--threshold", "1.0", "--batch-size", "2"], tmp_path, n)
+    assert a["onset_layer"] is not None and a["n_prompts"] == 9
+
+
+def test_massive_refuses_to_shard_the_reset(prompts, tmp_path, capsys):
+    assert main(["massive", "--prompts", prompts, "--shard", "1/2", "--json", str(tmp_path / "m.partial.json")]) == 2
+    assert "--no-reset" in error_line(capsys)
