@@ -50,3 +50,11 @@ def test_massive_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path
 def test_massive_refuses_to_shard_the_reset(prompts, tmp_path, capsys):
     assert main(["massive", "--prompts", prompts, "--shard", "1/2", "--json", str(tmp_path / "m.partial.json")]) == 2
     assert "--no-reset" in error_line(capsys)
+
+
+@pytest.mark.parametrize(("extra", "n"), [(["--act", "resid_pre"], 3), (["--act", "z", "--source", "prepend"], 2)])
+def test_patch_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, extra, n):
+    """Per position (layer_pos: some shards lack the corpus' last positions) and per head."""
+    a = shards_merge_to_the_unsharded_json(["patch", "--prompts", prompts, "--max-tokens", "16", *extra], tmp_path, n)
+    assert a["max_tokens"] == 15  # prompt 3 (shard 2 of 3) alone is that long
+    assert max(abs(v) for r in a["results"].values() for row in r["values"] for v in row) > 1e-3

@@ -28,9 +28,11 @@ def mergers() -> dict:
     from sinkmech.cli.ablate import merged_ablate
     from sinkmech.cli.heads import merged_heads
     from sinkmech.cli.massive import merged_massive
+    from sinkmech.cli.patch import merged_patch
     from sinkmech.cli.sinks import merged_sinks
 
-    return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate, "massive": merged_massive}
+    return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate, "massive": merged_massive,
+            "patch": merged_patch}
 
 
 def cmd_merge(args) -> None:

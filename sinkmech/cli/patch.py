@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+from argparse import Namespace
+from dataclasses import dataclass
 from typing import get_args
 
+from sinkmech import models
 from sinkmech.cli.common import (
     add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
     warn_short, write_results,
 )
+from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
 from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
 from sinkmech.interventions.patching import HEAD_ACTS, PatchAct, PatchBy, bos_pair, patch
+from sinkmech.shards import patch_partial, patch_result, used
 
 BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 
@@ -24,36 +29,95 @@ def add_patch_parser(sub) -> None:
     p.add_argument("--source", choices=["prepend", "none", "both"], default="both", help="run the activations come from (patched into the other)")
     p.add_argument("--layers", type=non_negative_int, nargs="+", default=None, help="patch only these layers (default: all)")
     add_metric(p)
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_patch)
+
+
+@dataclass(frozen=True)
+class PatchTask:
+    """Patching on one shard (`--shard`, or a Ray worker's)."""
+
+    model: str
+    device: str | None
+    dtype: str
+    act: str
+    by: str
+    sources: tuple[str, ...]
+    metric: str
+    answers: tuple[str, str] | None
+    layers: tuple[int, ...] | None
+    max_tokens: int
+    max_rows: int
+    n_prompts_total: int
+    settings: dict
+
+    def load(self):
+        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
+        return model, answers(model, Namespace(answers=self.answers))
+
+    def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        model, ids = state
+        pair = bos_pair(model, prompts, max_tokens=self.max_tokens)
+        results = {source: patch(model, pair, act=self.act, by=self.by, source=source, metric=self.metric, answers=ids,
+                                 layers=None if self.layers is None else list(self.layers), max_rows=self.max_rows,
+                                 progress=False)
+                   for source in self.sources}
+        settings = {**self.settings, **model_settings(model), "n_layers": model.cfg.n_layers,
+                    "n_heads": model.cfg.n_heads}
+        return patch_partial(results, pair, settings, width=self.max_tokens, prompt_index=index,
+                             shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+
+
+def merged_patch(part, args) -> None:
+    """`sinkmech merge` for patch parts: the lines and --json / --png as `patch` writes them."""
+    s = part.settings
+    meta = {"model": s["model"], "act": s["act"], "by": s["by"], "metric": s["metric"], "n_layers": s["n_layers"],
+            "n_heads": s["n_heads"], "n_prompts": len(part.prompt_index), **used(part, s["max_tokens"])}
+    patch_output(args, patch_result(part), meta)
 
 
 def cmd_patch(args) -> None:
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
-    model = load_model_arg(args)
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
+
+    def task(settings: dict) -> PatchTask:
+        return PatchTask(args.model, args.device, args.dtype, args.act, by, tuple(conditions(args.source)), args.metric,
+                         tuple(args.answers) if args.answers else None,
+                         None if args.layers is None else tuple(args.layers), args.max_tokens,
+                         max(args.batch_size, 1) * 8, len(prompts), settings)
+
+    extra = {"act": args.act, "by": by, "source": args.source, "metric": args.metric, "answers": args.answers,
+             "layers": args.layers}
+    if sharded(args, prompts, "patch", task, merged_patch, **extra):
+        return
+    model = load_model_arg(args)
     pair = bos_pair(model, prompts, max_tokens=args.max_tokens)
     warn_short(pair.without_bos, args.max_tokens)
     results = {}
     for source in conditions(args.source):
-        r = patch(model, pair, act=args.act, by=by, source=source, metric=args.metric,
-                  answers=answers(model, args), layers=args.layers, max_rows=max(args.batch_size, 1) * 8)
-        results[source] = r
+        results[source] = patch(model, pair, act=args.act, by=by, source=source, metric=args.metric,
+                                answers=answers(model, args), layers=args.layers, max_rows=max(args.batch_size, 1) * 8)
+    meta = {"model": args.model, "act": args.act, "by": by, "metric": args.metric, "n_layers": model.cfg.n_layers,
+            "n_heads": model.cfg.n_heads, "n_prompts": len(pair.with_bos), **pair.without_bos.used(args.max_tokens)}
+    patch_output(args, results, meta)
+
+
+def patch_output(args, results: dict, meta: dict) -> None:
+    """The printed lines and the outputs of `patch` (`meta`: the JSON's fields before "results")."""
+    for source, r in results.items():
         print(f"{BOS_LABEL[source]} -> {BOS_LABEL[r.target]}: unpatched {r.metric} {r.baseline:.4f}, "
               f"patched min {float(r.values.min()):.4f} max {float(r.values.max()):.4f}")
 
     def payload() -> dict:
-        return {
-            "model": args.model, "act": args.act, "by": by, "metric": args.metric,
-            "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "n_prompts": len(pair.with_bos),
-            **pair.without_bos.used(args.max_tokens), "results": {k: r.to_dict() for k, r in results.items()},
-        }
+        return {**meta, "results": {k: r.to_dict() for k, r in results.items()}}
 
     def png_out() -> None:
         first = next(iter(results.values()))
         panels = [(f"{BOS_LABEL[k]} into {BOS_LABEL[r.target]}", heatmap_grid(r.values.float())) for k, r in results.items()]
-        xlabel = {"layer_pos": "content position", "layer": "", "head": "head", "head_pos": "head (mean over positions)"}[by]
-        fig = heatmap_panels(panels, title=f"Patching {args.act} across <bos> / no-<bos> — {args.model}",
-                             xlabel=xlabel, ylabel="layer", cbar_label=f"{first.metric} vs source run", **shared_limits(panels, args.metric != "kl"))
+        xlabel = {"layer_pos": "content position", "layer": "", "head": "head", "head_pos": "head (mean over positions)"}[meta["by"]]
+        fig = heatmap_panels(panels, title=f"Patching {meta['act']} across <bos> / no-<bos> — {meta['model']}",
+                             xlabel=xlabel, ylabel="layer", cbar_label=f"{first.metric} vs source run",
+                             **shared_limits(panels, meta["metric"] != "kl"))
         print(f"wrote {save(fig, args.png)}")
 
     write_results(args, payload, png_out)
