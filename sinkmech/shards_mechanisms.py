@@ -122,6 +122,9 @@ def spread_result(part: Partial):
 # among them); alpha_k by key position and the counts are float64 sums, padded
 # to `width` positions; the token texts of the top keys are labels.
 
+PER_HEAD = ("off_first", "off_first_relative")  # [layer, head_index] sums: not padded by key position
+
+
 def key_sinks_partial(rows: dict, sums: dict, batch: TokenBatch, settings: dict, *, width: int, decode,
                       prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
                       n_prompts_total: int | None = None) -> Partial:
@@ -135,21 +138,22 @@ def key_sinks_partial(rows: dict, sums: dict, batch: TokenBatch, settings: dict,
     T = sums["n_scored"].shape[0]
     if T > width:
         raise ValueError(f"the key sums have {T} positions, more than width={width}")
-    padded = {k: torch.nn.functional.pad(v, (0, width - T)) for k, v in sums.items() if k != "off_first"}
+    padded = {k: torch.nn.functional.pad(v, (0, width - T)) for k, v in sums.items() if k not in PER_HEAD}
     ids = sorted({int(i) for i in rows["top_token_id"].flatten().tolist()})
     settings = {**settings, "bos": batch.bos, "width": width}
     return Partial(**{**_part("key_sinks", settings, prompt_index, shard, n_prompts_total,
                               {**_numpy(rows), "lengths": batch.lengths.cpu().numpy()},
-                              {**_numpy(padded), "off_first": sums["off_first"].numpy()}).__dict__,
+                              {**_numpy(padded), **{k: sums[k].numpy() for k in PER_HEAD}}).__dict__,
                       "labels": {str(i): decode(i) for i in ids}})
 
 
-def key_sinks_result(part: Partial, *, top_k: int, min_queries: int, model_name: str = ""):
+def key_sinks_result(part: Partial, *, top_k: int, min_queries: int, min_excess: float = 0.1, model_name: str = ""):
     """A (merged) key-sinks part back as `KeySinks`."""
     from sinkmech.key_sinks import key_sinks_from_sums
 
     T = int(part.rows["lengths"].max())
-    sums = {k: _torch(v[..., :T] if k != "off_first" else v) for k, v in part.sums.items()}
+    sums = {k: _torch(v[..., :T] if k not in PER_HEAD else v) for k, v in part.sums.items()}
     rows = {k: _torch(part.rows[k]) for k in ("top_scores", "top_position", "top_token_id")}
-    return key_sinks_from_sums(rows, sums, top_k=top_k, min_queries=min_queries, bos=part.settings["bos"],
+    return key_sinks_from_sums(rows, sums, top_k=top_k, min_queries=min_queries, min_excess=min_excess,
+                               bos=part.settings["bos"],
                                model_name=model_name, decode=lambda i: part.labels[str(i)])

@@ -104,6 +104,9 @@ def test_sinks_keys_all_adds_key_scores_and_keeps_the_contract(tiny_cli, tmp_pat
     for c in ("prepend", "none"):
         assert "key_scores" not in a["conditions"][c]
         ks = b["conditions"][c].pop("key_scores")
+        relative = {k: b["conditions"][c].pop(k) for k in ("min_excess", "uniform_by_position", "max_excess",
+                                                           "strongest_relative_position", "off_first_rate_relative",
+                                                           "relative_flagged")}
         assert b["conditions"][c] == a["conditions"][c]  # today's contract, untouched ("loss", "lengths" ...)
         assert "loss" in a["conditions"][c] and "lengths" in a["conditions"][c]
         assert len(ks) == 2 and all(len(row) == 4 for row in ks)
@@ -116,7 +119,10 @@ def test_sinks_keys_all_adds_key_scores_and_keeps_the_contract(tiny_cli, tmp_pat
                 assert [t["position"] for t in top] == direct.top_position[l, h].tolist()
                 assert [t["score"] for t in top] == pytest.approx(direct.top_scores[l, h].tolist())
                 assert top[0]["token"] == f"[{int(batch.tokens[top[0]['prompt'], top[0]['position']])}]"
-    assert "strongest key is not position 0" in capsys.readouterr().out
+        assert relative["relative_flagged"] == [list(x) for x in direct.relative_flagged_heads()]
+        assert sum(relative["max_excess"], []) == pytest.approx(direct.max_excess.flatten().tolist())
+    out = capsys.readouterr().out
+    assert "strongest key is not position 0" in out and "excess over its uniform share" in out
 
 
 def test_massive_and_length_write_their_tables(tiny_cli, tmp_path, capsys):

@@ -97,3 +97,64 @@ def test_key_sinks_dataframe_and_json(tiny_model, ragged):
     df = res.to_dataframe()
     assert len(df) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads * 2
     assert '"key_scores"' in res.to_json()
+
+
+def _uniform(scores, hook):
+    """Every query spreads its attention evenly over its keys (the causal mask, applied before
+    this hook as -inf, is kept)."""
+    return torch.where(torch.isfinite(scores), torch.zeros_like(scores), scores)
+
+
+def test_uniform_share_is_alpha_of_uniform_attention(ragged):
+    """u_k equals key_alpha of an explicit uniform pattern, and the brute-force mean of 1/(t+1)."""
+    from sinkmech.key_sinks import key_alpha, uniform_share
+
+    T = ragged.tokens.shape[1]
+    pattern = torch.zeros(len(ragged), 1, T, T)
+    for p, n in enumerate(ragged.lengths.tolist()):
+        for t in range(n):
+            pattern[p, 0, t, : t + 1] = 1.0 / (t + 1)
+    u = uniform_share(ragged.lengths, T, 3)
+    assert torch.allclose(u, key_alpha(pattern, ragged.lengths, 3)[:, 0], atol=1e-6, equal_nan=True)
+    n = int(ragged.lengths[0])
+    assert math.isclose(float(u[0, 2]), sum(1 / (t + 1) for t in range(2, n)) / (n - 2), rel_tol=1e-6)
+    assert math.isclose(float(u[0, 0]), sum(1 / (t + 1) for t in range(n)) / n, rel_tol=1e-6)  # H_n / n
+
+
+def test_uniform_attention_is_no_sink_against_the_uniform_share(tiny_model, ragged):
+    """The null: with uniform attention the raw argmax still names position 0 in every head
+    (the earliest key gets the largest uniform share), but no key of any head exceeds its
+    uniform share: excess 0, ratio 1, nothing flagged, no prompt off position 0."""
+    with tiny_model.hooks(fwd_hooks=[(act_name("attn_scores", l), _uniform) for l in range(tiny_model.cfg.n_layers)]):
+        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, progress=False)
+    assert (res.strongest_position == 0).all()  # the raw score's bias
+    scored = ~torch.isnan(res.uniform_by_position)
+    assert res.excess_by_position[..., scored].abs().max() < 1e-5
+    assert torch.allclose(res.ratio_by_position[..., scored], torch.ones(1), atol=1e-4)
+    assert (res.max_excess < 1e-5).all() and not res.relative_flagged.any()
+    assert (res.off_first_rate_relative == 0).all()
+
+
+def test_planted_secondary_sink_is_flagged_against_the_uniform_share(tiny_model, ragged):
+    """Head (0, 1) pushed to key 3 and head (0, 0) to key 0: the first is flagged relative to
+    uniform at key 3 with an excess of about 1 - u_3; the second has its largest excess at
+    position 0 (a first-token sink, not flagged)."""
+
+    def plant(scores, hook):
+        out = _uniform(scores, hook)
+        out[:, 1, :, 3] += 30.0
+        out[:, 0, :, 0] += 30.0
+        return out
+
+    with tiny_model.hooks(fwd_hooks=[(act_name("attn_scores", 0), plant)]):
+        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, progress=False)
+    assert (0, 1, 3) in res.relative_flagged_heads()
+    assert math.isclose(float(res.max_excess[0, 1]), 1 - float(res.uniform_by_position[3]), abs_tol=1e-3)
+    assert int(res.strongest_relative_position[0, 0]) == 0 and not bool(res.relative_flagged[0, 0])
+    assert float(res.max_excess[0, 0]) > 0.5
+    assert float(res.off_first_rate_relative[0, 1]) == 1.0 and float(res.off_first_rate_relative[0, 0]) == 0.0
+    d = res.to_dict()
+    assert [0, 1, 3] in d["relative_flagged"] and "key_scores" in d and "flagged" in d  # old keys kept
+    assert math.isclose(d["excess_by_position"][0][1][3], float(res.max_excess[0, 1]), abs_tol=1e-6)
+    with pytest.raises(ValueError, match="min_excess"):
+        key_sink_scores(tiny_model, ragged, min_excess=1.0)

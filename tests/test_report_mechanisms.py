@@ -56,6 +56,9 @@ def test_sections_match_direct_calls(built, tiny_model, prompts):
         assert s["key_sinks"][c]["strongest_position"] == direct.strongest_position.tolist()
         assert {f["head"] for f in s["key_sinks"][c]["flagged"]} == {f"L{l}.H{h}" for l, h, _ in direct.flagged_heads()}
         assert s["key_sinks"][c]["off_first_rate"] == pytest.approx(float(direct.off_first_rate.mean()))
+        assert [(f["head"], f["position"]) for f in s["key_sinks"][c]["relative_flagged"]] == [
+            (f"L{l}.H{h}", pos) for l, h, pos in direct.relative_flagged_heads()]
+        assert s["key_sinks"][c]["n_relative_flagged"] == len(direct.relative_flagged_heads())
     md = massive_dims(tiny_model, batch["prepend"], progress=False)
     assert s["massive"]["norm_ratio"] == pytest.approx(md.norm_ratio.tolist())
     assert s["massive"]["onset_layer"] == md.onset_layer and ("reset" in s["massive"]) == (md.onset_layer is not None)

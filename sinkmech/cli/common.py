@@ -121,6 +121,14 @@ def fraction(text: str) -> float:
     return value
 
 
+def share_below_one(text: str) -> float:
+    """A finite number in [0, 1) (a share of attention that must stay below all of it)."""
+    value = _number(text, float)
+    if not 0.0 <= value < 1.0:
+        raise FlagValueError(f"must lie in [0, 1), got {value}")
+    return value
+
+
 def eps_value(text: str) -> str:
     """A sink-rate threshold in [0, 1), kept as written ("0.3" stays the JSON key "0.3")."""
     try:

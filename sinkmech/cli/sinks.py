@@ -23,6 +23,7 @@ from sinkmech.cli.common import (
     output_file,
     positive_int,
     prompts_arg,
+    share_below_one,
     warn_short,
     write_results,
 )
@@ -61,6 +62,9 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--top-keys", type=positive_int, default=5, help="with --keys all: top (prompt, position) keys kept per head")
     p.add_argument("--min-queries", type=positive_int, default=8,
                    help="with --keys all: score a key only when at least this many queries follow it (default 8)")
+    p.add_argument("--min-excess", type=share_below_one, default=0.1,
+                   help="with --keys all: a head's key of largest excess over its uniform share (query t gives "
+                        "each key 1/(t+1)) is a relative sink only above this (default 0.1)")
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_sinks)
 
@@ -124,11 +128,16 @@ def sinks_on_ray(args, prompts) -> None:
 def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> dict:
     """The JSON contract of `sinkmech sinks`; with `keys` (condition -> KeySinks),
     each condition also holds `key_scores[layer][head]`: the top keys as
-    {"prompt", "position", "token", "score"}."""
+    {"prompt", "position", "token", "score"}, and the scores against each key's
+    uniform share (`relative_flagged`, `max_excess`, `strongest_relative_position`, ...)."""
     first = next(iter(results.values()))
     conditions = {k: r.summary(eps) for k, r in results.items()}
     for k, ks in (keys or {}).items():
-        conditions[k]["key_scores"] = ks.to_dict()["key_scores"]
+        d = ks.to_dict()
+        conditions[k]["key_scores"] = d["key_scores"]
+        for name in ("min_excess", "uniform_by_position", "max_excess", "strongest_relative_position",
+                     "off_first_rate_relative", "relative_flagged"):
+            conditions[k][name] = d[name]
     return {
         "model": first.model_name,
         "n_layers": first.n_layers,
@@ -154,6 +163,13 @@ def print_flagged(keys: dict) -> None:
             top = ", ".join(f"{ks.top_token[l][h][r]!r} @{int(ks.top_position[l, h, r])} ({float(ks.top_scores[l, h, r]):.2f})"
                             for r in range(ks.top_scores.shape[-1]) if float(ks.top_scores[l, h, r]) > float("-inf"))
             print(f"  {head_label(l, h)}  position {pos}: mean alpha {alpha:.3f} vs alpha_0 {alpha0:.3f}; top keys: {top}")
+        relative = ks.relative_flagged_heads()
+        print(f"heads whose key of largest excess over its uniform share (> {ks.min_excess:g}) is not position 0 "
+              f"(bos={c}): {len(relative)}")
+        for l, h, pos in relative:
+            print(f"  {head_label(l, h)}  position {pos}: excess {float(ks.excess_by_position[l, h, pos]):+.3f} "
+                  f"({float(ks.ratio_by_position[l, h, pos]):.1f}x uniform) vs position 0 "
+                  f"{float(ks.excess_by_position[l, h, 0]):+.3f}")
 
 
 def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
@@ -210,7 +226,7 @@ def cmd_sinks(args) -> None:
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
-                                        batch_size=args.batch_size)
+                                        min_excess=args.min_excess, batch_size=args.batch_size)
     print_sinks_table(results, args.eps, args.top)
     if keys:
         print_flagged(keys)

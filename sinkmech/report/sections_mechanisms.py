@@ -54,6 +54,14 @@ def key_sinks_section(ctx: ReportContext) -> Section:
             "flagged": flagged,
             "strongest_position": r.strongest_position.tolist(),
             "off_first_rate": float(r.off_first_rate.mean()),
+            # against each key's uniform share (query t gives each key 1/(t+1)): see sinkmech.key_sinks
+            "min_excess": r.min_excess,
+            "n_relative_flagged": len(r.relative_flagged_heads()),
+            "relative_flagged": [{"head": head_label(l, h), "position": pos,
+                                  "excess": float(r.excess_by_position[l, h, pos]),
+                                  "excess_0": float(r.excess_by_position[l, h, 0])}
+                                 for l, h, pos in r.relative_flagged_heads()],
+            "off_first_rate_relative": float(r.off_first_rate_relative.mean()),
         }
         rows += [[CONDITION_LABELS[c], f["head"], f["position"], f["alpha"], f["alpha_0"],
                   ", ".join(f"{t['token']!r} @{t['position']}" for t in f["top_keys"])] for f in flagged[:MAX_LISTED]]
@@ -66,6 +74,11 @@ def key_sinks_section(ctx: ReportContext) -> Section:
         + ", ".join(f"{summary[c]['n_flagged']} of {n_heads} heads {html.escape(CONDITION_LABELS[c])}" for c in CONDITIONS)
         + ". On average over heads, the strongest key of a single prompt is off position 0 in "
         + ", ".join(f"{100 * summary[c]['off_first_rate']:.0f}% of prompts {html.escape(CONDITION_LABELS[c])}"
+                    for c in CONDITIONS)
+        + ". Raw alpha_k favours early keys even under uniform attention (a query t gives each key 1/(t+1)); "
+        f"measured against each key's uniform share, the key of largest excess (> {summary['prepend']['min_excess']:g}) "
+        "is off position 0 in "
+        + ", ".join(f"{summary[c]['n_relative_flagged']} of {n_heads} heads {html.escape(CONDITION_LABELS[c])}"
                     for c in CONDITIONS)
         + ". A strongest key near the end of the prompt marks a local head (recent keys, few queries after "
         "them) rather than a secondary sink; one in the middle, with the same token in its top keys, is a "
