@@ -44,3 +44,73 @@ def test_chunked_kl_keeps_the_gradient(monkeypatch):
     want = logits.detach().clone().requires_grad_()
     brute_force_kl(reference, mask, want).sum().backward()
     torch.testing.assert_close(logits.grad.double(), want.grad.double(), rtol=1e-4, atol=1e-7)
+
+
+# Unembedded logits: the sweep engine and the ablation reference stop at the last
+# block and unembed only what a metric reads. Each metric must score them as it
+# scores the same logits held whole.
+
+def _last_resid_and_logits(model, tokens):
+    from sinkmech.backend import unembed
+    from sinkmech.hooks import run
+
+    def no_grad_unembed(model, x):
+        with torch.no_grad():
+            return unembed(model, x)
+
+    resid = run(model, tokens, stop_at_layer=model.cfg.n_layers)  # [batch, pos, d_model]
+    return resid, run(model, tokens), no_grad_unembed
+
+
+@pytest.mark.parametrize("chunk_bytes", [4 * 1000 * 3, 1 << 20])  # tiny model's d_vocab 1000: 3 positions, or all
+def test_unembedded_logits_score_as_whole_logits(tiny_model, monkeypatch, chunk_bytes):
+    from sinkmech.interventions.metrics import LogitDiff, Unembedded, one_copy, resolve_metric
+
+    monkeypatch.setattr(metrics, "KL_CHUNK_BYTES", chunk_bytes)
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(1, tiny_model.cfg.d_vocab, (3, 9), generator=g)
+    resid, logits, unembed = _last_resid_and_logits(tiny_model, tokens)
+    assert torch.allclose(unembed(tiny_model, resid), logits, atol=1e-5)  # the last block's output is what unembeds
+    lazy_ref = Unembedded(resid[:, 1:], lambda x: unembed(tiny_model, x))
+    ref = logits[:, 1:]
+    # two "intervened" copies: the clean run and a perturbed residual stream
+    other = resid + 0.5 * torch.randn(resid.shape, generator=g)
+    copies = torch.stack([resid, other])[:, :, 1:]
+    lazy = Unembedded(copies, lambda x: unembed(tiny_model, x))
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    mask[2, 6:] = False
+    custom = resolve_metric(lambda x, r, m: (x - r)[m].abs().mean())
+    for metric in (KL(), LogitDiff(3, torch.tensor([4, 5, 6])), custom):
+        want = metric.bind(ref, mask)(lazy.full())
+        got = metric.bind(lazy_ref, mask)(lazy)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(metric.bind(lazy_ref, mask)(one_copy(lazy_ref)), metric.bind(ref, mask)(ref[None]),
+                                   rtol=1e-5, atol=1e-6)
+    kl = KL().bind(lazy_ref, mask)(lazy)
+    assert abs(float(kl[0])) < 1e-6 and float(kl[1]) > 1e-3  # the clean copy scores 0, the perturbed one does not
+
+
+def test_sweep_holds_no_whole_logits(tiny_model, monkeypatch):
+    """The engine hands the metric `Unembedded` logits, and its values equal the loop's (whole logits)."""
+    from sinkmech.interventions.ablation import head_ablations
+    from sinkmech.interventions.metrics import Unembedded
+
+    seen = []
+    bind = KL.bind
+
+    def spy(self, reference, mask):
+        score = bind(self, reference, mask)
+
+        def wrapped(logits):
+            seen.append(type(logits))
+            return score(logits)
+        return wrapped
+
+    monkeypatch.setattr(KL, "bind", spy)
+    tokens = torch.randint(1, tiny_model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
+    kw = dict(mode="mask_first", bos="none", progress=False)
+    fast = head_ablations(tiny_model, tokens, method="sweep", **kw)
+    assert seen and all(t is Unembedded for t in seen)
+    ref = head_ablations(tiny_model, tokens, method="loop", **kw)
+    torch.testing.assert_close(fast.effects, ref.effects, rtol=1e-4, atol=1e-6)
+    assert float(ref.effects.abs().max()) > 1e-4  # the heads do something: not 0 == 0

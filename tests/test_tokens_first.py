@@ -65,7 +65,7 @@ def test_ablation_setup_is_the_clean_run(tiny_model, rows):
     s = ablation_setup(tiny_model, rows, mode="mean", bos_token_id=TINY_BOS)
     assert s.batch.bos == "prepend" and s.layers == (0, 1) and s.heads == (0, 1, 2, 3)
     ref = tiny_model(s.batch.tokens)[:, 1:]
-    assert torch.allclose(s.reference, ref, atol=1e-5)
+    assert torch.allclose(s.reference.full(), ref, atol=1e-5)  # held as the last residual, unembedded on demand
     assert s.baseline == 0.0  # KL of the clean run against itself
     # mean head outputs: z averaged over real positions only
     _, cache = tiny_model.run_with_cache(s.batch.tokens)

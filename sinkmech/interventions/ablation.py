@@ -23,7 +23,7 @@ from sinkmech.backend import Model
 from sinkmech.hooks import (
     act_name, all_to_first_hook, cached_run, check_head, mask_first_hook, mean_head_hook, row_queries, zero_head_hook,
 )
-from sinkmech.interventions.metrics import Bound, Metric, MetricSpec, content_mask, resolve_metric
+from sinkmech.interventions.metrics import Bound, Logits, Metric, MetricSpec, content_mask, one_copy, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
 from sinkmech.results import Result
@@ -107,7 +107,7 @@ class AblationSetup:
     layers: tuple[int, ...]
     heads: tuple[int, ...]
     metric: Metric
-    reference: Float[Tensor, "batch content_pos d_vocab"]
+    reference: Logits  # [batch content_pos d_vocab], unembedded lazily
     mask: Bool[Tensor, "batch content_pos"]
     means: Float[Tensor, "layer head_index d_head"] | None
 
@@ -123,7 +123,7 @@ class AblationSetup:
     @property
     def baseline(self) -> float:
         """The clean run's own metric (0 for KL)."""
-        return float(self.score(self.reference[None])[0])
+        return float(self.score(one_copy(self.reference))[0])
 
     def result(self, effects: Float[Tensor, "layer head_index"], method: str, baseline: float | None = None) -> HeadAblation:
         return HeadAblation(

@@ -21,7 +21,7 @@ from torch import Tensor
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, expand_kv, right_padding
 from sinkmech.interventions.ablation import AblationMode, HeadAblation, ablation_setup
-from sinkmech.interventions.metrics import KL, MetricSpec, content_logits
+from sinkmech.interventions.metrics import KL, MetricSpec, content_logits, whole
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
 
 
@@ -109,7 +109,7 @@ def attribute_ablations(
         logits = logits.reshape(S, B, n_content, -1)
         if fisher:
             g = torch.Generator(device="cpu").manual_seed(seed)
-            probs = torch.softmax(ref.float(), -1).cpu()
+            probs = torch.softmax(whole(ref).float(), -1).cpu()
             y = torch.multinomial(probs.reshape(-1, probs.shape[-1]), S, replacement=True, generator=g)
             y = y.T.reshape(S, B, n_content).to(logits.device)
             lp = torch.log_softmax(logits.float(), -1).gather(-1, y[..., None])[..., 0]

@@ -7,6 +7,12 @@ mean KL divergence KL(reference || intervened) over real content positions
 (0 when the intervention changes nothing); `LogitDiff` is the logit of a
 correct token minus an incorrect one at each prompt's last content position;
 any callable `f(logits, reference, mask) -> scalar` works too.
+
+Logits reach a metric either whole or as `Unembedded`: the last block's
+output at the content positions, unembedded only where the metric reads it (a
+few positions at a time for KL, one position per prompt for LogitDiff). With
+Gemma 3's 262k vocabulary, whole logits of 4 prompts x 256 tokens are 1 GiB
+per run; the residual stream they come from is 2.5 MiB.
 """
 
 from __future__ import annotations
@@ -21,9 +27,50 @@ from torch import Tensor
 MetricFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 MetricName = Literal["kl", "logit_diff"]
 MetricSpec = Union[MetricName, "LogitDiff", MetricFn]
+
+
+@dataclass(frozen=True)
+class Unembedded:
+    """Logits held as the residual stream they come from: `unembed(resid[idx])`
+    are the logits `logits[idx]` (idx never indexes d_model / d_vocab)."""
+
+    resid: Float[Tensor, "... d_model"]
+    unembed: Callable[[Tensor], Tensor]  # last block's output -> logits (sinkmech.backend.unembed)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logits' shape, d_vocab left out: [..., content_pos]."""
+        return tuple(self.resid.shape[:-1])
+
+    def copies(self) -> "Unembedded":
+        """As one stacked copy: [1, ...]."""
+        return Unembedded(self.resid[None], self.unembed)
+
+    def full(self) -> Tensor:
+        """Every logit at once (what the lazy form avoids; for metrics that need them whole)."""
+        return self.unembed(self.resid)
+
+
+Logits = Union[Tensor, Unembedded]
 # A bound metric scores several stacked copies of the batch at once:
 # logits [copies, batch, content_pos, d_vocab] -> [copies].
-Bound = Callable[[Tensor], Tensor]
+Bound = Callable[[Logits], Tensor]
+
+
+def logits_at(logits: Logits, idx: tuple) -> Tensor:
+    """`logits[idx]` of whole or unembedded logits (idx over the leading axes only)."""
+    if isinstance(logits, Unembedded):
+        return logits.unembed(logits.resid[idx])
+    return logits[idx]
+
+
+def whole(logits: Logits) -> Tensor:
+    return logits.full() if isinstance(logits, Unembedded) else logits
+
+
+def one_copy(logits: Logits) -> Logits:
+    """[batch, ...] logits as one stacked copy [1, batch, ...], the form a bound metric scores."""
+    return logits.copies() if isinstance(logits, Unembedded) else logits[None]
 
 
 def content_logits(
@@ -33,9 +80,11 @@ def content_logits(
     return logits[:, offset : offset + n_content]
 
 
-# Bytes of one fp32 temporary in the KL's chunks: 64 positions of a 262k
-# vocabulary (Gemma 3), 341 of SmolLM2's 49k.
-KL_CHUNK_BYTES = 64 << 20
+# Bytes of one fp32 temporary in the KL's chunks: 16 positions of a 262k
+# vocabulary (Gemma 3), 85 of SmolLM2's 49k. A chunk makes about a dozen such
+# temporaries (measured on Gemma 3 270M: 64 MiB chunks peaked 0.8 GiB above
+# the resident set while the KL ran).
+KL_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -49,20 +98,21 @@ class KL:
 
     name: str = "kl"
 
-    def bind(self, reference: Tensor, mask: Tensor) -> Bound:
-        batch, n_pos, vocab = reference.shape
+    def bind(self, reference: Logits, mask: Tensor) -> Bound:
+        batch, n_pos = mask.shape
+        vocab = logits_at(reference, (0, slice(0, 1))).shape[-1]
         weight = mask.float() / mask.float().sum()
         step = max(1, KL_CHUNK_BYTES // (4 * vocab))
         # (prompt, positions) chunks; indexing, never reshaping, so no view of the logits is copied whole
         chunks = [(b, slice(a, min(a + step, n_pos))) for b in range(batch) for a in range(0, n_pos, step)]
 
-        def score(logits: Tensor) -> Tensor:
+        def score(logits: Logits) -> Tensor:
             out = []
-            for copy in logits:  # [batch, content_pos, d_vocab]
-                total = logits.new_zeros((), dtype=torch.float)
+            for c in range(logits.shape[0]):  # each copy: [batch, content_pos, d_vocab]
+                total = torch.zeros((), dtype=torch.float, device=mask.device)
                 for b, pos in chunks:
-                    ref_lp = torch.log_softmax(reference[b, pos].float(), dim=-1)
-                    lp = torch.log_softmax(copy[b, pos].float(), dim=-1)
+                    ref_lp = torch.log_softmax(logits_at(reference, (b, pos)).float(), dim=-1)
+                    lp = torch.log_softmax(logits_at(logits, (c, b, pos)).float(), dim=-1)
                     kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1)  # out of place: attribution differentiates it
                     total = total + (kl * weight[b, pos]).sum()
                 out.append(total)
@@ -80,15 +130,15 @@ class LogitDiff:
     incorrect: int | Tensor
     name: str = "logit_diff"
 
-    def bind(self, reference: Tensor, mask: Tensor) -> Bound:
+    def bind(self, reference: Logits, mask: Tensor) -> Bound:
         batch = mask.shape[0]
         last = mask.long().sum(-1) - 1  # [batch]
         rows = torch.arange(batch, device=mask.device)
         good = torch.as_tensor(self.correct, device=mask.device).expand(batch)
         bad = torch.as_tensor(self.incorrect, device=mask.device).expand(batch)
 
-        def score(logits: Tensor) -> Tensor:
-            at = logits[:, rows, last]  # [copies, batch, d_vocab]
+        def score(logits: Logits) -> Tensor:
+            at = logits_at(logits, (slice(None), rows, last))  # [copies, batch, d_vocab]
             return (at[:, rows, good] - at[:, rows, bad]).float().mean(-1)
 
         return score
@@ -101,9 +151,11 @@ class Custom:
     fn: MetricFn
     name: str = "custom"
 
-    def bind(self, reference: Tensor, mask: Tensor) -> Bound:
-        def score(logits: Tensor) -> Tensor:
-            return torch.stack([torch.as_tensor(self.fn(x, reference, mask)).float().reshape(()) for x in logits])
+    def bind(self, reference: Logits, mask: Tensor) -> Bound:
+        ref = whole(reference)  # a user function sees whole logits
+
+        def score(logits: Logits) -> Tensor:
+            return torch.stack([torch.as_tensor(self.fn(x, ref, mask)).float().reshape(()) for x in whole(logits)])
 
         return score
 

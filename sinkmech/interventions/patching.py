@@ -20,7 +20,7 @@ from torch import Tensor
 
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, cached_run
-from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, resolve_metric
+from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, one_copy, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
 from sinkmech.results import Result
@@ -192,7 +192,7 @@ def patch(
     src_logits, cache = cached_run(model, src.tokens, names)
     reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
     bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
-    baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
+    baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
     source_value = float(bound(reference[None])[0])
 
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
@@ -206,7 +206,7 @@ def patch(
         s_all, t_all = s_all[keep], t_all[keep]
         scored = pair.content_mask & (torch.arange(n_content) >= positions[0])[None, :]
         bound = resolve_metric(metric, answers).bind(reference, scored)
-        baseline = float(bound(reference_logits(model, tgt.tokens, tgt.offset, n_content)[None])[0])
+        baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
         source_value = float(bound(reference[None])[0])
     n_heads = cache[names[0]].shape[2] if act in HEAD_ACTS else 1
     cells = []

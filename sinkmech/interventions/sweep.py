@@ -7,6 +7,11 @@ same layer run in one forward pass: the prompts are stacked once per
 intervention and each intervention's hooks act on its own rows only. The
 result equals one `run_with_hooks` per intervention (`loop`, kept as the
 reference implementation) up to float rounding.
+
+A pass stops at the last block's output and hands the metric `Unembedded`
+logits: the content positions' residual stream, unembedded only where the
+metric reads it, so no pass holds [rows, pos, d_vocab] logits (with Gemma 3's
+262k vocabulary those were a GiB per pass, and the reference's another).
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model
+from sinkmech.backend import Model, unembed
 from sinkmech.hooks import Hook, act_name, cached_run, right_padding, run
-from sinkmech.interventions.metrics import Bound, content_logits
+from sinkmech.interventions.metrics import Bound, Unembedded, content_logits
 
 # (rows of the stacked batch this intervention owns, total rows, positions) -> hooks
 HookMaker = Callable[[slice, int, int], list[Hook]]
@@ -42,14 +47,15 @@ def clean_resid(model: Model, tokens: Int[Tensor, "batch pos"]) -> list[Tensor]:
     return [cache[n] for n in names]
 
 
-# Each pass holds its logits and their log-softmax in fp32; a 262k vocabulary
-# (Gemma 3) makes 128 rows x 17 positions 2.3 GB each, so rows are capped here.
-LOGIT_BYTES = 1 << 30
+def unembedded(model: Model, resid: Float[Tensor, "*copies batch pos d_model"], offset: int,
+               n_content: int) -> Unembedded:
+    """The content positions' logits of a pass stopped after its last block, unembedded lazily
+    (without grad, as the pass itself ran)."""
+    def logits(x: Tensor) -> Tensor:
+        with torch.no_grad():
+            return unembed(model, x)
 
-
-def logit_rows(model: Model, n_pos: int, budget: int = LOGIT_BYTES) -> int:
-    """How many rows of `n_pos` positions keep one fp32 logits tensor within `budget` bytes."""
-    return max(1, budget // (n_pos * model.cfg.d_vocab * 4))
+    return Unembedded(resid[..., offset : offset + n_content, :], logits)
 
 
 def sweep(
@@ -70,8 +76,7 @@ def sweep(
         tokens: the run being intervened on, right-padded [batch, pos].
         score: a bound metric, logits [copies, batch, content_pos, d_vocab] -> [copies].
         offset, n_content: content token j sits at position offset + j.
-        max_rows: rows per forward pass (copies x batch), lowered so one pass's
-            logits stay within LOGIT_BYTES; at least one copy runs.
+        max_rows: rows per forward pass (copies x batch); at least one copy runs.
 
     Returns:
         One metric value per intervention, in the order given.
@@ -80,7 +85,7 @@ def sweep(
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     batch, n_pos = tokens.shape
     starts = clean_resid(model, tokens)
-    per_pass = max(1, min(max_rows, logit_rows(model, n_pos)) // batch)
+    per_pass = max(1, max_rows // batch)
     by_layer: dict[int, list[int]] = {}
     for i, cell in enumerate(interventions):
         if not 0 <= cell.layer < model.cfg.n_layers:
@@ -98,9 +103,9 @@ def sweep(
             for c, i in enumerate(chunk):
                 hooks += interventions[i].hooks(slice(c * batch, (c + 1) * batch), rows, n_pos)
             resid = starts[layer].repeat(n, 1, 1)
-            logits = run(model, resid, hooks, start_at_layer=layer)
-            logits = content_logits(logits, offset, n_content)
-            values[chunk] = score(logits.reshape(n, batch, *logits.shape[1:])).float().cpu()
+            last = run(model, resid, hooks, start_at_layer=layer, stop_at_layer=model.cfg.n_layers)
+            logits = unembedded(model, last.reshape(n, batch, n_pos, -1), offset, n_content)
+            values[chunk] = score(logits).float().cpu()
             bar.update(n)
     bar.close()
     return values
@@ -128,8 +133,6 @@ def loop(
     return values
 
 
-def reference_logits(
-    model: Model, tokens: Int[Tensor, "batch pos"], offset: int, n_content: int
-) -> Float[Tensor, "batch content_pos d_vocab"]:
-    """Plain forward pass, content positions only."""
-    return content_logits(run(model, tokens), offset, n_content)
+def reference_logits(model: Model, tokens: Int[Tensor, "batch pos"], offset: int, n_content: int) -> Unembedded:
+    """Plain forward pass, content positions only (unembedded lazily)."""
+    return unembedded(model, run(model, tokens, stop_at_layer=model.cfg.n_layers), offset, n_content)
