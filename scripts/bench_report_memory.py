@@ -53,16 +53,16 @@ def row(**r):
 
 t0 = time.perf_counter()
 m = load_model(sys.argv[1])
-row(section="load model", seconds=time.perf_counter() - t0, rss_before_gib=0.0,
+row(section="load model", seconds=time.perf_counter() - t0, cpu_s=time.process_time(), rss_before_gib=0.0,
     peak_gib=proc_status_gib("VmHWM"), rss_after_gib=proc_status_gib("VmRSS"))
 
 def measured(section):
     def run(ctx):
         before = proc_status_gib("VmRSS")
         reset_peak()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         out = section(ctx)
-        row(section=section.__name__, seconds=time.perf_counter() - t, rss_before_gib=before,
+        row(section=section.__name__, seconds=time.perf_counter() - t, cpu_s=time.process_time() - cpu, rss_before_gib=before,
             peak_gib=proc_status_gib("VmHWM"), rss_after_gib=proc_status_gib("VmRSS"))
         return out
     run.__name__ = section.__name__
@@ -97,7 +97,8 @@ def section_peaks(model: str, n_prompts: int) -> list[dict]:
             if line.startswith("ROW "):
                 rows.append(json.loads(line[4:]))
                 r = rows[-1]
-                print(f"  {r['section']:<22} {r['seconds']:>6.1f} s  peak {r['peak_gib']:.2f} GiB", flush=True)
+                print(f"  {r['section']:<22} {r['seconds']:>6.1f} s ({r['cpu_s']:.1f} s CPU)  peak {r['peak_gib']:.2f} GiB",
+                      flush=True)
     if proc.returncode != 0:
         raise RuntimeError(f"the measured report failed (exit {proc.returncode})")
     return rows
@@ -144,10 +145,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(x{rep_gb / base_gb:.2f} the baseline; target {args.limit_gb} GiB: "
           f"{'met' if rep_gb <= args.limit_gb else 'NOT met'})")
     if rows:
-        print(f"{'section':<24} {'s':>6} {'RSS before':>11} {'peak':>7} {'RSS after':>10}  (GiB)")
+        print(f"{'section':<24} {'s':>6} {'CPU s':>6} {'RSS before':>11} {'peak':>7} {'RSS after':>10}  (GiB)")
         for r in rows:
-            print(f"{r['section']:<24} {r['seconds']:>6.1f} {r['rss_before_gib']:>11.2f} {r['peak_gib']:>7.2f} "
-                  f"{r['rss_after_gib']:>10.2f}")
+            print(f"{r['section']:<24} {r['seconds']:>6.1f} {r['cpu_s']:>6.1f} {r['rss_before_gib']:>11.2f} "
+                  f"{r['peak_gib']:>7.2f} {r['rss_after_gib']:>10.2f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
