@@ -4,6 +4,7 @@ massive (--no-reset), patch, perturb, sinks --keys all, on the tiny model."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import test_cli_shards as base
@@ -58,3 +59,20 @@ def test_patch_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, 
     a = shards_merge_to_the_unsharded_json(["patch", "--prompts", prompts, "--max-tokens", "16", *extra], tmp_path, n)
     assert a["max_tokens"] == 15  # prompt 3 (shard 2 of 3) alone is that long
     assert max(abs(v) for r in a["results"].values() for row in r["values"] for v in row) > 1e-3
+
+
+@pytest.mark.parametrize("extra", [["--noise", "0.5", "--position", "2", "--seed", "3"], ["--swap", "cat", "dogs"]])
+def test_perturb_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, extra):
+    """Noise: every shard draws the noise the whole corpus' run draws for its prompts."""
+    if "--swap" in extra:  # every prompt holds the swapped word
+        lines = Path(prompts).read_text().splitlines()
+        prompts = str(tmp_path / "cat.txt")
+        Path(prompts).write_text("\n".join(f"one cat {line}" for line in lines) + "\n")
+    a = shards_merge_to_the_unsharded_json(["perturb", "--prompts", prompts, "--max-tokens", "16", *extra], tmp_path, 3)
+    assert a["n_prompts"] == 9 and max(a["per_layer"]["prepend"]["mean_change"]) > 1e-3
+
+
+def test_perturb_refuses_to_shard_the_sensitivity_study(prompts, tmp_path, capsys):
+    assert main(["perturb", "--prompts", prompts, "--noise", "0.5", "--position", "1", "--sensitivity", "--shard", "1/2",
+                 "--json", str(tmp_path / "p.partial.json")]) == 2
+    assert "--sensitivity" in error_line(capsys)

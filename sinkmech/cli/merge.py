@@ -29,10 +29,11 @@ def mergers() -> dict:
     from sinkmech.cli.heads import merged_heads
     from sinkmech.cli.massive import merged_massive
     from sinkmech.cli.patch import merged_patch
+    from sinkmech.cli.perturb import merged_perturb
     from sinkmech.cli.sinks import merged_sinks
 
     return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate, "massive": merged_massive,
-            "patch": merged_patch}
+            "patch": merged_patch, "perturb": merged_perturb}
 
 
 def cmd_merge(args) -> None:

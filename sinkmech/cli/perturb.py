@@ -4,18 +4,23 @@ positions, with and without `<bos>` (Barbero et al. 2025, Fig. 2); with
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
+from sinkmech import models
 from sinkmech.cli.common import (
     UsageError, add_bos_token, add_intervention_common, at_least, bos_token_arg, load_model_arg, non_negative_float,
     non_negative_int, positive_float, positive_int, prompts_arg, write_results,
 )
+from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
 from sinkmech.figures.core import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
 from sinkmech.prompts import CONDITION_LABELS
 from sinkmech.sensitivity import sensitivity_study
+from sinkmech.shards_mechanisms import spread_partial, spread_result
 
 
 def add_perturb_parser(sub) -> None:
@@ -32,7 +37,48 @@ def add_perturb_parser(sub) -> None:
                    help="also (or only) compare Jacobian norms with path weights, with and without <bos> (JSON key 'sensitivity')")
     p.add_argument("--sensitivity-prompts", type=positive_int, default=4, help="prompts for --sensitivity (default 4)")
     p.add_argument("--sensitivity-tokens", type=at_least(2), default=16, help="content tokens per prompt for --sensitivity (default 16)")
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_perturb)
+
+
+def perturbation(args) -> TokenSwap | EmbeddingNoise:
+    return TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
+
+
+@dataclass(frozen=True)
+class SpreadTask:
+    """The perturbation spread of one shard (`--shard`, or a Ray worker's): the
+    noise of each prompt is the one the whole corpus' run draws for it."""
+
+    model: str
+    device: str | None
+    dtype: str
+    bos_token: str | None
+    perturbation: TokenSwap | EmbeddingNoise
+    threshold: float
+    max_tokens: int
+    batch_size: int
+    n_prompts_total: int
+    settings: dict
+
+    def load(self):
+        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
+        return model, bos_token_arg(model, Namespace(bos_token=self.bos_token))
+
+    def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        model, bos_id = state
+        r = perturbation_spread(model, prompts, perturbation=self.perturbation, max_tokens=self.max_tokens,
+                                bos_token_id=bos_id, threshold=self.threshold, batch_size=self.batch_size,
+                                progress=False, first_prompt=index.start, n_prompts_total=self.n_prompts_total)
+        return spread_partial(r, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
+                              width=self.max_tokens, prompt_index=index, shard=(shard, n_shards),
+                              n_prompts_total=self.n_prompts_total)
+
+
+def merged_perturb(part, args) -> None:
+    """`sinkmech merge` for perturb parts: the table and --json / --png as `perturb` writes them."""
+    spread, png_out = spread_output(spread_result(part), part.settings["model"], args)
+    write_results(args, {"model": part.settings["model"], **spread}, png_out)
 
 
 def cmd_perturb(args) -> None:
@@ -43,6 +89,19 @@ def cmd_perturb(args) -> None:
     if args.png and args.swap is None and args.noise is None:
         raise UsageError("--png draws the spread of --swap or --noise; --sensitivity alone has no figure")
     prompts = prompts_arg(args)
+    if args.shard is not None or args.ray is not None:
+        if args.sensitivity or (args.swap is None and args.noise is None):
+            raise UsageError("--shard / --ray shard the spread of --swap or --noise; --sensitivity is a study of "
+                             "its first few prompts: run it without them")
+
+    def task(settings: dict) -> SpreadTask:
+        return SpreadTask(args.model, args.device, args.dtype, args.bos_token, perturbation(args), args.threshold,
+                          args.max_tokens, args.batch_size, len(prompts), settings)
+
+    extra = {"swap": args.swap, "noise": args.noise, "position": args.position, "threshold": args.threshold,
+             "seed": args.seed}
+    if sharded(args, prompts, "perturb", task, merged_perturb, **extra):
+        return
     model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     payload, png_out = {"model": args.model}, None
@@ -71,11 +130,15 @@ def _sensitivity(model, prompts, bos_id, args) -> dict:
 
 def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
     """The spread study printed; its JSON part and a writer for --png."""
-    pert = TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
-    r = perturbation_spread(model, prompts, perturbation=pert, max_tokens=args.max_tokens, bos_token_id=bos_id,
-                            threshold=args.threshold, batch_size=args.batch_size)
+    r = perturbation_spread(model, prompts, perturbation=perturbation(args), max_tokens=args.max_tokens,
+                            bos_token_id=bos_id, threshold=args.threshold, batch_size=args.batch_size)
+    return spread_output(r, args.model, args)
+
+
+def spread_output(r, model_name: str, args) -> tuple[dict, Callable[[], None]]:
+    """A spread printed; its JSON part and a writer for --png."""
     s = r.per_layer()
-    print(f"{r.kind}: over later positions, mean relative change / fraction > {args.threshold}")
+    print(f"{r.kind}: over later positions, mean relative change / fraction > {r.threshold:g}")
     print(f"{'layer':>6} {'<bos>':>16} {'no <bos>':>16}")
     for l in range(s["mean_change"].shape[1]):
         print(f"{l:>6} " + " ".join(f"{float(s['mean_change'][c, l]):>7.3f} / {float(s['spread_fraction'][c, l]):>5.2f}" for c in range(2)))
@@ -88,7 +151,7 @@ def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
     def png_out() -> None:
         mean = r.mean_change()
         panels = [(CONDITION_LABELS[c], np.nan_to_num(mean[i].numpy())) for i, c in enumerate(r.conditions)]
-        fig = heatmap_panels(panels, title=f"Relative residual change, {r.kind} — {args.model}", xlabel="content position",
+        fig = heatmap_panels(panels, title=f"Relative residual change, {r.kind} — {model_name}", xlabel="content position",
                              ylabel="layer (0 = embeddings)", cbar_label="||h' - h|| / ||h||", **shared_limits(panels))
         print(f"wrote {save(fig, args.png)}")
 
