@@ -45,7 +45,7 @@ except ImportError:  # TransformerLens 4.x removed it (its ImportError carries a
 IS_BRIDGE = BACKEND == "TransformerBridge"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "unembed", "W_O", "W_V", "b_V", "attn_scale",
+__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "writable_hooks", "unembed", "W_O", "W_V", "b_V", "attn_scale",
            "versions", "version_text", "move"]
 
 
@@ -76,7 +76,7 @@ def forward(
     Returns:
         Logits [batch pos d_vocab], or the residual stream when stopped early.
     """
-    hooks = list(fwd_hooks)
+    hooks = writable_hooks(model, fwd_hooks)
     kwargs = {}
     if start_at_layer is not None:
         kwargs["start_at_layer"] = start_at_layer
@@ -98,6 +98,48 @@ def forward(
         kwargs["stop_at_layer"] = stop_at_layer
     with model.hooks(fwd_hooks=hooks):
         return model(input, **kwargs)
+
+
+def writable_hooks(model: Model, fwd_hooks: Sequence[tuple[str, Callable]]) -> list[tuple[str, Callable]]:
+    """Hooks that write where HookedTransformer's would.
+
+    On the Bridge `blocks.{l}.hook_resid_mid` is an alias of the MLP-side norm's
+    input (`ln2.hook_in`): reading it gives the residual stream between
+    attention and MLP, but a value returned there reaches only the MLP, not the
+    residual stream that flows on. A hook on it becomes a hook on
+    `hook_attn_out` (the tensor the block adds to its input: after Gemma's
+    post-attention norm too) that sees resid_pre + attn_out and writes back
+    the change, with resid_pre kept by a hook on `hook_resid_pre`. Other hooks
+    pass unchanged.
+    """
+    if not IS_BRIDGE:
+        return list(fwd_hooks)
+    out = []
+    for name, fn in fwd_hooks:
+        parts = name.split(".")
+        if len(parts) == 3 and parts[0] == "blocks" and parts[2] == "hook_resid_mid":
+            out += _resid_mid_writer(int(parts[1]), fn)
+        else:
+            out.append((name, fn))
+    return out
+
+
+def _resid_mid_writer(layer: int, fn: Callable) -> list[tuple[str, Callable]]:
+    held: dict[str, Tensor] = {}
+
+    def keep_pre(resid: Tensor, hook) -> None:
+        held["pre"] = resid
+
+    def write(attn_out: Tensor, hook) -> Tensor:
+        pre = held.pop("pre")
+        mid = pre + attn_out
+        new = fn(mid, hook)
+        if new is None:
+            return attn_out
+        # entries the hook left alone keep attn_out exactly (no pre + out - pre rounding)
+        return torch.where(new == mid, attn_out, new - pre)
+
+    return [(f"blocks.{layer}.hook_resid_pre", keep_pre), (f"blocks.{layer}.hook_attn_out", write)]
 
 
 def unembed(model: Model, resid: Tensor) -> Tensor:

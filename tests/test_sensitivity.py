@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY_BOS, make_tiny
+from sinkmech.backend import forward
 from sinkmech.hooks import act_name
 from sinkmech.sensitivity import (
     attention_patterns, jacobian_norms, mixing_matrices, path_weights, rank_collapse, repeat_collapse,
@@ -20,7 +21,8 @@ def test_jacobian_matches_finite_differences(tiny_model, tiny_tokens):
     jac = jacobian_norms(tiny_model, tokens)
     _, cache = tiny_model.run_with_cache(tokens[None], names_filter=act_name("resid_pre", 0))
     h0 = cache[act_name("resid_pre", 0)][0].double()
-    f = lambda x: tiny_model(x[None].float(), start_at_layer=0, stop_at_layer=2)[0].double()  # noqa: E731
+    # the last block's output, as jacobian_norms differentiates it (backend.forward stops there on both backends)
+    f = lambda x: forward(tiny_model, x[None].float(), start_at_layer=0, stop_at_layer=2)[0].double()  # noqa: E731
     eps = 1e-2
     with torch.no_grad():
         for i in (2,):
@@ -85,7 +87,10 @@ def test_rank_collapse_is_not_decided_by_a_huge_first_token():
     rc_all = rank_collapse(model, rows, bos="prepend", bos_token_id=TINY_BOS, exclude_first=False)
     rc = rank_collapse(model, rows, bos="prepend", bos_token_id=TINY_BOS)
     for p, T in enumerate((7, 5)):
-        assert rc_all[p] == pytest.approx(torch.full((3,), (1 - 1 / T) ** 0.5), rel=2e-3)
+        # exact at the embeddings; after a layer the content rows (norm ~5 against
+        # ~800) add a term of order (T-1) b.c / (T |b|^2): below 1e-2 here.
+        assert float(rc_all[p, 0]) == pytest.approx((1 - 1 / T) ** 0.5, rel=2e-3)
+        assert rc_all[p, 1:] == pytest.approx(torch.full((2,), (1 - 1 / T) ** 0.5), rel=1.5e-2)
     assert rc[:, 0].abs().max() < 1e-5
 
 

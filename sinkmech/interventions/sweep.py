@@ -5,7 +5,7 @@ so the residual stream entering layer l is taken from one clean run and the
 forward pass restarts there (`start_at_layer=l`). Many interventions on the
 same layer run in one forward pass: the prompts are stacked once per
 intervention and each intervention's hooks act on its own rows only. The
-result equals one `run_with_hooks` per intervention (`loop`, kept as the
+result equals one full forward pass with hooks per intervention (`loop`, kept as the
 reference implementation) up to float rounding.
 
 A pass stops at the last block's output and hands the metric `Unembedded`
@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.backend import Model, unembed
-from sinkmech.hooks import Hook, act_name, cached_run, right_padding, run
+from sinkmech.hooks import Hook, act_name, cached_run, run
 from sinkmech.interventions.metrics import Bound, Unembedded, content_logits
 
 # (rows of the stacked batch this intervention owns, total rows, positions) -> hooks
@@ -122,13 +122,12 @@ def loop(
     progress: bool = True,
     desc: str = "loop",
 ) -> Float[Tensor, " cell"]:
-    """The reference: one full `run_with_hooks` per intervention, nothing shared."""
+    """The reference: one full forward pass with hooks per intervention, nothing shared."""
     batch, n_pos = tokens.shape
     values = torch.empty(len(interventions))
     for i, cell in enumerate(tqdm(interventions, desc=desc, disable=not progress, unit="cell")):
         hooks = cell.hooks(slice(0, batch), batch, n_pos)
-        with torch.no_grad(), right_padding(model):
-            logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        logits = run(model, tokens, hooks)
         values[i] = score(content_logits(logits, offset, n_content)[None]).float().cpu()[0]
     return values
 
