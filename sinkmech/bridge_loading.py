@@ -94,7 +94,8 @@ def cached_hf_folder(path: Path, cache) -> Path:
         if _complete(folder):
             return folder
     hf, tokenizer = read_gguf_transformers(path)
-    save_hf_folder(hf, tokenizer, folder)
+    with _quiet_logging():
+        save_hf_folder(hf, tokenizer, folder)
     del hf
     return folder
 
@@ -116,8 +117,9 @@ def boot_bridge(folder: Path, *, device: str, dtype: torch.dtype, n_ctx: int, na
 
     check_hf_folder(folder)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager")
+        with _quiet_logging():
+            tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager")
     except Exception as e:
         raise ValueError(f"transformers cannot load {folder}: {type(e).__name__}: {str(e).splitlines()[0]}") from e
     if not getattr(hf.config, "architectures", None):
@@ -143,10 +145,17 @@ def boot_bridge(folder: Path, *, device: str, dtype: torch.dtype, n_ctx: int, na
 
 @contextlib.contextmanager
 def _quiet_logging():
+    """Warnings at ERROR and no transformers progress bars ("Loading weights",
+    "Writing model shards"): a load writes nothing to stderr unless it fails."""
+    from transformers.utils import logging as hf_logging
+
     root = logging.getLogger()
-    old = root.level
+    old, bars = root.level, hf_logging.is_progress_bar_enabled()
     root.setLevel(logging.ERROR)
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         root.setLevel(old)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -167,16 +167,20 @@ def check_model_spec(spec: str) -> None:
         return
     if (path / "config.json").is_file():  # a Hugging Face model folder
         return
-    if IS_BRIDGE:  # a hub name: only booting it can tell (it needs the network)
-        return
-    from transformer_lens.loading_from_pretrained import get_official_model_name
+    if IS_BRIDGE:
+        if "/" in spec:  # a hub repo id (owner/name): only booting it can tell (it needs the network)
+            return
+        from transformer_lens.supported_models import get_official_model_name
+    else:
+        from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:
         get_official_model_name(spec)
     except ValueError:
         raise ModelNotFoundError(
             f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, or a path to a "
-            ".gguf file; other names must be TransformerLens model names"
+            ".gguf file or a local Hugging Face folder; other names must be TransformerLens model names"
+            + (" or hub repo ids (owner/name)" if IS_BRIDGE else "")
         ) from None
 
 

@@ -47,7 +47,7 @@ def prompts(tmp_path):
     return str(path)
 
 
-def test_bos_token_resolves_to_exactly_one_token(cli_model):
+def test_bos_token_resolves_to_exactly_one_token(cli_model, monkeypatch):
     assert bos_token_arg(cli_model, SimpleNamespace(bos_token=None)) is None
     assert bos_token_arg(cli_model, SimpleNamespace(bos_token="<s>")) == 1
     assert bos_token_arg(cli_model, SimpleNamespace(bos_token="cat")) == WordTokenizer()("cat")["input_ids"][0]
@@ -55,8 +55,10 @@ def test_bos_token_resolves_to_exactly_one_token(cli_model):
         bos_token_arg(cli_model, SimpleNamespace(bos_token="big dog"))
     with pytest.raises(UsageError, match="empty"):
         bos_token_arg(cli_model, SimpleNamespace(bos_token=""))
+    bare = make_tiny(0)
+    toy_tokenizer(monkeypatch, bare, None)  # a model without a tokenizer (the Bridge's tiny model has one)
     with pytest.raises(UsageError, match="tokenizer"):
-        bos_token_arg(make_tiny(0), SimpleNamespace(bos_token="<s>"))
+        bos_token_arg(bare, SimpleNamespace(bos_token="<s>"))
 
 
 def test_bos_token_changes_the_first_token_of_perturb(cli_model, prompts, tmp_path, capsys):

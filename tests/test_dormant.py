@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from sinkmech.backend import W_O, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
@@ -170,11 +171,11 @@ def test_streamed_profile_equals_brute_force():
         vn = cache["v", l][0][:, kv].norm(dim=-1)  # [k, head]
         reads.append(torch.einsum("hqk,kh->hq", pat, vn)[:, 1:])
         z = cache["z", l][0]  # [q, head, d_head]
-        outs.append(torch.einsum("qhd,hdm->hqm", z, model.blocks[l].attn.W_O).norm(dim=-1)[:, 1:])
+        outs.append(torch.einsum("qhd,hdm->hqm", z, W_O(model, l)).norm(dim=-1)[:, 1:])
         q = cache["rot_q", l][0]  # [q, head, d_head]
         q_act.append(band_norms(layout, q)[1:].transpose(0, 1))  # [head, q, band]
         k0 = cache["rot_k", l][0][0, kv]  # [head, d_head]
-        logit0.append((q * k0).sum(-1)[1:].T / model.blocks[l].attn.attn_scale)
+        logit0.append((q * k0).sum(-1)[1:].T / attn_scale(model, l))
     f, d, a = torch.cat(firsts, 1), torch.cat(dorms, 1), torch.cat(acts, 1)
     assert d.any(1).all() and a.any(1).all(), "choose thresholds that give both modes"
     torch.testing.assert_close(scan.first_key_attention_excl_q0[1], f.mean(1))
@@ -198,7 +199,7 @@ def test_bands_follow_the_rotary_layout():
     model = make_tiny(0)
     layout = band_layout(model)
     x = torch.zeros(model.cfg.d_head)
-    half = model.cfg.rotary_dim // 2
+    half = layout.rotary_dim // 2
     x[1], x[1 + half] = 3.0, 4.0  # one rotate-half chunk
     norms = band_norms(layout, x)
     assert norms[1] == 5.0 and norms.sum() == 5.0

@@ -11,6 +11,7 @@ import torch
 from circuitsvis.tokens import colored_tokens
 
 from conftest import TINY_BOS, make_tiny
+from sinkmech.backend import IS_BRIDGE
 from sinkmech import render
 from sinkmech.attention import head_attention
 from sinkmech.hooks import act_name
@@ -51,8 +52,15 @@ def test_first_token_of_a_uniform_head_is_one_over_t_plus_one():
     # Off-by-one errors between the two conditions would break this.
     model = make_tiny(3)
     with torch.no_grad():
-        model.blocks[1].attn.W_Q[2].zero_()
-        model.blocks[1].attn.b_Q[2].zero_()
+        if IS_BRIDGE:  # the Bridge's W_Q is a view computed from the Hugging Face q_proj: zero that
+            q_proj = model.blocks[1].attn.original_component.q_proj
+            d = model.cfg.d_head
+            q_proj.weight[2 * d : 3 * d].zero_()
+            if q_proj.bias is not None:
+                q_proj.bias[2 * d : 3 * d].zero_()
+        else:
+            model.blocks[1].attn.W_Q[2].zero_()
+            model.blocks[1].attn.b_Q[2].zero_()
     att = head_attention(model, PROMPT, ["1.2"], bos_token_id=TINY_BOS)
     for bos, n in (("prepend", len(PROMPT) + 1), ("none", len(PROMPT))):
         expected = 1.0 / torch.arange(1, n + 1, dtype=torch.float32)

@@ -18,9 +18,13 @@ import pytest
 import torch
 
 import sinkmech
+from sinkmech.backend import BACKEND, IS_BRIDGE
 from sinkmech.files import json_text
 from sinkmech.results import Result
 from tests.conftest import TINY_BOS
+
+# sinkmech.train builds HookedTransformers (TransformerLens 3.x): not importable on the Bridge
+HOOKED_ONLY = ("sinkmech.train",) if IS_BRIDGE else ()
 
 
 def strict_loads(text: str):
@@ -32,7 +36,7 @@ def strict_loads(text: str):
 
 def all_result_classes() -> set[type]:
     for mod in pkgutil.walk_packages(sinkmech.__path__, "sinkmech."):
-        if ".cli" not in mod.name:
+        if ".cli" not in mod.name and not mod.name.startswith(HOOKED_ONLY):
             importlib.import_module(mod.name)
     out, todo = set(), [Result]
     while todo:
@@ -184,7 +188,7 @@ FACTORIES = {
 
 def test_every_result_class_is_covered_and_complete():
     classes = all_result_classes()
-    assert {c.__name__ for c in classes} == set(FACTORIES)
+    assert {c.__name__ for c in classes} == set(FACTORIES) - ({"TrainResult"} if IS_BRIDGE else set())
     for c in classes:
         assert dataclasses.is_dataclass(c) and c.__dataclass_params__.frozen, c
         for name in ("to_dict", "to_dataframe"):
@@ -228,6 +232,8 @@ def nulls(value) -> int:
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
 def test_nan_and_infinities_are_written_as_null(name, tiny_model, rows, batch):
+    if name == "TrainResult" and IS_BRIDGE:
+        pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}")
     result = FACTORIES[name](tiny_model, rows, batch)
     assert type(result).__name__ == name
     clean = strict_loads(result.to_json())

@@ -12,7 +12,7 @@ from sinkmech.backend import BACKEND, IS_BRIDGE, Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS
+from tests.conftest import TINY_BOS, toy_tokenizer
 
 
 def planted_model() -> Model:
@@ -204,7 +204,8 @@ def test_bad_eps_and_nan_model(tiny_tokens):
         sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
 
 
-def test_model_without_bos_needs_explicit_id(tiny_model, tiny_tokens):
+def test_model_without_bos_needs_explicit_id(tiny_model, tiny_tokens, monkeypatch):
+    toy_tokenizer(monkeypatch, tiny_model, None)  # no tokenizer, so no <bos> (the Bridge's tiny model has one)
     with pytest.raises(ValueError, match="no <bos>"):
         sink_scores(tiny_model, tiny_tokens, bos="prepend", progress=False)
 

@@ -61,6 +61,9 @@ def save_tiny(folder: Path, arch: str = "llama", seed: int = 0, **dims) -> Path:
         for p in model.parameters():
             if p.ndim == 2:
                 p.normal_(0.0, std)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # tests read stderr: no "Writing model shards" bar
     model.save_pretrained(str(folder), safe_serialization=True)
     tiny_tokenizer(folder)
     return folder

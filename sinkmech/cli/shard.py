@@ -160,7 +160,10 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict):
     from sinkmech.distributed import require_ray, run_on_ray
     from sinkmech.partial import write_partial
 
-    require_ray()
+    try:
+        require_ray()
+    except RuntimeError as e:  # Ray not installed: a flag this install cannot honour (exit 2, before any work)
+        raise UsageError(str(e)) from None
     if args.shard is not None:
         raise UsageError("--shard runs one shard here; --ray runs them all on a cluster: give one of them")
     n = min(args.shards or 4 * args.workers, len(prompts))
