@@ -7,6 +7,16 @@ alpha_0 = H_T / T (it falls with T, so it is reported per length), and the cost
 of masking the first key for each of the top-k sink heads alone
 (`head_ablations(mode="mask_first")`, KL on content positions).
 Lengths beyond the model's context, or beyond the prompts, are skipped and said so.
+
+A fixed eps is a different bar at each length: uniform attention scores
+H_T / T, 0.074 at T = 64 but 0.0073 at T = 1024. Beside it, the sweep reports a
+baseline-relative rate: the share of (prompt, head) pairs with alpha_0 > m x
+H_T / T, for each multiple m in `uniform_multiples` (m = 4 is eps 0.29 at T =
+64, the paper's truncation); a multiple with m x H_T / T >= 1 cannot be passed
+and is reported as null. The top heads are re-chosen at each length; one fixed
+head (by default the top head at the shortest measured length, or the one the
+caller names) is tracked across every length: its alpha_0, alpha_0 over the
+uniform share, and its mask_first cost.
 """
 
 from __future__ import annotations
@@ -20,12 +30,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
+from sinkmech.hooks import head_label
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
 from sinkmech.results import Result
 from sinkmech.sinks import check_eps, format_eps, sink_scores
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
+UNIFORM_MULTIPLES = (2.0, 4.0)  # m in "alpha_0 > m x H_T / T"; 4 matches eps 0.3 at T = 64
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,23 @@ class LengthSweep(Result):
     bos: Bos
     n_prompts: int
     model_name: str = ""
+    uniform_multiples: tuple[float, ...] = ()
+    relative_rate: Float[Tensor, "length multiple"] | None = None  # % with alpha_0 > m x H_T / T
+    fixed_layer: int | None = None  # the head tracked across every length (None: no length measured)
+    fixed_head: int | None = None
+    fixed_chosen_at: int | None = None  # the length it was chosen at (None: named by the caller)
+    fixed_score: Float[Tensor, " length"] | None = None  # its mean alpha_0
+    fixed_cost: Float[Tensor, " length"] | None = None  # its mask_first cost
+
+    def relative_threshold(self, i: int, j: int) -> float:
+        """m x H_T / T at length index i, multiple index j."""
+        return self.uniform_multiples[j] * float(self.uniform_score[i])
+
+    def relative_rates(self, i: int) -> dict:
+        """Multiple -> relative sink rate at length index i; None where m x H_T / T >= 1
+        (alpha_0 <= 1 can never pass it)."""
+        return {format_eps(m): (float(self.relative_rate[i, j]) if self.relative_threshold(i, j) < 1 else None)
+                for j, m in enumerate(self.uniform_multiples)}
 
     def to_dataframe(self):
         """Long format: one row per (length, top head)."""
@@ -59,12 +88,23 @@ class LengthSweep(Result):
                     "mask_first_cost": float(self.mask_first_cost[i, r]),
                     "mean_score": float(self.mean_score[i]), "uniform_score": float(self.uniform_score[i]),
                     **{f"sink_rate_{format_eps(e)}": float(self.sink_rate[i, j]) for j, e in enumerate(self.eps)},
+                    **{f"relative_sink_rate_{m}": v for m, v in self.relative_rates(i).items()},
                 })
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
+        fixed = None
+        if self.fixed_layer is not None:
+            fixed = {"layer": self.fixed_layer, "head": self.fixed_head,
+                     "label": head_label(self.fixed_layer, self.fixed_head), "chosen_at_length": self.fixed_chosen_at,
+                     "rule": ("the top head (mean alpha_0) at the shortest measured length" if self.fixed_chosen_at
+                              is not None else "named by the caller")}
         return {
             "model": self.model_name, "bos": self.bos, "n_prompts": self.n_prompts,
+            "uniform_multiples": list(self.uniform_multiples),
+            "relative_rule": "relative_sink_rate[m]: % of (prompt, head) pairs with alpha_0 > m x H_T / T (the "
+                             "uniform share at that length); null where m x H_T / T >= 1",
+            "fixed_head": fixed,
             "skipped": [{"length": T, "reason": why} for T, why in self.skipped],
             "results": [
                 {
@@ -77,6 +117,13 @@ class LengthSweep(Result):
                          "score": float(self.top_score[i, r]), "mask_first_cost": float(self.mask_first_cost[i, r])}
                         for r in range(self.top_layer.shape[1])
                     ],
+                    "relative_sink_rate": self.relative_rates(i),
+                    "relative_threshold": {format_eps(m): self.relative_threshold(i, j)
+                                           for j, m in enumerate(self.uniform_multiples)},
+                    "fixed_head": None if fixed is None else {
+                        "score": float(self.fixed_score[i]),
+                        "score_over_uniform": float(self.fixed_score[i]) / float(self.uniform_score[i]),
+                        "mask_first_cost": float(self.fixed_cost[i])},
                 }
                 for i, T in enumerate(self.lengths)
             ],
@@ -106,6 +153,8 @@ def sinks_vs_length(
     lengths: Sequence[int] = DEFAULT_LENGTHS,
     top_k: int = 3,
     eps: Sequence[float] = DEFAULT_EPS,
+    uniform_multiples: Sequence[float] = UNIFORM_MULTIPLES,
+    fixed_head: tuple[int, int] | None = None,
     batch_size: int = 8,
     progress: bool = True,
 ) -> LengthSweep:
@@ -119,6 +168,9 @@ def sinks_vs_length(
         top_k: strongest sink heads (mean alpha_0 at that length) whose
             single-head mask_first cost is measured.
         eps: sink-rate thresholds.
+        uniform_multiples: m of the baseline-relative rate (alpha_0 > m x H_T / T).
+        fixed_head: (layer, head) tracked across every length; default: the
+            top head at the shortest measured length.
 
     Returns:
         LengthSweep with [length, ...] tensors.
@@ -129,6 +181,14 @@ def sinks_vs_length(
     if not 1 <= top_k <= model.cfg.n_layers * model.cfg.n_heads:
         raise ValueError(f"top_k must lie in [1, {model.cfg.n_layers * model.cfg.n_heads}], got {top_k}")
     eps = tuple(check_eps(e) for e in eps)
+    multiples = tuple(float(m) for m in uniform_multiples)
+    if any(not m > 0 for m in multiples):
+        raise ValueError(f"uniform_multiples must be > 0, got {multiples}")
+    if fixed_head is not None:
+        fl, fh = fixed_head
+        if not (0 <= fl < model.cfg.n_layers and 0 <= fh < model.cfg.n_heads):
+            raise ValueError(f"fixed_head {fixed_head} is not a head of the model "
+                             f"({model.cfg.n_layers} layers x {model.cfg.n_heads} heads)")
     shortest = int(batch.lengths.min()) - batch.offset
     done, skipped = [], []
     for T in lengths:
@@ -138,21 +198,29 @@ def sinks_vs_length(
             skipped.append((T, f"the shortest prompt has {shortest} content tokens"))
         else:
             done.append(T)
-    rates, means, uniform, tl, th, ts, cost = [], [], [], [], [], [], []
+    rates, rel, means, uniform, tl, th, ts, cost, f_score, f_cost = [], [], [], [], [], [], [], [], [], []
+    chosen_at = None
     for T in tqdm(done, desc="sinks vs length", disable=not progress, unit="length"):
         sub = truncate(batch, T)
         ss = sink_scores(model, sub, batch_size=batch_size, progress=False)
         rates.append([ss.sink_rate(e) for e in eps])
+        rel.append([ss.relative_sink_rate(m) for m in multiples])
         means.append(float(ss.scores.mean()))
         uniform.append(ss.uniform_score())
         heads = ss.top_heads(top_k)
         tl.append([l for l, _, _ in heads])
         th.append([h for _, h, _ in heads])
         ts.append([s for _, _, s in heads])
-        cost.append([
-            float(head_ablations(model, sub, mode="mask_first", layers=[l], heads=[h], progress=False).effects[0, 0])
-            for l, h, _ in heads
-        ])
+
+        def mask_first_cost(l: int, h: int) -> float:
+            return float(head_ablations(model, sub, mode="mask_first", layers=[l], heads=[h], progress=False).effects[0, 0])
+
+        cost.append([mask_first_cost(l, h) for l, h, _ in heads])
+        if fixed_head is None:  # chosen once, at the shortest measured length
+            fixed_head, chosen_at = (heads[0][0], heads[0][1]), T
+        f_score.append(float(ss.mean_scores()[fixed_head]))
+        top = [(l, h) for l, h, _ in heads]
+        f_cost.append(cost[-1][top.index(fixed_head)] if fixed_head in top else mask_first_cost(*fixed_head))
     k = top_k
     return LengthSweep(
         lengths=tuple(done), eps=eps,
@@ -163,4 +231,9 @@ def sinks_vs_length(
         top_score=torch.tensor(ts, dtype=torch.float).reshape(len(done), k),
         mask_first_cost=torch.tensor(cost, dtype=torch.float).reshape(len(done), k),
         skipped=tuple(skipped), bos=batch.bos, n_prompts=len(batch), model_name=model.cfg.model_name,
+        uniform_multiples=multiples,
+        relative_rate=torch.tensor(rel, dtype=torch.float).reshape(len(done), len(multiples)),
+        fixed_layer=None if fixed_head is None else int(fixed_head[0]),
+        fixed_head=None if fixed_head is None else int(fixed_head[1]), fixed_chosen_at=chosen_at,
+        fixed_score=torch.tensor(f_score, dtype=torch.float), fixed_cost=torch.tensor(f_cost, dtype=torch.float),
     )

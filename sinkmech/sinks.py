@@ -96,11 +96,24 @@ class SinkScores(Result):
         """Mean residual norm at position 0 / at the other positions, per layer."""
         return self.resid_norm_first.mean(0) / self.resid_norm_rest.mean(0).clamp(min=1e-12)
 
+    def uniform_scores(self) -> Float[Tensor, " prompt"]:
+        """alpha_0 of a head attending uniformly, per prompt: mean over its T real
+        positions t of 1/(t+1), i.e. H_T / T (float64)."""
+        return torch.tensor([sum(1.0 / (t + 1) for t in range(int(T))) / int(T) for T in self.lengths],
+                            dtype=torch.float64)
+
     def uniform_score(self) -> float:
-        """alpha_0 of a head attending uniformly, averaged over prompts:
-        mean over t of 1/(t+1), i.e. H_T / T."""
-        vals = [sum(1.0 / (t + 1) for t in range(int(T))) / int(T) for T in self.lengths]
-        return float(sum(vals) / len(vals))
+        """`uniform_scores` averaged over prompts."""
+        return float(self.uniform_scores().mean())
+
+    def relative_sink_rate(self, multiple: float) -> float:
+        """Percent of (prompt, head) pairs whose alpha_0 > `multiple` x the prompt's
+        uniform share H_T / T (strict): a threshold that moves with the length,
+        where a fixed eps does not. A pair can pass only where multiple x H_T / T < 1."""
+        if not multiple > 0:
+            raise ValueError(f"multiple must be > 0, got {multiple}")
+        cut = multiple * self.uniform_scores().to(self.scores.dtype)
+        return 100.0 * (self.scores > cut[:, None, None]).float().mean().item()
 
     def top_heads(self, k: int = 10) -> list[tuple[int, int, float]]:
         """(layer, head, mean alpha_0) of the k strongest sink heads."""

@@ -146,8 +146,16 @@ def test_massive_and_length_write_their_tables(tiny_cli, tmp_path, capsys):
     direct = sinks_vs_length(tiny_cli, tokenize(tiny_cli, IDS[:3], bos="prepend", max_tokens=60, bos_token_id=TINY_BOS),
                              lengths=[8, 16], top_k=2, progress=False)
     assert data["results"][1]["sink_rate"]["0.3"] == pytest.approx(float(direct.sink_rate[1, 0]))
+    assert data["results"][1]["relative_sink_rate"]["4.0"] == pytest.approx(float(direct.relative_rate[1, 1]))
+    assert data["fixed_head"]["chosen_at_length"] == 8
+    assert (data["fixed_head"]["layer"], data["fixed_head"]["head"]) == (direct.fixed_layer, direct.fixed_head)
     assert (tmp_path / "l.png").stat().st_size > 1000
     assert "skipped 100" in capsys.readouterr().out
+    assert main(["length", "--lengths", "8", "16", "--n-prompts", "3", "--top", "1", "--head", "1.3",
+                 "--uniform-multiples", "1.5", "--json", str(n)]) == 0
+    data = json.loads(n.read_text())
+    assert data["fixed_head"]["label"] == "L1.H3" and data["uniform_multiples"] == [1.5]
+    assert "fixed head L1.H3 (named by --head)" in capsys.readouterr().out
 
 
 def test_smollm2_beyond_commands_end_to_end(smollm2, tmp_path, monkeypatch, capsys):

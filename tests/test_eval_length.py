@@ -48,3 +48,57 @@ def test_sweep_bad_input(tiny_model, long_batch):
         sinks_vs_length(tiny_model, long_batch, lengths=(1,))
     with pytest.raises(ValueError, match="top_k"):
         sinks_vs_length(tiny_model, long_batch, top_k=0)
+
+
+def test_relative_rate_and_fixed_head_equal_direct_calls(tiny_model, long_batch):
+    """The baseline-relative rate is the share of (prompt, head) pairs with alpha_0 > m x H_T / T,
+    counted by hand from sink_scores; the fixed head is the top head at the shortest length,
+    tracked (score and mask_first cost) at every length, even where it is not a top head."""
+    res = sinks_vs_length(tiny_model, long_batch, lengths=(4, 16, 32), top_k=1, eps=(0.3,),
+                          uniform_multiples=(1.0, 2.0, 4.0), progress=False)
+    first = sink_scores(tiny_model, truncate(long_batch, 4), progress=False)
+    (l0, h0, _), = first.top_heads(1)
+    assert (res.fixed_layer, res.fixed_head, res.fixed_chosen_at) == (l0, h0, 4)
+    d = res.to_dict()
+    assert d["fixed_head"]["label"] == f"L{l0}.H{h0}" and d["fixed_head"]["chosen_at_length"] == 4
+    for i, T in enumerate(res.lengths):
+        sub = truncate(long_batch, T)
+        ss = sink_scores(tiny_model, sub, progress=False)
+        u = sum(1 / (t + 1) for t in range(T + 1)) / (T + 1)  # T content tokens + <bos>
+        for j, m in enumerate((1.0, 2.0, 4.0)):
+            want = 100.0 * sum(float(a) > m * u for a in ss.scores.flatten()) / ss.scores.numel()
+            assert abs(float(res.relative_rate[i, j]) - want) < 1e-4
+            assert abs(d["results"][i]["relative_threshold"][repr(m)] - m * u) < 1e-6
+            # alpha_0 <= 1: a threshold m x H_T / T >= 1 cannot be passed and is written as null
+            assert (d["results"][i]["relative_sink_rate"][repr(m)] is None) == (m * u >= 1)
+        assert abs(float(res.fixed_score[i]) - float(ss.mean_scores()[l0, h0])) < 1e-6
+        abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l0], heads=[h0], progress=False)
+        assert abs(float(res.fixed_cost[i]) - float(abl.effects[0, 0])) < 1e-6
+        assert d["results"][i]["fixed_head"]["score_over_uniform"] == pytest.approx(float(res.fixed_score[i]) / u, rel=1e-5)
+    assert d["results"][0]["relative_sink_rate"]["4.0"] is None  # 4 x H_5 / 5 = 1.83
+
+
+def test_uniform_attention_is_no_sink_at_any_length_against_the_uniform_share(tiny_model, long_batch):
+    """The null: a uniform head scores alpha_0 = H_T / T exactly, so at m = 1.5 no pair passes at any
+    length, while the fixed eps 0.2 calls every head a sink at T = 8 (H_9 / 9 = 0.31) and none at 32 (0.12)."""
+    from sinkmech.hooks import act_name
+
+    def uniform(scores, hook):
+        return torch.where(torch.isfinite(scores), torch.zeros_like(scores), scores)
+
+    hooks = [(act_name("attn_scores", l), uniform) for l in range(tiny_model.cfg.n_layers)]
+    with tiny_model.hooks(fwd_hooks=hooks):
+        res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 32), top_k=1, eps=(0.2,),
+                              uniform_multiples=(1.5,), progress=False)
+    assert (res.relative_rate == 0).all()
+    assert res.sink_rate[:, 0].tolist() == [100.0, 0.0]
+
+
+def test_a_named_fixed_head_is_tracked(tiny_model, long_batch):
+    res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 16), top_k=1, fixed_head=(1, 2), progress=False)
+    assert (res.fixed_layer, res.fixed_head, res.fixed_chosen_at) == (1, 2, None)
+    assert res.to_dict()["fixed_head"]["rule"] == "named by the caller"
+    with pytest.raises(ValueError, match="fixed_head"):
+        sinks_vs_length(tiny_model, long_batch, fixed_head=(9, 0))
+    with pytest.raises(ValueError, match="uniform_multiples"):
+        sinks_vs_length(tiny_model, long_batch, uniform_multiples=(0.0,))
