@@ -81,7 +81,7 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
     assert main(["stream", "--window", "8", "--keep", "0", "1", "4", "--max-tokens", "40", "--json", str(out),
                  "--png", str(tmp_path / "s.png")]) == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "results"}
+    assert set(data) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "reindex", "results"}
     assert (data["window"], data["n_tokens"], data["scored_from"]) == (8, 41, 12)
     assert [r["keep"] for r in data["results"]] == [0, 1, 4]
     direct = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="prepend", max_tokens=40,
@@ -90,6 +90,13 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
     assert [r["ppl"] for r in data["results"]] == pytest.approx(list(direct.ppl))
     assert (tmp_path / "s.png").stat().st_size > 1000
     assert "last 8 + first 4" in capsys.readouterr().out
+    assert main(["stream", "--window", "8", "--keep", "0", "4", "--max-tokens", "40", "--reindex", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    direct = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="prepend", max_tokens=40,
+                                                  bos_token_id=TINY_BOS), window=8, keep=(0, 4), reindex=True,
+                               progress=False)
+    assert data["reindex"] is True and [r["ppl"] for r in data["results"]] == pytest.approx(list(direct.ppl))
+    assert "positions: reindexed" in capsys.readouterr().out
     # 64 positions of context: 70 tokens are refused after the load, before any compute
     assert main(["stream", "--window", "8", "--max-tokens", "70"]) == 2
     assert "context of 64" in capsys.readouterr().err

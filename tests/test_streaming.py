@@ -75,7 +75,8 @@ def test_window_covering_everything_is_full_attention(tiny_model, seq):
 
 def test_stream_to_dict_contract(tiny_model, seq):
     d = stream_perplexity(tiny_model, seq, window=4, keep=(0, 1), progress=False).to_dict()
-    assert set(d) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "results"}
+    assert set(d) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "reindex", "results"}
+    assert d["positions"].startswith("original") and d["reindex"] is False
     assert [set(r) for r in d["results"]] == [{"keep", "ppl", "control_window", "control_ppl"}] * 2
     assert d["results"][1]["control_window"] == 5 and d["results"][0]["control_ppl"] is None
     assert d["n_tokens"] == 41 and d["window"] == 4
@@ -90,6 +91,58 @@ def test_stream_bad_input(tiny_model, seq, tiny_tokens):
     with pytest.raises(ValueError, match="keep"):
         stream_perplexity(tiny_model, seq, window=4, keep=(-1,))
     assert isinstance(StreamResult, type)
+
+
+def streaming_llm_ppl(model, batch, window, keep, scored_from):
+    """Reference: StreamingLLM itself, token by token with TransformerLens' key-value
+    cache (keys cached before the rotary, re-rotated at their cache positions each
+    step): before token t the cache holds the first `keep` keys and the last
+    window - 1, the middle evicted, so the query sits at cache position
+    len(cache)."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    T = int(batch.lengths[0])
+    tokens = batch.tokens[:, :T]
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    nll, cached = [], []  # cached: the original position of each cache entry
+    for t in range(T - 1):
+        held = [cached.index(p) for p in cached if p < keep or p > t - window]
+        cached = [cached[i] for i in held] + [t]
+        for e in cache.entries:
+            e.past_keys, e.past_values = e.past_keys[:, held], e.past_values[:, held]
+        cache.previous_attention_mask = cache.previous_attention_mask[:, held]
+        logits = model(tokens[:, t:t + 1], past_kv_cache=cache, attention_mask=torch.ones(1, 1, dtype=torch.long))
+        if t >= scored_from:
+            nll.append(-float(torch.log_softmax(logits[0, -1].double(), -1)[tokens[0, t + 1]]))
+    return math.exp(sum(nll) / len(nll))
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
+    """One pass with --reindex equals StreamingLLM's rolling cache run token by token;
+    the default (original positions) does not, and the W + k control is the same
+    either way (it keeps no first keys)."""
+    window, scored_from = 6, 9
+    re = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, reindex=True,
+                           progress=False)
+    orig = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, progress=False)
+    want = streaming_llm_ppl(tiny_model, seq, window, keep, scored_from)
+    assert math.isclose(re.ppl[1], want, rel_tol=1e-4)
+    assert not math.isclose(orig.ppl[1], want, rel_tol=1e-3)  # the positions matter on this model
+    assert math.isclose(re.ppl[0], orig.ppl[0], rel_tol=1e-6)  # keep 0: nothing to re-index
+    assert re.control_ppl == pytest.approx(orig.control_ppl)
+    assert math.isclose(streaming_llm_ppl(tiny_model, seq, window, 0, scored_from), orig.ppl[0], rel_tol=1e-4)
+    d = re.to_dict()
+    assert d["reindex"] is True and d["positions"].startswith("reindexed")
+
+
+def test_reindex_needs_rotary_positions(seq):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=64, d_vocab=50, act_fn="gelu",
+                                  positional_embedding_type="standard", device="cpu")
+    with pytest.raises(ValueError, match="rotary"):
+        stream_perplexity(HookedTransformer(cfg), seq, window=4, keep=(1,), reindex=True, progress=False)
 
 
 def test_smollm2_sink_tokens_rescue_window_attention(smollm2):

@@ -21,6 +21,9 @@ def add_stream_parser(sub) -> None:
                    help="first keys kept visible beside the window, one run each (0: window only; default 0 1 4)")
     p.add_argument("--max-tokens", type=positive_int, default=512, help="content tokens of the long text (default 512)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before the text (default prepend)")
+    p.add_argument("--reindex", action="store_true",
+                   help="number the kept first keys as StreamingLLM's cache does (0 .. keep-1, the window after them; "
+                        "rotary models); default: every key keeps its original position")
     p.add_argument("--json", type=output_file, default=None, help="write results as JSON here ('-': stdout)")
     p.add_argument("--png", type=image_file, default=None, help="write a bar chart here (.png, .svg or .pdf)")
     p.set_defaults(func=cmd_stream)
@@ -48,7 +51,7 @@ def print_stream_table(result) -> None:
     for k, p, c in zip(result.keep, result.ppl, result.control_ppl or (None,) * len(result.keep)):
         label = f"last {result.window}" + (f" + first {k}" if k else " only")
         print(f"{label:>28} {p:>10.2f}" + ("" if c is None else f"   (control: last {result.window + k} only, {c:.2f})"))
-    print("keys keep their original positions (StreamingLLM re-indexes them inside its cache: not applied here)")
+    print(f"positions: {result.positions()}")
 
 
 def cmd_stream(args) -> None:
@@ -58,6 +61,6 @@ def cmd_stream(args) -> None:
         raise UsageError(f"--max-tokens {args.max_tokens} does not fit: {args.model} has a context of {model.cfg.n_ctx} "
                          f"positions, at most {model.cfg.n_ctx - 1} content tokens beside <bos>")
     batch = long_tokens(model, args.max_tokens, bos=args.bos)
-    result = stream_perplexity(model, batch, window=args.window, keep=args.keep)
+    result = stream_perplexity(model, batch, window=args.window, keep=args.keep, reindex=args.reindex)
     print_stream_table(result)
     write_results(args, result.to_dict(), lambda: print(f"wrote {stream_bars(result, args.png, model_name=args.model)}"))
