@@ -12,7 +12,7 @@ import torch
 from conftest import TINY_BOS
 from sinkmech import report
 from sinkmech.figures import mechanisms
-from sinkmech.eval_length import LengthSweep, sinks_vs_length
+from sinkmech.eval_length import LengthSweep, long_prompts, sinks_vs_length
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.massive import massive_dims
 from sinkmech.prompts import tokenize
@@ -21,7 +21,7 @@ from sinkmech.report.sections import SECTIONS
 from sinkmech.report.sections_mechanisms import (
     STREAM_KEEP, key_sinks_section, length_section, massive_section, stream_section, value_weighted_section,
 )
-from sinkmech.streaming import stream_perplexity
+from sinkmech.streaming import long_tokens, stream_perplexity
 from sinkmech.value_weighted import value_weighted_first
 
 BEYOND = [key_sinks_section, massive_section, value_weighted_section, stream_section, length_section]
@@ -64,15 +64,22 @@ def test_sections_match_direct_calls(built, tiny_model, prompts):
     assert s["massive"]["onset_layer"] == md.onset_layer and ("reset" in s["massive"]) == (md.onset_layer is not None)
     vw = value_weighted_first(tiny_model, batch["prepend"], progress=False)
     assert s["value_weighted"]["output_first_per_layer"] == pytest.approx(vw.mean_output_first().mean(-1).tolist())
-    # streaming: the prompts laid end to end (no tokenizer), cut to the context (64 positions = <bos> + 63)
-    seq = tokenize(tiny_model, [prompts.flatten().tolist()], bos="prepend", max_tokens=63, bos_token_id=TINY_BOS)
+    # streaming: one long text cut to the context (64 positions = <bos> + 63): the Python docs through the
+    # tokenizer (the Bridge's tiny model has one), else the prompts laid end to end (the HookedTransformer's)
+    if tiny_model.tokenizer is not None:
+        seq = long_tokens(tiny_model, 63, bos="prepend", bos_token_id=TINY_BOS)
+    else:
+        seq = tokenize(tiny_model, [prompts.flatten().tolist()], bos="prepend", max_tokens=63, bos_token_id=TINY_BOS)
     st = stream_perplexity(tiny_model, seq, window=12, keep=STREAM_KEEP, progress=False)
     assert (s["streaming"]["n_tokens"], s["streaming"]["window"]) == (64, 12)
     assert s["streaming"]["full_ppl"] == pytest.approx(st.full_ppl)
     assert [r["ppl"] for r in s["streaming"]["results"]] == pytest.approx(list(st.ppl))
-    # eval length: 16 halved twice
-    sweep = sinks_vs_length(tiny_model, tokenize(tiny_model, prompts[:3], bos="prepend", max_tokens=16,
-                                                 bos_token_id=TINY_BOS), lengths=[4, 8, 16], progress=False)
+    # eval length: 16 halved twice, on corpus windows through the tokenizer when the model has one (the Bridge's)
+    if tiny_model.tokenizer is not None:
+        texts = long_prompts(tiny_model, 3, 16, bos="prepend", bos_token_id=TINY_BOS)
+    else:
+        texts = tokenize(tiny_model, prompts[:3], bos="prepend", max_tokens=16, bos_token_id=TINY_BOS)
+    sweep = sinks_vs_length(tiny_model, texts, lengths=[4, 8, 16], progress=False)
     assert [r["length"] for r in s["length"]["results"]] == [4, 8, 16]
     assert [r["mean_score"] for r in s["length"]["results"]] == pytest.approx(sweep.mean_score.tolist())
     assert s["length"]["results"][2]["top_heads"][0]["mask_first_cost"] == pytest.approx(
