@@ -155,7 +155,7 @@ def sensitivity(
     tokens: PromptSource | TokenBatch,
     *,
     bos: Bos | None = None,
-    max_tokens: int = 16,
+    max_tokens: int | None = None,
     bos_token_id: int | None = None,
     n_layers: int | None = None,
 ) -> Sensitivity:
@@ -164,6 +164,8 @@ def sensitivity(
     to `max_tokens` content tokens: keep it short, the Jacobian has
     (T d_model)^2 entries)."""
     L = _check_layers(model, n_layers)
+    if max_tokens is None and not isinstance(tokens, TokenBatch):  # a TokenBatch is checked only when given
+        max_tokens = 16
     batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     tokens = batch.tokens[0, : int(batch.lengths[0])]
     jac = jacobian_norms(model, tokens, n_layers=L)
@@ -176,7 +178,7 @@ def rank_collapse(
     tokens: PromptSource | TokenBatch,
     *,
     bos: Bos | None = None,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,
     bos_token_id: int | None = None,
     exclude_first: bool = True,
 ) -> Float[Tensor, "prompt resid_layer"]:
@@ -191,6 +193,8 @@ def rank_collapse(
             the ratio stays ~1 whatever the other tokens do. False gives the
             measure over all tokens (reported beside it, not instead).
     """
+    if max_tokens is None and not isinstance(tokens, TokenBatch):  # a TokenBatch is checked only when given
+        max_tokens = 64
     batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     mask = batch.mask.clone()
     if exclude_first:
@@ -238,7 +242,7 @@ def repeat_collapse(
     *,
     repeats: Sequence[int],
     bos: Bos | None = None,
-    max_tokens: int = 32,
+    max_tokens: int | None = None,
     bos_token_id: int | None = None,
 ) -> Float[Tensor, "prompt repeat resid_layer"]:
     """Representational collapse in the paper's setting: each prompt's content
@@ -257,6 +261,8 @@ def repeat_collapse(
     """
     if not repeats or min(repeats) < 0:
         raise ValueError(f"repeats must be >= 0, got {list(repeats)}")
+    if max_tokens is None and not isinstance(tokens, TokenBatch):  # a TokenBatch is checked only when given
+        max_tokens = 32
     batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
     prefixes = batch.content()
     bos_id = batch.bos_token_id if batch.bos == "prepend" else None

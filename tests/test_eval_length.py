@@ -102,3 +102,24 @@ def test_a_named_fixed_head_is_tracked(tiny_model, long_batch):
         sinks_vs_length(tiny_model, long_batch, fixed_head=(9, 0))
     with pytest.raises(ValueError, match="uniform_multiples"):
         sinks_vs_length(tiny_model, long_batch, uniform_multiples=(0.0,))
+
+
+def test_lengths_past_64_content_tokens_run():
+    """Regression: the per-length mask_first ablation got a TokenBatch of T > 64 content
+    tokens and refused it against its default max_tokens (64); a ready TokenBatch is now
+    checked only against a max_tokens the caller gives. Needs a context above 64."""
+    from sinkmech.backend import IS_BRIDGE
+
+    if IS_BRIDGE:
+        pytest.skip("builds a HookedTransformer with a 128-position context (TL 3.x)")
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=128, d_vocab=50, act_fn="gelu",
+                                  positional_embedding_type="rotary", device="cpu", seed=0)
+    model = HookedTransformer(cfg).eval()
+    ids = torch.randint(2, 50, (2, 100), generator=torch.Generator().manual_seed(0))
+    batch = tokenize(model, ids, bos="prepend", max_tokens=100, bos_token_id=TINY_BOS)
+    res = sinks_vs_length(model, batch, lengths=(32, 80), top_k=1, progress=False)
+    assert res.lengths == (32, 80) and torch.isfinite(res.fixed_cost).all()
+    with pytest.raises(ValueError, match="more than max_tokens=64"):  # a max_tokens given is still checked
+        head_ablations(model, truncate(batch, 80), mode="mask_first", max_tokens=64, progress=False)

@@ -143,7 +143,7 @@ def ablation_setup(
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     bos: Bos | None = None,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,  # prompts: 64; a TokenBatch: checked only when given
     bos_token_id: int | None = None,
 ) -> AblationSetup:
     """Check the options, tokenize once (see `prompts.as_batch`; default
@@ -194,7 +194,7 @@ def head_ablations(
     bos: Bos | None = None,
     metric: MetricSpec = "kl",
     answers: tuple[int | Tensor, int | Tensor] | None = None,
-    max_tokens: int = 64,
+    max_tokens: int | None = None,  # prompts: 64; a TokenBatch: checked only when given
     bos_token_id: int | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
