@@ -84,6 +84,9 @@ class ModelComparison(Result):
     conditions: dict[str, ConditionRow]
     dormant: DormantSummary | None = None
     settings: dict = field(default_factory=dict)
+    # without minus with <bos>, paired by prompt (the same swap in both conditions), per residual layer:
+    # [mean, lo, hi] with a 95 % bootstrap interval over prompts; keys "mean_change" and "reach"
+    gap_curves: dict = field(default_factory=dict)
 
     def per_layer_score(self) -> Float[Tensor, "bos layer"]:
         return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
@@ -96,6 +99,7 @@ class ModelComparison(Result):
             "conditions": {c: r.to_dict() for c, r in self.conditions.items()},
             "dormant": None if self.dormant is None else self.dormant.to_dict(),
             "settings": self.settings,
+            "gap_curves": self.gap_curves,
         }
 
     def findings(self) -> dict:
@@ -113,6 +117,7 @@ class ModelComparison(Result):
             **c,
             "loss_gap": none.loss - pre.loss,
             "spread_ratio": none.spread / pre.spread if pre.spread else None,
+            "gap_at_depth": gap_at_depth(pre.depth, self.gap_curves),
         }
         if self.dormant is not None:
             d = self.dormant
@@ -152,6 +157,24 @@ def _depth_points(r: ConditionRow, depths: tuple[float, ...] = (0.25, 0.5, 0.75,
         i = min(range(len(r.depth)), key=lambda j: abs(r.depth[j] - d))
         out[f"{d:g}"] = {"depth": r.depth[i], "spread": r.spread_curve[i] if r.spread_curve else None,
                          "reach": r.reach_curve[i] if r.reach_curve else None}
+    return out
+
+
+def gap_at_depth(depth: list[float], gaps: dict, depths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> dict:
+    """The paired without-minus-with `<bos>` curves at a few fractional depths (the
+    nearest layer): [mean, lo, hi] per quantity, and whether the interval
+    excludes zero (`detectable`; otherwise: no detectable effect)."""
+    out = {}
+    if not depth or not gaps:
+        return out
+    for d in depths:
+        i = min(range(len(depth)), key=lambda j: abs(depth[j] - d))
+        point = {"depth": depth[i]}
+        for k, curve in gaps.items():
+            v = curve[i] if curve else None
+            point[k] = v
+            point[f"{k}_detectable"] = None if v is None else bool(v[1] > 0 or v[2] < 0)
+        out[f"{d:g}"] = point
     return out
 
 
@@ -217,7 +240,10 @@ def compare_model(
                                batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
     spread = swapped.spread
     later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
-    curves = {k: [prompt_curve(v[i]) for i in range(len(CONDITIONS))] for k, v in spread.per_prompt().items()}
+    per_prompt = spread.per_prompt()  # [bos, prompt, resid_layer]: the same prompts and swap in both conditions
+    curves = {k: [prompt_curve(v[i]) for i in range(len(CONDITIONS))] for k, v in per_prompt.items()}
+    pre_i, none_i = spread.conditions.index("prepend"), spread.conditions.index("none")
+    gaps = {k: prompt_curve(v[none_i] - v[pre_i]) for k, v in per_prompt.items()}
     depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -259,7 +285,7 @@ def compare_model(
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
         n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
-        conditions=rows, dormant=dormant,
+        conditions=rows, dormant=dormant, gap_curves=gaps,
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
                   "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
     )

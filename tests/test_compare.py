@@ -48,6 +48,19 @@ def test_compare_model_equals_the_analyses_it_runs(tiny_model):
         assert mean == pytest.approx(sum(reach) / 3, abs=1e-6) and lo <= mean + 1e-9 and mean <= hi + 1e-9
         assert min(reach) - 1e-9 <= lo and hi <= max(reach) + 1e-9
     assert set(res.findings()["none"]["curve_at_depth"]) == {"0.25", "0.5", "0.75", "1"}
+    # the without-minus-with gap, paired by prompt: per-prompt differences of the change, brute force
+    for l in range(len(row.depth)):
+        gap = [float(full.change[1, p, l][later[p]].mean() - full.change[0, p, l][later[p]].mean()) for p in range(3)]
+        mean, lo, hi = res.gap_curves["mean_change"][l]
+        assert mean == pytest.approx(sum(gap) / 3, abs=1e-6)
+        assert min(gap) - 1e-6 <= lo <= mean + 1e-6 and mean <= hi + 1e-6 and hi <= max(gap) + 1e-6
+    at = res.findings()["gap_at_depth"]
+    assert set(at) == {"0.25", "0.5", "0.75", "1"}
+    for v in at.values():
+        m, lo, hi = v["mean_change"]
+        assert v["mean_change_detectable"] == (lo > 0 or hi < 0)
+    # at the embeddings (depth 0) later positions are untouched in both conditions: no gap at all
+    assert res.gap_curves["mean_change"][0] == pytest.approx([0.0, 0.0, 0.0], abs=1e-7)
     json.loads(res.to_json())
     with pytest.raises(ValueError, match="spread_position"):
         compare_model(tiny_model, rows, spread_tokens=4, spread_position=3, bos_token_id=TINY_BOS)

@@ -82,6 +82,14 @@ def markdown(results: list[ModelComparison]) -> str:
             if cur:
                 lines.append(f"- {r.model}, {CONDITION_LABELS[c]}: reach at fractional depth " + ", ".join(
                     f"{d}: {v['reach'][0]:.2f} [{v['reach'][1]:.2f}, {v['reach'][2]:.2f}]" for d, v in cur.items()))
+        gap = {d: v for d, v in f["gap_at_depth"].items() if v.get("mean_change")}
+        if gap:
+            def cell(v, k):
+                m, lo, hi = v[k]
+                return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]" + ("" if v[f"{k}_detectable"] else " (no detectable effect)")
+            lines.append(f"- {r.model}, without minus with `<bos>` (paired by prompt), relative change / reach at "
+                         "fractional depth " + "; ".join(f"{d}: {cell(v, 'mean_change')} / {cell(v, 'reach')}"
+                                                          for d, v in gap.items()))
     for r in results:
         d = r.dormant
         if d is None:
