@@ -191,7 +191,7 @@ def _entropy_hook(store: list, mask: Tensor, offset: int):
     summed H / log(n_keys) and its count over those with >= 2 keys."""
 
     def hook(pattern: Tensor, hook) -> None:
-        a = pattern[:, :, offset:]  # content queries
+        a = pattern[:, :, offset:].float()  # content queries; the entropy sums in float32 whatever the model's dtype
         h = -(a * torch.log(a.clamp(min=1e-30))).sum(-1)  # [batch, head, query]
         w = mask[:, None, :].float()
         # causal: the query at position t sees t + 1 keys (padding sits after it)
@@ -297,6 +297,7 @@ def perturbation_spread(
         if noise is not None:
             hooks = [(act_name("embed"), _noise_hook(noise[e], perturbation.position + off))]
         h2 = residual_stack(model, pert.tokens, hooks)[:, :, off:]
+        h, h2 = h.float(), h2.float()  # norms in float32 whatever the model's dtype
         rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)
         rel = torch.where(mask[:, None, :], rel, torch.full_like(rel, float("nan")))
         change[c, e, :, : rel.shape[-1]] = rel.float().cpu()

@@ -90,6 +90,27 @@ def test_bfloat16_holds_alpha_0_within_1e_2(tmp_path):
     assert (bf16.scores - f32.scores).abs().max() < 1e-2
 
 
+def test_bfloat16_loss_and_perturbation_stay_near_float32(tmp_path):
+    """A bfloat16 model's loss, attention entropies and residual changes (all
+    reduced in float32) agree with the float32 model's within bfloat16's rounding
+    of the activations (8 bits of mantissa). At 17 positions this bounds the
+    total error; it cannot tell a float32 sum from a bfloat16 one (too few terms)."""
+    from sinkmech.perturb import EmbeddingNoise, perturbation_spread
+
+    folder = save_tiny(tmp_path / "llama", "llama", seed=6)
+    rows = _tokens(4, batch=4, n=16)
+    f32, bf16 = load_model(str(folder), device="cpu"), load_model(str(folder), device="cpu", dtype="bfloat16")
+    batch = tokenize(f32, rows, bos="prepend", bos_token_id=BOS)
+    assert abs(content_loss(bf16, batch) - content_loss(f32, batch)) < 2e-2
+    noise = EmbeddingNoise(scale=0.5, position=4)
+    a = perturbation_spread(f32, rows, perturbation=noise, bos_token_id=BOS, progress=False)
+    b = perturbation_spread(bf16, rows, perturbation=noise, bos_token_id=BOS, progress=False)
+    assert b.change.dtype == b.normalized_entropy.dtype == torch.float32
+    assert (b.normalized_entropy - a.normalized_entropy).abs().max() < 1e-2
+    reached = a.change[..., 4:]  # the noised position and later: changes of order 0.1-1
+    assert torch.allclose(b.change[..., 4:], reached, rtol=5e-2, atol=2e-2)
+
+
 def test_bad_dtype_and_device_are_refused_before_loading(capsys, monkeypatch):
     from sinkmech import models
 

@@ -55,6 +55,8 @@ class AblateTask:
     """Per-head ablations on one shard (`--shard`, or a Ray worker's)."""
 
     model: str
+    device: str | None
+    dtype: str
     mode: str
     bos: str
     metric: str
@@ -65,7 +67,7 @@ class AblateTask:
     settings: dict
 
     def load(self):
-        model = models.load_model(self.model)
+        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
         return model, answers(model, Namespace(answers=self.answers))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
@@ -103,7 +105,8 @@ def cmd_ablate(args) -> None:
 
 
 def ablate_task(args, prompts, settings: dict) -> AblateTask:
-    return AblateTask(args.model, args.mode, args.bos, args.metric, tuple(args.answers) if args.answers else None,
+    return AblateTask(args.model, args.device, args.dtype, args.mode, args.bos, args.metric,
+                      tuple(args.answers) if args.answers else None,
                       args.max_tokens, max(args.batch_size, 1) * 8, len(prompts), settings)
 
 

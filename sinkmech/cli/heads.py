@@ -255,6 +255,8 @@ class HeadsTask:
     """The head scan's running sums on one shard (`--shard`, or a Ray worker's)."""
 
     model: str
+    device: str | None
+    dtype: str
     bos_token: str | None
     bos: str
     max_tokens: int
@@ -264,7 +266,7 @@ class HeadsTask:
     settings: dict
 
     def load(self):
-        model = models.load_model(self.model)
+        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
         return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
@@ -281,7 +283,8 @@ class HeadsTask:
 def heads_task(args, prompts, settings: dict) -> HeadsTask:
     th = {"high": args.high, "low": args.low, "min_lift": args.min_lift, "min_count": args.min_count,
           "min_prompts": args.min_prompts}
-    return HeadsTask(args.model, args.bos_token, args.bos, args.max_tokens, args.batch_size, th, len(prompts), settings)
+    return HeadsTask(args.model, args.device, args.dtype, args.bos_token, args.bos, args.max_tokens, args.batch_size, th,
+                     len(prompts), settings)
 
 
 def heads_shard(args, prompts, shard) -> None:

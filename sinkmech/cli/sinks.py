@@ -92,6 +92,8 @@ class SinksTask:
     """`sinkmech sinks` on one shard, as a Ray worker runs it (`sinkmech.distributed`)."""
 
     model: str
+    device: str | None
+    dtype: str
     bos_token: str | None
     conditions: tuple[str, ...]
     max_tokens: int
@@ -100,7 +102,7 @@ class SinksTask:
     settings: dict
 
     def load(self):
-        model = models.load_model(self.model)
+        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
         return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
@@ -120,7 +122,7 @@ def sinks_on_ray(args, prompts) -> None:
     if args.findings is not None:
         raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
     settings = base_settings(args, prompts, **sinks_settings(args))
-    task = SinksTask(args.model, args.bos_token, tuple(conditions(args.bos)), args.max_tokens, args.batch_size,
+    task = SinksTask(args.model, args.device, args.dtype, args.bos_token, tuple(conditions(args.bos)), args.max_tokens, args.batch_size,
                      len(prompts), settings)
     merged_sinks(run_command_on_ray(args, prompts, task, "sinks", settings), args)
 
