@@ -68,9 +68,10 @@ def measured(section):
     run.__name__ = section.__name__
     return run
 
+only = set(sys.argv[4].split(",")) if sys.argv[4] else None
 with tempfile.TemporaryDirectory() as tmp:
-    build_report(m, Path(tmp) / "r", sections=[measured(s) for s in SECTIONS], n_prompts=int(sys.argv[2]),
-                 progress=False)
+    build_report(m, Path(tmp) / "r", sections=[measured(s) for s in SECTIONS if only is None or s.__name__ in only],
+                 n_prompts=int(sys.argv[2]), progress=False)
 """
 
 
@@ -87,11 +88,12 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def section_peaks(model: str, n_prompts: int) -> list[dict]:
+def section_peaks(model: str, n_prompts: int, only: list[str] | None = None) -> list[dict]:
     """Each report section's time and peak RSS, measured in a fresh process
-    (each row is printed as its section ends)."""
+    (each row is printed as its section ends); `only`: these sections alone."""
     rows = []
-    with subprocess.Popen([sys.executable, "-c", SECTIONS_CHILD, model, str(n_prompts), str(Path(__file__).parent)],
+    with subprocess.Popen([sys.executable, "-c", SECTIONS_CHILD, model, str(n_prompts), str(Path(__file__).parent),
+                           ",".join(only or ())],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
         for line in proc.stdout:
             if line.startswith("ROW "):
@@ -122,15 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-prompts", type=int, default=170, help="report --n-prompts (default: the report's 170)")
     p.add_argument("--limit-gb", type=float, default=5.0, help="target peak of the report, GiB (default 5)")
     p.add_argument("--sections", action="store_true", help="measure the peak of each report section (the report run in-process, sections wrapped)")
+    p.add_argument("--only", nargs="+", default=None, metavar="SECTION",
+                   help="with --sections: run these sections alone (e.g. length_section)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the load + one forward baseline")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     # The baseline first: ru_maxrss of children is a running maximum, so the
     # smaller process must finish before the larger one starts.
-    base_s, base_gb = child_peak([sys.executable, "-c", BASELINE, args.model])
+    base_s, base_gb = (float("nan"), float("nan")) if args.no_baseline else child_peak(
+        [sys.executable, "-c", BASELINE, args.model])
     rows = []
     if args.sections:  # the report with each section measured; its peak is the largest section peak
         t0 = time.perf_counter()
-        rows = section_peaks(args.model, args.n_prompts)
+        rows = section_peaks(args.model, args.n_prompts, args.only)
         rep_s, rep_gb = time.perf_counter() - t0, max(r["peak_gib"] for r in rows)
     else:
         with tempfile.TemporaryDirectory() as tmp:
