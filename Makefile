@@ -62,13 +62,12 @@ test-all: $(STAMP) $(STAMP4) browser
 
 setup: $(STAMP)
 
-# The main job: the two offline models side by side, then the SmolLM2 report
-# page; every quoted number is merged into figures/findings.json by the
-# command that measured it. (`sinkmech report --model gemma3-270m --out DIR`
-# gives Gemma's page.)
+# The main job: the two offline models side by side, and the SmolLM2 report
+# page built in the same process from compare's sink passes (--report); every
+# quoted number is merged into figures/findings.json by the command that
+# measured it. (`sinkmech report --model gemma3-270m --out DIR` gives Gemma's page.)
 demo: $(STAMP)
-	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --out figures/compare --overwrite --findings figures/findings.json
-	$(BIN)/sinkmech report --model smollm2 --out figures/smollm2 --overwrite --findings figures/findings.json
+	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
 
 # Every other number the README quotes: the long runs (an hour or more on two
 # cores; each Gemma run holds 4-7 GiB, so they run one after the other).

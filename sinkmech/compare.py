@@ -209,6 +209,7 @@ def compare_model(
     batch_size: int = 16,
     bos_token_id: int | None = None,
     progress: bool = True,
+    keep_sinks: dict | None = None,
 ) -> ModelComparison:
     """Sink rates, loss and perturbation spread with and without `<bos>`, and
     the dormant-head scan (skipped when `dormant_prompts` is 0).
@@ -224,6 +225,10 @@ def compare_model(
             prompts, the no-op check on the next ones (held out from the scan).
         noop_heads: how many of the closest candidates besides the if_else
             heads the no-op check runs on.
+        keep_sinks: a dict to receive the SinkScores of each condition ({bos:
+            SinkScores}, loss included), for a report on the same prompts and
+            settings to reuse (`build_report(..., cache={"sinks": keep_sinks})`)
+            instead of running the same passes again.
 
     Returns:
         ModelComparison with one ConditionRow per `<bos>` condition.
@@ -248,6 +253,8 @@ def compare_model(
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
         scores = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True, progress=progress)
+        if keep_sinks is not None:
+            keep_sinks[bos] = scores
         used = scores.max_tokens  # the longest content scored (the same in both conditions)
         rows[bos] = ConditionRow(
             bos=bos,

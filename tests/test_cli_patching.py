@@ -67,3 +67,35 @@ def test_perturb_swap_and_errors(cli_model, prompts, tmp_path, capsys):
     assert main(["perturb", "--noise", "0.1", "--prompts", prompts]) == 2
     with pytest.raises(SystemExit):
         main(["ablate", "--mode", "knockout", "--prompts", prompts])
+
+
+class DecodingWordTokenizer(WordTokenizer):
+    def decode(self, ids):  # the report shows token texts
+        return " ".join(f"w{i}" for i in ids)
+
+
+@pytest.mark.slow  # the whole report page, on the tiny model
+def test_compare_with_report_reuses_the_sink_passes(cli_model, monkeypatch, tmp_path, capsys):
+    """`compare --report DIR` (make demo) writes the first model's report page from
+    compare's own sink passes: the page's sink rates are compare's, and both land in
+    the findings file."""
+    toy_tokenizer(monkeypatch, cli_model, DecodingWordTokenizer())
+    words = "the cat sat on a warm mat and ran far from the big dog today".split()
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(" ".join(words[i:] + words[:i]) for i in range(8)) + "\n")
+    out, rep, found = tmp_path / "cmp", tmp_path / "rep", tmp_path / "findings.json"
+    args = ["compare", "--models", "smollm2", "--out", str(out), "--report", str(rep), "--prompts", str(prompts),
+            "--n-prompts", "8", "--max-tokens", "12", "--spread-prompts", "2", "--spread-tokens", "10",
+            "--dormant-prompts", "4", "--noop-prompts", "2", "--findings", str(found)]
+    assert main(args) == 0
+    cmp = json.loads((out / "compare.json").read_text())["models"][0]["conditions"]
+    page = json.loads((rep / "summary.json").read_text())["sections"]["sinks"]
+    for bos in ("prepend", "none"):
+        assert page["sink_rate"][bos]["0.3"] == pytest.approx(cmp[bos]["sink_rate"]["0.3"])
+        assert page["per_layer_score"][bos] == pytest.approx(cmp[bos]["per_layer_score"])
+    keys = json.loads(found.read_text())
+    assert any(k.startswith("smollm2.compare.") for k in keys) and any(k.startswith("smollm2.report.") for k in keys)
+    assert (rep / "index.html").exists()
+    capsys.readouterr()
+    same = ["compare", "--models", "smollm2", "--out", str(tmp_path / "x"), "--report", str(tmp_path / "x")]
+    assert main(same) == 2 and "--report" in capsys.readouterr().err

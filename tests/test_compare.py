@@ -136,3 +136,32 @@ def test_depth_curves_and_sweep_figures_draw(tmp_path):
     assert mode_sweep(rows, tmp_path / "s.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no sweep rows"):
         mode_sweep([], tmp_path / "x.png")
+
+
+def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
+    """`compare --report` hands compare's sink passes to the report: they are the
+    passes the report would run itself (same prompts and settings), and the page's
+    sink numbers come out the same either way."""
+    from sinkmech.report.page import build_report
+    from sinkmech.report.sections_sinks import norms_section, sink_section
+
+    g = torch.Generator().manual_seed(4)
+    rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
+    kept: dict = {}
+    compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12, spread_position=2,
+                  dormant_prompts=0, bos_token_id=TINY_BOS, batch_size=4, progress=False, keep_sinks=kept)
+    assert set(kept) == {"prepend", "none"}
+    kw = dict(sections=[sink_section, norms_section], prompts=rows, n_prompts=6, max_tokens=16, batch_size=4,
+              bos_token_id=TINY_BOS, progress=False)
+    fresh = build_report(tiny_model, tmp_path / "fresh", **kw)
+    reused = build_report(tiny_model, tmp_path / "reused", cache={"sinks": kept}, **kw)
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
+        direct = sink_scores(tiny_model, batch, batch_size=4, progress=False)
+        assert torch.allclose(kept[bos].scores, direct.scores, atol=1e-6)
+    a, b = fresh.summary["sections"], reused.summary["sections"]
+    for bos in ("prepend", "none"):
+        assert a["sinks"]["sink_rate"][bos] == pytest.approx(b["sinks"]["sink_rate"][bos])
+        assert a["sinks"]["per_layer_score"][bos] == pytest.approx(b["sinks"]["per_layer_score"][bos], abs=1e-6)
+        assert a["norms"]["max_resid_ratio"][bos] == pytest.approx(b["norms"]["max_resid_ratio"][bos], rel=1e-5)
+    assert max(max(v) for v in a["sinks"]["per_layer_score"].values()) > 0.1  # real scores, not zeros on both sides

@@ -15,9 +15,10 @@ from sinkmech.cli.common import (
 from sinkmech.compare import ModelComparison, compare_model
 from sinkmech.dormant.noop import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
-from sinkmech.findings import flatten, record
+from sinkmech.findings import flatten, record, report_findings
 from sinkmech.figures.compare import depth_curves, first_token_score_panels, spread_panels
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
+from sinkmech.report.page import build_report
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
 CONFOUNDS = ("Confounds: the default models are 4-bit GGUF checkpoints (Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct "
@@ -40,6 +41,10 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--noop-prompts", type=positive_int, default=16, help="prompts for the no-op check of the top candidates")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
+    p.add_argument("--report", type=Path, default=None, metavar="DIR",
+                   help="also write the first model's report page (`sinkmech report` with its defaults and this "
+                        "command's --prompts, --n-prompts, --max-tokens, --batch-size) into DIR, reusing this "
+                        "command's sink passes and model load; --overwrite and --findings apply to it too")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.set_defaults(func=cmd_compare)
@@ -127,18 +132,39 @@ def default_models() -> list[str]:
         raise UsageError(f"--models (default) {e}") from None
 
 
+def write_report(args, model, name: str, prompts, sinks: dict) -> None:
+    """The report page of `model` (`sinkmech report`'s defaults), its sink scores
+    taken from compare's passes on the same prompts and settings."""
+    print(f"report on {name} ...", flush=True)
+    report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
+                          max_tokens=args.max_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
+                          cache={"sinks": sinks})
+    if args.findings is not None:
+        label = name if "/" not in name else Path(name).stem
+        record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")
+    print(f"wrote {report.index}", flush=True)
+
+
 def cmd_compare(args) -> None:
     names = args.models if args.models is not None else default_models()
     prompts = prompts_arg(args)
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
+    if args.report is not None:
+        if args.report.resolve() == args.out.resolve():
+            raise UsageError("--report must name a folder other than --out")
+        check_output_dir(args.report, overwrite=args.overwrite, what="report folder")
     results, t0 = [], time.perf_counter()
-    for name in names:
+    for i, name in enumerate(names):
         print(f"loading {name} ...", flush=True)
         model = load_model_arg(args, name)
+        sinks: dict | None = {} if (i == 0 and args.report is not None) else None
         results.append(compare_model(
             model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
             spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,
-            dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size))
+            dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size,
+            keep_sinks=sinks))
+        if sinks is not None:
+            write_report(args, model, name, prompts, sinks)
         del model
         gc.collect()  # one model in memory at a time
     with staged_dir(args.out, overwrite=args.overwrite, what="comparison folder") as tmp:
