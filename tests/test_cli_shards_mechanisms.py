@@ -76,3 +76,12 @@ def test_perturb_refuses_to_shard_the_sensitivity_study(prompts, tmp_path, capsy
     assert main(["perturb", "--prompts", prompts, "--noise", "0.5", "--position", "1", "--sensitivity", "--shard", "1/2",
                  "--json", str(tmp_path / "p.partial.json")]) == 2
     assert "--sensitivity" in error_line(capsys)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_sinks_keys_all_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
+    """The top keys name their prompt by its index in the whole corpus."""
+    a = shards_merge_to_the_unsharded_json(["sinks", "--prompts", prompts, "--max-tokens", "12", "--bos", "both",
+                                            "--keys", "all", "--min-queries", "2", "--batch-size", "2"], tmp_path, n)
+    tops = [k["prompt"] for c in a["conditions"].values() for row in c["key_scores"] for keys in row for k in keys]
+    assert max(tops) >= 6  # some top key lies in the last shard

@@ -27,19 +27,11 @@ from sinkmech.cli.common import (
     warn_short,
     write_results,
 )
-from sinkmech.cli.shard import (
-    add_shard_flags,
-    already_done,
-    base_settings,
-    model_settings,
-    run_command_on_ray,
-    shard_run,
-)
+from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
 from sinkmech.figures.sinks import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.hooks import head_label
 from sinkmech.key_sinks import key_sink_scores
-from sinkmech.partial import write_partial
 from sinkmech.prompts import tokenize
 from sinkmech.shards import sinks_partial
 from sinkmech.sinks import sink_scores
@@ -71,25 +63,35 @@ def add_sinks_parser(sub) -> None:
 
 def sinks_settings(args) -> dict:
     """What every part of one `sinks` run must share beyond the common settings."""
-    return {"bos": args.bos, "eps": list(args.eps), "keys": args.keys}
+    keys = {"top_keys": args.top_keys, "min_queries": args.min_queries, "min_excess": args.min_excess}
+    return {"bos": args.bos, "eps": list(args.eps), "keys": args.keys, **(keys if args.keys == "all" else {})}
 
 
 def merged_sinks(part, args) -> None:
     """`sinkmech merge` for sinks parts: the table, then --json / --png as `sinks` writes them."""
+    from sinkmech.partial import detach
     from sinkmech.shards import sinks_result
+    from sinkmech.shards_mechanisms import key_sinks_result
 
-    results, eps = sinks_result(part), part.settings["eps"]
+    s = part.settings
+    results, eps = sinks_result(part), s["eps"]
+    keys = {c: key_sinks_result(detach(part, f"keys.{c}"), top_k=s["top_keys"], min_queries=s["min_queries"],
+                                min_excess=s["min_excess"], model_name=s["model_name"])
+            for c in results if f"keys.{c}" in s}
     print_sinks_table(results, eps, args.top)
+    if keys:
+        print_flagged(keys)
 
     def png_out() -> None:
-        print(f"wrote {sink_heatmap(results, args.png, model_name=part.settings['model'])}", file=sys.stderr)
+        print(f"wrote {sink_heatmap(results, args.png, model_name=s['model'])}", file=sys.stderr)
 
-    write_results(args, lambda: sinks_payload(results, eps), png_out)
+    write_results(args, lambda: sinks_payload(results, eps, keys), png_out)
 
 
 @dataclass(frozen=True)
 class SinksTask:
-    """`sinkmech sinks` on one shard, as a Ray worker runs it (`sinkmech.distributed`)."""
+    """`sinkmech sinks` on one shard (`--shard`, or a Ray worker's: `sinkmech.distributed`);
+    with --keys all, each condition's key-sink part attached as "keys.<condition>"."""
 
     model: str
     device: str | None
@@ -106,25 +108,29 @@ class SinksTask:
         return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.key_sinks import key_sink_sums
+        from sinkmech.partial import attach
+        from sinkmech.prompts import token_text
+        from sinkmech.shards_mechanisms import key_sinks_partial
+
         model, bos_id = state
-        results = {}
+        results, batches = {}, {}
         for bos in self.conditions:
-            batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
+            batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
             results[bos] = sink_scores(model, batch, batch_size=self.batch_size, max_tokens=self.max_tokens,
                                        loss=True, progress=False)
-        return sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
-                             prompt_index=index, shard=(shard, n_shards), n_prompts_total=self.n_prompts_total,
-                             n_ctx=model.cfg.n_ctx)
-
-
-def sinks_on_ray(args, prompts) -> None:
-    """`sinks --ray`: the shards on a Ray cluster, merged into what `sinks` writes."""
-    if args.findings is not None:
-        raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
-    settings = base_settings(args, prompts, **sinks_settings(args))
-    task = SinksTask(args.model, args.device, args.dtype, args.bos_token, tuple(conditions(args.bos)), args.max_tokens, args.batch_size,
-                     len(prompts), settings)
-    merged_sinks(run_command_on_ray(args, prompts, task, "sinks", settings), args)
+        where = {"prompt_index": index, "shard": (shard, n_shards), "n_prompts_total": self.n_prompts_total}
+        part = sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
+                             n_ctx=model.cfg.n_ctx, **where)
+        s = self.settings
+        if s["keys"] == "all":
+            for bos, batch in batches.items():
+                rows, sums = key_sink_sums(model, batch, top_k=s["top_keys"], min_queries=s["min_queries"],
+                                           min_excess=s["min_excess"], batch_size=self.batch_size, progress=False)
+                keys = key_sinks_partial(rows, sums, batch, {}, width=self.max_tokens + 1, decode=token_text(model),
+                                         **where)
+                part = attach(part, f"keys.{bos}", keys)
+        return part
 
 
 def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> dict:
@@ -199,18 +205,15 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
 
 def cmd_sinks(args) -> None:
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
-    shard = shard_run(args, prompts, **sinks_settings(args))
-    if (shard is not None or getattr(args, "ray", None) is not None) and args.keys == "all":
-        raise UsageError("--keys all is not sharded yet: run it without --shard / --ray")
-    if args.ray is not None:
-        return sinks_on_ray(args, prompts)
-    if shard is not None:
-        if args.resume and already_done(args.json, shard, "sinks"):
-            print(f"shard {shard.i}/{shard.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
-            return
-        prompts = [prompts[i] for i in shard.index]
-        print(f"shard {shard.i}/{shard.n}: prompts {shard.index.start}..{shard.index.stop - 1} of {shard.n_total}",
-              file=sys.stderr)
+    if args.ray is not None and args.findings is not None:
+        raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
+
+    def task(settings: dict) -> SinksTask:
+        return SinksTask(args.model, args.device, args.dtype, args.bos_token, tuple(conditions(args.bos)),
+                         args.max_tokens, args.batch_size, len(prompts), settings)
+
+    if sharded(args, prompts, "sinks", task, merged_sinks, **sinks_settings(args)):
+        return
     model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     results, keys, batches = {}, {}, {}
@@ -219,12 +222,6 @@ def cmd_sinks(args) -> None:
         if i == 0:  # both conditions hold the same content tokens: say it once
             warn_short(batch, args.max_tokens)
         results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
-    if shard is not None:
-        part = sinks_partial(results, {**shard.settings, **model_settings(model), "bos_token_id": bos_id},
-                             prompt_index=shard.index, shard=(shard.i, shard.n), n_prompts_total=shard.n_total,
-                             n_ctx=model.cfg.n_ctx)
-        print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
-        return
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
