@@ -100,9 +100,10 @@ def test_key_sinks_dataframe_and_json(tiny_model, ragged):
 
 
 def _uniform(scores, hook):
-    """Every query spreads its attention evenly over its keys (the causal mask, applied before
-    this hook as -inf, is kept)."""
-    return torch.where(torch.isfinite(scores), torch.zeros_like(scores), scores)
+    """Every query spreads its attention evenly over its keys 0..t."""
+    T = scores.shape[-1]  # the causal mask built here: the TL 4 bridge hooks the scores before its own
+    future = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
+    return torch.zeros_like(scores).masked_fill(future, float("-inf"))
 
 
 def test_uniform_share_is_alpha_of_uniform_attention(ragged):
