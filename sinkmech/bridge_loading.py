@@ -137,10 +137,27 @@ def boot_bridge(folder: Path, *, device: str, dtype: torch.dtype, n_ctx: int, na
             raise ValueError(f"TransformerLens' Bridge cannot boot {folder} "
                              f"({hf.config.architectures[0]}): {type(e).__name__}: {str(e).splitlines()[0]}") from e
     bridge.cfg.n_ctx = min(int(n_ctx), int(bridge.cfg.n_ctx or n_ctx))
+    theta = rope_theta(hf.config)
+    if theta is not None:  # the Bridge's config keeps TransformerLens' default (10000), not the model's
+        bridge.cfg.rotary_base = theta
     bridge.cfg.model_name = name
     bridge.tokenizer.padding_side = "right"
     bridge.eval()
     return bridge
+
+
+def rope_theta(config) -> float | None:
+    """The rotary base of a transformers config (`rope_parameters` in transformers 5,
+    per attention type for Gemma 3: the global layers'; `rope_theta` before)."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+        full = params.get("full_attention")
+        if isinstance(full, dict) and "rope_theta" in full:
+            return float(full["rope_theta"])
+    theta = getattr(config, "rope_theta", None)
+    return None if theta is None else float(theta)
 
 
 @contextlib.contextmanager
