@@ -1,6 +1,6 @@
 # Two set-up commands: `make demo` (main job on the offline models,
 # outputs under figures/) and `make test` (the whole suite). Both create .venv
-# on first use and are quick once it exists. `make test-all` (what CI runs)
+# on first use and are quick once it exists. `make test-all` (not yet in CI)
 # runs the suite on TransformerLens 3.9 and 4.3 side by side.
 PY ?= python3
 VENV := .venv
