@@ -777,6 +777,7 @@ def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
     base = "train.context_length_seeds"
     flat[f"{base}.lengths"] = ",".join(str(T) for T in lengths)
     for T in lengths:
+        flat[f"{base}.T{T}.context_length"] = T
         for name, get in series.items():
             for stat, v in seed_interval([get(r, t) for r, t in by_t[T]]).items():
                 flat[f"{base}.T{T}.{name}.{stat}"] = v
