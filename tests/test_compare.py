@@ -108,6 +108,7 @@ def test_gemma_cli_contracts(gemma, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
     """Every report section (sinks, norms, views, spread, dormant heads + no-op, ablation + patching) runs on Gemma."""
     from sinkmech import cli, models

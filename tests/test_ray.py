@@ -89,6 +89,7 @@ def test_sinks_on_ray_equals_the_single_process_run(tmp_path, capsys):
     assert_same_json(json.loads(single.read_text()), json.loads(again.read_text()))
 
 
+@pytest.mark.long
 def test_heads_and_ablate_on_ray_equal_the_single_process_run(tmp_path):
     """The two other commands with the Ray form, SmolLM2, a few short prompts."""
     from sinkmech.cli.main import main

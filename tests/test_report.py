@@ -197,6 +197,7 @@ def test_bad_settings_and_folders_are_clear_errors(tiny_model, tmp_path, capsys)
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     import sinkmech.models
 
