@@ -22,9 +22,9 @@ from sinkmech.train.run import (
     build_model,
     learning_rate,
     load_checkpoint,
-    packing_hooks,
     train,
 )
+from sinkmech.train.model import packing_hooks
 from sinkmech.train.data import (
     BigramBackcopy,
     BigramBackcopyStream,

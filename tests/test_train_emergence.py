@@ -22,7 +22,9 @@ from sinkmech.train.data import post_trigger, sink_tokens
 from sinkmech.hooks import act_name
 from sinkmech.train.modes import mode_attention
 from sinkmech.train.emergence import emergence, first_crossing, stable_crossing
-from sinkmech.train.run import TrainConfig, TrainData, build_model, evaluate, packed_token_losses, train
+from sinkmech.train.evaluate import evaluate
+from sinkmech.train.model import packed_token_losses
+from sinkmech.train.run import TrainConfig, TrainData, build_model, train
 
 TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=1, d_model=32, n_heads=2,
             eval_prompts=4, val_windows=8, threads=1, warmup=2)

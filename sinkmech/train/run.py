@@ -22,6 +22,9 @@ split on bigram-backcopy data into post-trigger positions (copies, which need
 attention) and the rest (Guo et al. 2024); and `sink_scores` on held-out
 documents for both conditions, with the first token's value and residual norms
 against the other tokens' (the sink's mutual reinforcement, Guo et al. 2024).
+
+Here: the training loop and checkpoints. The model and its loss live in
+`sinkmech.train.model`, the evaluation in `sinkmech.train.evaluate`.
 """
 
 from __future__ import annotations
@@ -29,128 +32,25 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
-import torch.nn.functional as F
-from jaxtyping import Bool, Float, Int
 from safetensors.torch import load_file, save_file
-from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens import HookedTransformer
 
 from sinkmech.files import json_text, write_text
-from sinkmech.hooks import act_name
-from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
 from sinkmech.results import Result
-from sinkmech.sinks import format_eps, sink_scores
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
-from sinkmech.train.data import TrainData, make_inputs, post_trigger, same_document, sink_tokens
-from sinkmech.train.modes import attention_breakdown, trigger_classes
+from sinkmech.train.data import TrainData
+from sinkmech.train.evaluate import ConditionEval, EvalResult, evaluate
+from sinkmech.train.model import build_model, lm_loss, packed_token_losses
 
 # re-exported: `from sinkmech.train.run import TrainConfig, train` keeps working
 __all__ = ["EvalResult", "ConditionEval", "PACKINGS", "POSITIONALS", "Packing", "Positional", "TrainConfig",
            "TrainData", "TrainResult", "build_model", "evaluate", "hardware", "load_checkpoint", "packed_token_losses",
            "save_checkpoint", "train", "train_to_log"]
-
-
-def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransformer:
-    """A freshly initialised HookedTransformer for `cfg` (no tokenizer; d_vocab =
-    content tokens + `<bos>` + pad)."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    hcfg = HookedTransformerConfig(
-        n_layers=cfg.n_layers,
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        d_head=cfg.d_model // cfg.n_heads,
-        d_mlp=cfg.d_mlp or 4 * cfg.d_model,
-        n_ctx=cfg.context_length,
-        d_vocab=cfg.vocab + 2,
-        act_fn="gelu",
-        normalization_type="LN",
-        positional_embedding_type="standard" if cfg.positional == "none" else cfg.positional,
-        default_prepend_bos=False,
-        model_name=f"{cfg.data}-{cfg.run_name}",
-        seed=cfg.seed,
-        device=device,
-    )
-    model = HookedTransformer(hcfg)
-    if cfg.mask_self:
-        for layer in range(cfg.n_layers):
-            model.add_hook(act_name("attn_scores", layer), mask_self_hook, is_permanent=True)
-    if cfg.positional == "none":
-        with torch.no_grad():
-            model.pos_embed.W_pos.zero_()
-        model.pos_embed.W_pos.requires_grad_(False)
-    return model
-
-
-def mask_self_hook(scores: Float[Tensor, "batch head_index query_pos key_pos"], hook):
-    """On `attn_scores`: -inf on every query's own key, for queries >= 1 (query
-    0 sees only itself). Returns a new tensor (never edits the activation)."""
-    n = scores.shape[-1]
-    diag = torch.eye(n, dtype=torch.bool, device=scores.device)
-    diag[0, 0] = False
-    return scores.masked_fill(diag, float("-inf"))
-
-
-# --- forward passes ---------------------------------------------------------------
-
-
-def intra_doc_hook(allowed: Bool[Tensor, "batch query_pos key_pos"]) -> Callable:
-    """On `attn_scores`: -inf where query and key are in different documents.
-    Returns a new tensor (never edits the activation)."""
-
-    def hook(scores: Float[Tensor, "batch head_index query_pos key_pos"], hook):
-        return scores.masked_fill(~allowed[:, None].to(scores.device), float("-inf"))
-
-    return hook
-
-
-def packing_hooks(tokens: Tensor, *, packing: Packing, bos_id: int, fixed_bos: bool) -> list:
-    """The forward hooks a packing recipe needs on `tokens` (none for causal)."""
-    if packing == "causal":
-        return []
-    allowed = same_document(tokens.cpu(), bos_id=bos_id, fixed_bos=fixed_bos)
-    return [(lambda name: name.endswith("attn_scores"), intra_doc_hook(allowed))]
-
-
-def packed_token_losses(
-    model: HookedTransformer,
-    inputs: Int[Tensor, "batch pos"],
-    targets: Int[Tensor, "batch pos"],
-    *,
-    packing: Packing,
-    bos_id: int,
-    fixed_bos: bool,
-) -> Float[Tensor, "batch pos"]:
-    """Next-token cross-entropy (nats) at every position of a packed training
-    window, against explicit `targets`, under the run's packing (intra-document
-    masking when asked); with gradients. Not `sinkmech.loss.token_losses`, which
-    scores a prompt's own next tokens without gradients."""
-    device = model.cfg.device
-    hooks = packing_hooks(inputs, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
-    with model.hooks(fwd_hooks=hooks):
-        logits = model(inputs.to(device), return_type="logits")
-    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(device), reduction="none")
-    return flat.reshape(targets.shape)
-
-
-def lm_loss(
-    model: HookedTransformer,
-    inputs: Int[Tensor, "batch pos"],
-    targets: Int[Tensor, "batch pos"],
-    *,
-    packing: Packing,
-    bos_id: int,
-    fixed_bos: bool,
-    first: int = 0,
-) -> Float[Tensor, ""]:
-    """Mean next-token cross-entropy (nats/token) over positions >= `first`."""
-    losses = packed_token_losses(model, inputs, targets, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
-    return losses[:, first:].mean()
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -159,107 +59,6 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
         return cfg.lr * (step + 1) / cfg.warmup
     progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-@dataclass(frozen=True)
-class ConditionEval:
-    """Sink statistics of one inference condition on the held-out documents."""
-
-    sink_rate: dict[str, float]  # eps (as written, "0.3") -> percent of (prompt, head) pairs
-    layer_sink_rate: dict[str, list[float]]  # eps -> [layer] percent of (prompt, head) pairs in that layer
-    head_scores: list[list[float]]  # [layer][head] mean alpha_0 over prompts
-    max_head_score: float
-    mean_head_score: float
-    uniform_score: float
-    # The sink's small value and massive activation (first token vs the others'
-    # mean), averaged over prompts.
-    value_norm_first: list[list[float]]  # [layer][head]
-    value_norm_rest: list[list[float]]  # [layer][head]
-    resid_norm_first: list[float]  # [layer], resid_post
-    resid_norm_rest: list[float]  # [layer]
-    # Where attention goes (`sinkmech.train.modes.attention_breakdown`): query
-    # class ("trigger"/"other" on bigram-backcopy, "all" on text) -> "first",
-    # "self", "prev", "copy", "rest", "entropy" -> [layer][head]; plus "counts".
-    attention: dict
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """One evaluation: validation loss (nats/token) and sink statistics, with
-    `<bos>` at position 0 ("prepend") and without ("none"). `split_loss` (on
-    bigram-backcopy data only, else None): the validation loss on post-trigger
-    positions (copies) and on the rest."""
-
-    val_loss: dict[Bos, float]
-    split_loss: dict[Bos, dict[str, float]] | None
-    conditions: dict[Bos, ConditionEval]
-
-    def to_dict(self) -> dict:
-        """{"val_loss": {cond: nats}, "split_loss": {cond: {"post_trigger",
-        "rest"}} or None, "conditions": {cond: {"sink_rate", "head_scores",
-        "max_head_score", "mean_head_score", "uniform_score", "value_norm_first",
-        "value_norm_rest", "resid_norm_first", "resid_norm_rest", "layer_sink_rate",
-        "attention"}}}: the shape of every `log["evals"]` entry."""
-        return {"val_loss": dict(self.val_loss),
-                "split_loss": None if self.split_loss is None else {c: dict(v) for c, v in self.split_loss.items()},
-                "conditions": {c: asdict(e) for c, e in self.conditions.items()}}
-
-
-@torch.no_grad()
-def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
-    """Validation loss and sink statistics, with `<bos>` at position 0 and without.
-
-    Both conditions predict the same T-1 targets of the validation windows, so
-    their losses compare; sinks are scored by `sinkmech.sinks.sink_scores`.
-    """
-    cfg = data.cfg
-    was_training = model.training
-    model.eval()
-    chunk = data.val_chunks  # content c_0..c_{T-1}; both conditions predict c_1..c_{T-1}
-    val_loss: dict[Bos, float] = {}
-    split_loss: dict[Bos, dict[str, float]] | None = None if data.bb is None else {}
-    for cond in CONDITIONS:
-        with_bos = cond == "prepend"
-        inputs, targets = make_inputs(chunk, fixed_bos=True, bos_id=data.bos_id)
-        if not with_bos:
-            inputs, targets = chunk[:, :-1], chunk[:, 1:]
-        first = 1 if with_bos else 0
-        losses = packed_token_losses(
-            model, inputs, targets, packing=cfg.packing, bos_id=data.bos_id, fixed_bos=with_bos
-        )[:, first:].cpu()
-        val_loss[cond] = float(losses.mean())
-        if split_loss is not None:
-            copy = post_trigger(inputs[:, first:], targets[:, first:], n_triggers=cfg.bb_triggers, bos_id=data.bos_id)
-            split_loss[cond] = {"post_trigger": float(losses[copy].mean()) if copy.any() else float("nan"),
-                                "rest": float(losses[~copy].mean())}
-    conditions: dict[Bos, ConditionEval] = {}
-    for cond in CONDITIONS:
-        s = sink_scores(
-            model, data.prompts, bos=cond, max_tokens=sink_tokens(cfg),
-            batch_size=64, bos_token_id=data.bos_id, progress=False,
-        )
-        mean = s.mean_scores()
-        prompts = torch.tensor([p[: sink_tokens(cfg)] for p in data.prompts])  # as sink_scores truncates them
-        tokens = torch.cat([torch.full((len(prompts), 1), data.bos_id), prompts], 1) if cond == "prepend" else prompts
-        if data.bb is None:
-            classes = {"all": torch.ones_like(tokens, dtype=torch.bool)}
-        else:
-            classes = trigger_classes(tokens, n_triggers=cfg.bb_triggers)
-        conditions[cond] = ConditionEval(
-            sink_rate={format_eps(e): s.sink_rate(e) for e in DEFAULT_EPS},
-            layer_sink_rate={format_eps(e): s.per_layer_sink_rate(e).tolist() for e in DEFAULT_EPS},
-            head_scores=mean.tolist(),
-            max_head_score=float(mean.max()),
-            mean_head_score=float(mean.mean()),
-            uniform_score=s.uniform_score(),
-            value_norm_first=s.value_norm_first.mean(0).tolist(),
-            value_norm_rest=s.value_norm_rest.mean(0).tolist(),
-            resid_norm_first=s.resid_norm_first.mean(0).tolist(),
-            resid_norm_rest=s.resid_norm_rest.mean(0).tolist(),
-            attention=attention_breakdown(model, tokens, classes).to_dict(),
-        )
-    model.train(was_training)
-    return EvalResult(val_loss, split_loss, conditions)
 
 
 # --- training -----------------------------------------------------------------------
