@@ -204,12 +204,13 @@ def compare_model(
     spread_position: int = SPREAD_POSITION,
     eps: tuple[float | str, ...] = DEFAULT_EPS,
     dormant_prompts: int = 64,
-    noop_prompts: int = 16,
+    noop_prompts: int = 32,
     noop_heads: int = 3,
     batch_size: int = 16,
     bos_token_id: int | None = None,
     progress: bool = True,
     keep_sinks: dict | None = None,
+    discoveries: dict | None = None,
 ) -> ModelComparison:
     """Sink rates, loss and perturbation spread with and without `<bos>`, and
     the dormant-head scan (skipped when `dormant_prompts` is 0).
@@ -229,6 +230,9 @@ def compare_model(
             SinkScores}, loss included), for a report on the same prompts and
             settings to reuse (`build_report(..., cache={"sinks": keep_sinks})`)
             instead of running the same passes again.
+        discoveries: the memo of `discover_heads`, to share the dormant-head
+            scan and no-op check with a report on the same prompts and settings
+            (`build_report(..., cache={"discoveries": discoveries})`).
 
     Returns:
         ModelComparison with one ConditionRow per `<bos>` condition.
@@ -275,7 +279,7 @@ def compare_model(
         n_noop = min(noop_prompts, len(pool) // 2)  # held out from the scan
         disc = discover_heads(model, pool, scan_prompts=min(dormant_prompts, len(pool) - n_noop), noop_prompts=n_noop,
                               n_candidates=noop_heads, max_tokens=max_tokens, batch_size=batch_size,
-                              bos_token_id=bos_token_id, progress=progress)
+                              bos_token_id=bos_token_id, progress=progress, memo=discoveries)
         scan, noop = disc.scan, disc.noop
         found = scan.if_else_heads()
         checked = [(r.layer, r.head) for r in noop.results] if noop is not None else found

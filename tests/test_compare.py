@@ -166,3 +166,28 @@ def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
         assert a["sinks"]["per_layer_score"][bos] == pytest.approx(b["sinks"]["per_layer_score"][bos], abs=1e-6)
         assert a["norms"]["max_resid_ratio"][bos] == pytest.approx(b["norms"]["max_resid_ratio"][bos], rel=1e-5)
     assert max(max(v) for v in a["sinks"]["per_layer_score"].values()) > 0.1  # real scores, not zeros on both sides
+
+
+def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
+    """With the report's scan and no-op sizes, `compare` and the report run the
+    same discovery: the report takes compare's from the shared memo (no second
+    scan) and its dormant section shows the same heads and no-op numbers as a
+    report that ran the discovery itself."""
+    from sinkmech.report.page import build_report
+    from sinkmech.report.sections_interventions import dormant_section
+
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randint(2, 50, (12, 20), generator=g).tolist()
+    memo: dict = {}
+    res = compare_model(tiny_model, rows, n_prompts=12, max_tokens=16, spread_prompts=2, spread_tokens=12,
+                        spread_position=2, dormant_prompts=8, noop_prompts=4, noop_heads=2, bos_token_id=TINY_BOS,
+                        batch_size=4, progress=False, discoveries=memo)
+    assert len(memo) == 1
+    kw = dict(sections=[dormant_section], prompts=rows, n_prompts=12, max_tokens=16, batch_size=4, scan_prompts=8,
+              noop_prompts=4, n_heads=2, bos_token_id=TINY_BOS, progress=False)
+    reused = build_report(tiny_model, tmp_path / "reused", cache={"discoveries": memo}, **kw)
+    assert len(memo) == 1  # nothing new was run
+    fresh = build_report(tiny_model, tmp_path / "fresh", **kw)
+    a, b = reused.summary["sections"]["dormant"], fresh.summary["sections"]["dormant"]
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert set(res.dormant.noop) and set(res.dormant.noop) <= set(json.dumps(a).replace('"', " ").split())

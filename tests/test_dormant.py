@@ -137,6 +137,32 @@ def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
         split_corpus(10, 6, 5)
 
 
+def test_a_shared_memo_reuses_a_discovery_only_for_the_same_model_prompts_and_settings(planted, monkeypatch):
+    """`compare --report` shares its scan and no-op check with the report through
+    `memo`: a second call with the same inputs returns the stored Discovery (the
+    scan does not run again); any other prompts or settings scan afresh."""
+    import sinkmech.dormant.discover as discover
+
+    model, corpus, _ = planted
+    calls = []
+    real = discover.scan_heads
+    monkeypatch.setattr(discover, "scan_heads", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kw = dict(noop_prompts=4, n_candidates=1, bos_token_id=TINY_BOS, max_tokens=12, progress=False, sweep=False,
+              n_boot=0)
+    memo: dict = {}
+    first = discover.discover_heads(model, corpus[:20], memo=memo, **kw)
+    # the same prompts handed as a longer pool: only the first 16 + 4 are used, so the key is the same
+    assert discover.discover_heads(model, corpus[:30], scan_prompts=16, memo=memo, **kw) is first
+    assert len(calls) == 1
+    other = discover.discover_heads(model, corpus[1:21], memo=memo, **kw)  # other prompts
+    assert other is not first and len(calls) == 2
+    assert discover.discover_heads(model, corpus[:20], memo=memo, **{**kw, "max_tokens": 10}) is not first
+    assert discover.discover_heads(model, corpus[:20], memo=memo, **{**kw, "n_candidates": 2}) is not first
+    assert len(calls) == 4 and len(memo) == 4
+    # without a memo nothing is stored or reused
+    assert discover.discover_heads(model, corpus[:20], **kw) is not first and len(calls) == 5
+
+
 def test_bootstrap_ratio_interval():
     from sinkmech.dormant.noop import bootstrap_ratio_ci
 

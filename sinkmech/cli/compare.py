@@ -38,7 +38,8 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--spread-prompts", type=positive_int, default=16, help="prompts for the one-token swap (default 16)")
     p.add_argument("--spread-tokens", type=positive_int, default=48, help="content tokens per prompt for the swap (default 48)")
     p.add_argument("--dormant-prompts", type=non_negative_int, default=64, help="prompts for the dormant-head scan (0: skip it)")
-    p.add_argument("--noop-prompts", type=positive_int, default=16, help="prompts for the no-op check of the top candidates")
+    p.add_argument("--noop-prompts", type=positive_int, default=32,
+                   help="prompts held out from the scan for the no-op check of the top candidates (default 32, as the report)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
@@ -132,13 +133,14 @@ def default_models() -> list[str]:
         raise UsageError(f"--models (default) {e}") from None
 
 
-def write_report(args, model, name: str, prompts, sinks: dict) -> None:
+def write_report(args, model, name: str, prompts, cache: dict) -> None:
     """The report page of `model` (`sinkmech report`'s defaults), its sink scores
-    taken from compare's passes on the same prompts and settings."""
+    and its dormant-head scan and no-op check taken from compare's passes on
+    the same prompts and settings (`cache`: {"sinks", "discoveries"})."""
     print(f"report on {name} ...", flush=True)
     report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
                           max_tokens=args.max_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
-                          cache={"sinks": sinks})
+                          cache=cache)
     if args.findings is not None:
         label = name if "/" not in name else Path(name).stem
         record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")
@@ -157,14 +159,15 @@ def cmd_compare(args) -> None:
     for i, name in enumerate(names):
         print(f"loading {name} ...", flush=True)
         model = load_model_arg(args, name)
-        sinks: dict | None = {} if (i == 0 and args.report is not None) else None
+        shared = {"sinks": {}, "discoveries": {}} if (i == 0 and args.report is not None) else None
         results.append(compare_model(
             model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
             spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,
             dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size,
-            keep_sinks=sinks))
-        if sinks is not None:
-            write_report(args, model, name, prompts, sinks)
+            keep_sinks=None if shared is None else shared["sinks"],
+            discoveries=None if shared is None else shared["discoveries"]))
+        if shared is not None:
+            write_report(args, model, name, prompts, shared)
         del model
         gc.collect()  # one model in memory at a time
     with staged_dir(args.out, overwrite=args.overwrite, what="comparison folder") as tmp:

@@ -57,6 +57,7 @@ def discover_heads(
     batch_size: int = 16,
     bos_token_id: int | None = None,
     progress: bool = True,
+    memo: dict | None = None,
     **scan_kw,
 ) -> Discovery:
     """`scan_heads` on the first prompts, then `noop_check` of every if_else
@@ -66,10 +67,21 @@ def discover_heads(
     Args:
         prompts: see `sinkmech.prompts.load_prompts`.
         scan_prompts: prompts to scan (default: all but the no-op ones).
+        memo: a dict shared between callers in one process (`compare --report`
+            hands the report the one `compare` filled): a call with the same
+            model, prompts and settings returns the stored Discovery instead
+            of scanning and checking again.
         scan_kw: thresholds and options of `scan_heads`.
     """
     items = load_prompts(prompts)
     scan_rows, noop_rows = split_corpus(len(items), scan_prompts, noop_prompts)
+    key = None
+    if memo is not None:
+        key = (id(model), repr(items[: noop_rows.stop]), len(scan_rows), len(noop_rows), n_candidates,
+               None if heads is None else tuple(heads), bos, max_tokens, batch_size, bos_token_id,
+               repr(sorted(scan_kw.items())))
+        if key in memo:
+            return memo[key]
     scan = scan_heads(model, items[scan_rows.start:scan_rows.stop], bos=bos, max_tokens=max_tokens,
                       batch_size=batch_size, bos_token_id=bos_token_id, progress=progress, **scan_kw)
     checked = heads if heads is not None else noop_heads(scan, n_candidates)
@@ -79,4 +91,7 @@ def discover_heads(
         noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos=bos, max_tokens=max_tokens,
                           batch_size=batch_size, bos_token_id=bos_token_id, high=th.high, low=th.low,
                           prompt_indices=noop_rows, progress=progress)
-    return Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))
+    found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))
+    if memo is not None:
+        memo[key] = found
+    return found
