@@ -7,7 +7,6 @@ import sys
 from argparse import Namespace
 from dataclasses import dataclass
 
-from sinkmech import models
 from sinkmech.cli.common import (
     BOS_HELP,
     UsageError,
@@ -20,6 +19,7 @@ from sinkmech.cli.common import (
     write_results,
 )
 from sinkmech.cli.shard import (
+    AnswersTask,
     add_shard_flags,
     already_done,
     base_settings,
@@ -50,33 +50,22 @@ def add_ablate_parser(sub) -> None:
     p.set_defaults(func=cmd_ablate)
 
 
-@dataclass(frozen=True)
-class AblateTask:
+@dataclass(frozen=True, kw_only=True)
+class AblateTask(AnswersTask):
     """Per-head ablations on one shard (`--shard`, or a Ray worker's)."""
 
-    model: str
-    device: str | None
-    dtype: str
     mode: str
     bos: str
     metric: str
-    answers: tuple[str, str] | None
-    max_tokens: int
     max_rows: int
-    n_prompts_total: int
-    settings: dict
-
-    def load(self):
-        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
-        return model, answers(model, Namespace(answers=self.answers))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         model, ids = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
         result = head_ablations(model, batch, mode=self.mode, bos=self.bos, metric=self.metric, answers=ids,
                                 max_tokens=self.max_tokens, max_rows=self.max_rows, progress=False)
-        return ablate_partial(result, batch, {**self.settings, **model_settings(model)}, prompt_index=index,
-                              shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+        return ablate_partial(result, batch, {**self.settings, **model_settings(model)},
+                              **self.where(shard, n_shards, index))
 
 
 def cmd_ablate(args) -> None:
@@ -105,9 +94,8 @@ def cmd_ablate(args) -> None:
 
 
 def ablate_task(args, prompts, settings: dict) -> AblateTask:
-    return AblateTask(args.model, args.device, args.dtype, args.mode, args.bos, args.metric,
-                      tuple(args.answers) if args.answers else None,
-                      args.max_tokens, max(args.batch_size, 1) * 8, len(prompts), settings)
+    return AblateTask.from_args(args, prompts, settings, mode=args.mode, bos=args.bos, metric=args.metric,
+                                max_rows=max(args.batch_size, 1) * 8)
 
 
 def merged_ablate(part, args) -> None:

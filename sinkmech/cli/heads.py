@@ -13,7 +13,8 @@ from sinkmech.cli.common import (
     load_model_arg, non_negative_int, output_file, positive_int, write_results,
 )
 from sinkmech.cli.shard import (
-    add_shard_flags, already_done, base_settings, model_settings, prompts_sha256, run_command_on_ray, shard_run,
+    BosTokenTask, add_shard_flags, already_done, base_settings, model_settings, prompts_sha256, run_command_on_ray,
+    shard_run,
 )
 from sinkmech.dormant.discover import split_corpus
 from sinkmech.dormant.labels import Thresholds, mode_meaning
@@ -250,24 +251,13 @@ def cmd_heads(args) -> None:
     heads_output(args, model, prompts, scan, bos_id, target, noop_rows)
 
 
-@dataclass(frozen=True)
-class HeadsTask:
+@dataclass(frozen=True, kw_only=True)
+class HeadsTask(BosTokenTask):
     """The head scan's running sums on one shard (`--shard`, or a Ray worker's)."""
 
-    model: str
-    device: str | None
-    dtype: str
-    bos_token: str | None
     bos: str
-    max_tokens: int
     batch_size: int
     thresholds: dict
-    n_prompts_total: int
-    settings: dict
-
-    def load(self):
-        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
-        return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         model, bos_id = state
@@ -277,14 +267,13 @@ class HeadsTask:
         acc = accumulate(model, batch, Thresholds(**self.thresholds), batch_size=self.batch_size,
                          first_prompt=index.start, n_pos=n_pos, progress=False)
         return heads_partial(acc, batch, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
-                             prompt_index=index, shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+                             **self.where(shard, n_shards, index))
 
 
 def heads_task(args, prompts, settings: dict) -> HeadsTask:
     th = {"high": args.high, "low": args.low, "min_lift": args.min_lift, "min_count": args.min_count,
           "min_prompts": args.min_prompts}
-    return HeadsTask(args.model, args.device, args.dtype, args.bos_token, args.bos, args.max_tokens, args.batch_size, th,
-                     len(prompts), settings)
+    return HeadsTask.from_args(args, prompts, settings, bos=args.bos, batch_size=args.batch_size, thresholds=th)
 
 
 def heads_shard(args, prompts, shard) -> None:

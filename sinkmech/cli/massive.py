@@ -7,12 +7,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from sinkmech import models
 from sinkmech.cli.common import (
     UsageError, add_common, load_model_arg, non_negative_float, positive_float, positive_int, prompts_arg, warn_short,
     write_results,
 )
-from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
+from sinkmech.cli.shard import ModelTask, add_shard_flags, model_settings, sharded
 from sinkmech.figures.mechanisms import massive_figure
 from sinkmech.massive import RESETS, massive_dims, massive_sums, reset_massive_dims
 from sinkmech.prompts import DEFAULT_EPS, tokenize
@@ -38,21 +37,12 @@ def add_massive_parser(sub) -> None:
     p.set_defaults(func=cmd_massive)
 
 
-@dataclass(frozen=True)
-class MassiveTask:
+@dataclass(frozen=True, kw_only=True)
+class MassiveTask(ModelTask):
     """The massive-dimension sums of one shard (`--shard`, or a Ray worker's)."""
 
-    model: str
-    device: str | None
-    dtype: str
     bos: str
-    max_tokens: int
     batch_size: int
-    n_prompts_total: int
-    settings: dict
-
-    def load(self):
-        return models.load_model(self.model, device=self.device, dtype=self.dtype)
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
         if self.settings["top"] > model.cfg.d_model:
@@ -60,7 +50,7 @@ class MassiveTask:
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
         sums = massive_sums(model, batch, batch_size=self.batch_size, progress=False)
         return massive_partial(sums, batch, {**self.settings, **model_settings(model), "model_name": model.cfg.model_name},
-                               prompt_index=index, shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+                               **self.where(shard, n_shards, index))
 
 
 def massive_settings(args) -> dict:
@@ -110,8 +100,7 @@ def cmd_massive(args) -> None:
                          "first; shard with --no-reset (the reset is not sharded)")
 
     def task(settings: dict) -> MassiveTask:
-        return MassiveTask(args.model, args.device, args.dtype, args.bos, args.max_tokens, args.batch_size,
-                           len(prompts), settings)
+        return MassiveTask.from_args(args, prompts, settings, bos=args.bos, batch_size=args.batch_size)
 
     if sharded(args, prompts, "massive", task, merged_massive, **massive_settings(args)):
         return

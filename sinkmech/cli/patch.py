@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-from argparse import Namespace
 from dataclasses import dataclass
 from typing import get_args
 
-from sinkmech import models
 from sinkmech.cli.common import (
     add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
     warn_short, write_results,
 )
-from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
+from sinkmech.cli.shard import AnswersTask, add_shard_flags, model_settings, sharded
 from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
 from sinkmech.interventions.patching import HEAD_ACTS, PatchAct, PatchBy, bos_pair, patch
 from sinkmech.shards import patch_partial, patch_result, used
@@ -33,27 +31,16 @@ def add_patch_parser(sub) -> None:
     p.set_defaults(func=cmd_patch)
 
 
-@dataclass(frozen=True)
-class PatchTask:
+@dataclass(frozen=True, kw_only=True)
+class PatchTask(AnswersTask):
     """Patching on one shard (`--shard`, or a Ray worker's)."""
 
-    model: str
-    device: str | None
-    dtype: str
     act: str
     by: str
     sources: tuple[str, ...]
     metric: str
-    answers: tuple[str, str] | None
     layers: tuple[int, ...] | None
-    max_tokens: int
     max_rows: int
-    n_prompts_total: int
-    settings: dict
-
-    def load(self):
-        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
-        return model, answers(model, Namespace(answers=self.answers))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         model, ids = state
@@ -64,8 +51,7 @@ class PatchTask:
                    for source in self.sources}
         settings = {**self.settings, **model_settings(model), "n_layers": model.cfg.n_layers,
                     "n_heads": model.cfg.n_heads}
-        return patch_partial(results, pair, settings, width=self.max_tokens, prompt_index=index,
-                             shard=(shard, n_shards), n_prompts_total=self.n_prompts_total)
+        return patch_partial(results, pair, settings, width=self.max_tokens, **self.where(shard, n_shards, index))
 
 
 def merged_patch(part, args) -> None:
@@ -81,10 +67,9 @@ def cmd_patch(args) -> None:
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
 
     def task(settings: dict) -> PatchTask:
-        return PatchTask(args.model, args.device, args.dtype, args.act, by, tuple(conditions(args.source)), args.metric,
-                         tuple(args.answers) if args.answers else None,
-                         None if args.layers is None else tuple(args.layers), args.max_tokens,
-                         max(args.batch_size, 1) * 8, len(prompts), settings)
+        return PatchTask.from_args(args, prompts, settings, act=args.act, by=by, sources=tuple(conditions(args.source)),
+                                   metric=args.metric, layers=None if args.layers is None else tuple(args.layers),
+                                   max_rows=max(args.batch_size, 1) * 8)
 
     extra = {"act": args.act, "by": by, "source": args.source, "metric": args.metric, "answers": args.answers,
              "layers": args.layers}

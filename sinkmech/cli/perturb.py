@@ -4,18 +4,16 @@ positions, with and without `<bos>` (Barbero et al. 2025, Fig. 2); with
 
 from __future__ import annotations
 
-from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from sinkmech import models
 from sinkmech.cli.common import (
     UsageError, add_bos_token, add_intervention_common, at_least, bos_token_arg, load_model_arg, non_negative_float,
     non_negative_int, positive_float, positive_int, prompts_arg, write_results,
 )
-from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
+from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
 from sinkmech.figures.core import heatmap_panels, save, shared_limits
 from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
 from sinkmech.prompts import CONDITION_LABELS
@@ -45,25 +43,14 @@ def perturbation(args) -> TokenSwap | EmbeddingNoise:
     return TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
 
 
-@dataclass(frozen=True)
-class SpreadTask:
+@dataclass(frozen=True, kw_only=True)
+class SpreadTask(BosTokenTask):
     """The perturbation spread of one shard (`--shard`, or a Ray worker's): the
     noise of each prompt is the one the whole corpus' run draws for it."""
 
-    model: str
-    device: str | None
-    dtype: str
-    bos_token: str | None
     perturbation: TokenSwap | EmbeddingNoise
     threshold: float
-    max_tokens: int
     batch_size: int
-    n_prompts_total: int
-    settings: dict
-
-    def load(self):
-        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
-        return model, bos_token_arg(model, Namespace(bos_token=self.bos_token))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         model, bos_id = state
@@ -71,8 +58,7 @@ class SpreadTask:
                                 bos_token_id=bos_id, threshold=self.threshold, batch_size=self.batch_size,
                                 progress=False, first_prompt=index.start, n_prompts_total=self.n_prompts_total)
         return spread_partial(r, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
-                              width=self.max_tokens, prompt_index=index, shard=(shard, n_shards),
-                              n_prompts_total=self.n_prompts_total)
+                              width=self.max_tokens, **self.where(shard, n_shards, index))
 
 
 def merged_perturb(part, args) -> None:
@@ -95,8 +81,8 @@ def cmd_perturb(args) -> None:
                              "its first few prompts: run it without them")
 
     def task(settings: dict) -> SpreadTask:
-        return SpreadTask(args.model, args.device, args.dtype, args.bos_token, perturbation(args), args.threshold,
-                          args.max_tokens, args.batch_size, len(prompts), settings)
+        return SpreadTask.from_args(args, prompts, settings, perturbation=perturbation(args), threshold=args.threshold,
+                                    batch_size=args.batch_size)
 
     extra = {"swap": args.swap, "noise": args.noise, "position": args.position, "threshold": args.threshold,
              "seed": args.seed}

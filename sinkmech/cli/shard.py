@@ -15,7 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinkmech.cli.common import FlagValueError, UsageError, non_negative_float, positive_int
+from sinkmech import models
+from sinkmech.cli.common import FlagValueError, UsageError, answers, bos_token_arg, non_negative_float, positive_int
 from sinkmech.files import json_text
 from sinkmech.partial import (
     SUFFIX,
@@ -61,6 +62,67 @@ class ShardRun:
     index: range
     n_total: int
     settings: dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelTask:
+    """What every command's shard task (`sinkmech.distributed.ShardTask`) holds: the
+    model to load on each worker and the settings its parts record. A subclass adds
+    the command's fields and its `run`; `from_args` fills the shared ones."""
+
+    model: str
+    device: str | None
+    dtype: str
+    max_tokens: int
+    n_prompts_total: int
+    settings: dict
+
+    @classmethod
+    def from_args(cls, args, prompts, settings: dict, **fields):
+        """The task of a parsed command line over `prompts` (all of them: the corpus the shards cut)."""
+        return cls(model=args.model, device=args.device, dtype=args.dtype, max_tokens=args.max_tokens,
+                   n_prompts_total=len(prompts), settings=settings, **fields)
+
+    def load_model(self):
+        return models.load_model(self.model, device=self.device, dtype=self.dtype)
+
+    def load(self):
+        return self.load_model()
+
+    def where(self, shard: int, n_shards: int, index: range) -> dict:
+        """The keywords that place a part in the corpus (`sinkmech.partial`)."""
+        return {"prompt_index": index, "shard": (shard, n_shards), "n_prompts_total": self.n_prompts_total}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BosTokenTask(ModelTask):
+    """A task whose worker state is (model, the --bos-token id or None)."""
+
+    bos_token: str | None
+
+    @classmethod
+    def from_args(cls, args, prompts, settings: dict, **fields):
+        return super().from_args(args, prompts, settings, bos_token=args.bos_token, **fields)
+
+    def load(self):
+        model = self.load_model()
+        return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswersTask(ModelTask):
+    """A task whose worker state is (model, the --answers token ids or None)."""
+
+    answers: tuple[str, str] | None
+
+    @classmethod
+    def from_args(cls, args, prompts, settings: dict, **fields):
+        return super().from_args(args, prompts, settings, answers=tuple(args.answers) if args.answers else None,
+                                 **fields)
+
+    def load(self):
+        model = self.load_model()
+        return model, answers(model, argparse.Namespace(answers=self.answers))
 
 
 def sinkmech_version() -> str:

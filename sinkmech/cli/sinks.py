@@ -5,13 +5,11 @@ first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.key_sinks)."""
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinkmech import models
 from sinkmech.cli.common import (
     UsageError,
     add_bos_token,
@@ -27,7 +25,7 @@ from sinkmech.cli.common import (
     warn_short,
     write_results,
 )
-from sinkmech.cli.shard import add_shard_flags, model_settings, sharded
+from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
 from sinkmech.figures.sinks import sink_heatmap
 from sinkmech.findings import flatten, record
 from sinkmech.hooks import head_label
@@ -88,24 +86,13 @@ def merged_sinks(part, args) -> None:
     write_results(args, lambda: sinks_payload(results, eps, keys), png_out)
 
 
-@dataclass(frozen=True)
-class SinksTask:
+@dataclass(frozen=True, kw_only=True)
+class SinksTask(BosTokenTask):
     """`sinkmech sinks` on one shard (`--shard`, or a Ray worker's: `sinkmech.distributed`);
     with --keys all, each condition's key-sink part attached as "keys.<condition>"."""
 
-    model: str
-    device: str | None
-    dtype: str
-    bos_token: str | None
     conditions: tuple[str, ...]
-    max_tokens: int
     batch_size: int
-    n_prompts_total: int
-    settings: dict
-
-    def load(self):
-        model = models.load_model(self.model, device=self.device, dtype=self.dtype)
-        return model, bos_token_arg(model, argparse.Namespace(bos_token=self.bos_token))
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.key_sinks import key_sink_sums
@@ -119,7 +106,7 @@ class SinksTask:
             batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
             results[bos] = sink_scores(model, batch, batch_size=self.batch_size, max_tokens=self.max_tokens,
                                        loss=True, progress=False)
-        where = {"prompt_index": index, "shard": (shard, n_shards), "n_prompts_total": self.n_prompts_total}
+        where = self.where(shard, n_shards, index)
         part = sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
                              n_ctx=model.cfg.n_ctx, **where)
         s = self.settings
@@ -209,8 +196,8 @@ def cmd_sinks(args) -> None:
         raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
 
     def task(settings: dict) -> SinksTask:
-        return SinksTask(args.model, args.device, args.dtype, args.bos_token, tuple(conditions(args.bos)),
-                         args.max_tokens, args.batch_size, len(prompts), settings)
+        return SinksTask.from_args(args, prompts, settings, conditions=tuple(conditions(args.bos)),
+                                   batch_size=args.batch_size)
 
     if sharded(args, prompts, "sinks", task, merged_sinks, **sinks_settings(args)):
         return
