@@ -43,8 +43,10 @@ def shards_merge_to_the_unsharded_json(args: list[str], tmp_path, n: int) -> dic
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_massive_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
+    # threshold 0.5: the tiny models' first-token norm ratios lie near 1 (0.9-1.0 on
+    # the Bridge's), so an onset exists on both backends and its dims merge too
     a = shards_merge_to_the_unsharded_json(["massive", "--prompts", prompts, "--max-tokens", "12", "--no-reset",
-                                            "--threshold", "1.0", "--batch-size", "2"], tmp_path, n)
+                                            "--threshold", "0.5", "--batch-size", "2"], tmp_path, n)
     assert a["onset_layer"] is not None and a["n_prompts"] == 9
 
 

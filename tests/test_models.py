@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sinkmech.gguf import GGUFError, read_gguf, unpermute_rope_rows
+from sinkmech.backend import IS_BRIDGE
 from sinkmech.model_cache import ModelCache
 from sinkmech.models import (
     PACKAGED_MODELS,
@@ -107,7 +108,7 @@ def test_truncated_file(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     import gguf
 
-    from sinkmech.backend import BACKEND, IS_BRIDGE
+    from sinkmech.backend import BACKEND
 
     if IS_BRIDGE:
         pytest.skip(f"gpt2 GGUF files are supported on the {BACKEND} backend (transformers reads them)")
@@ -162,8 +163,18 @@ def test_gemma3_logits_match_transformers_gguf_loader(gemma, no_network):
 def test_gemma3_facts(gemma):
     cfg = gemma.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model) == (18, 4, 1, 256, 640)
-    assert cfg.use_qk_norm and cfg.d_vocab == 262144
-    assert cfg.attn_types.count("global") == 3 and cfg.attn_types[5] == "global"
+    assert cfg.d_vocab == 262144
+    if IS_BRIDGE:  # the Bridge's config leaves use_qk_norm unset: count the q/k norms of the model it wraps
+        names = [n for n, _ in gemma.original_model.named_modules()]
+        assert sum(n.endswith("self_attn._original_component.q_norm") for n in names) == 18
+        assert sum(n.endswith("self_attn._original_component.k_norm") for n in names) == 18
+        # and attn_types: the wrapped model's layer_types name them
+        kinds = {"full_attention": "global", "sliding_attention": "local"}
+        attn_types = [kinds[t] for t in gemma.original_model.config.layer_types]
+    else:
+        assert cfg.use_qk_norm
+        attn_types = cfg.attn_types
+    assert attn_types.count("global") == 3 and attn_types[5] == "global"
     assert cfg.model_name == "gemma3-270m" and cfg.n_ctx == 2048
     assert bos_token_id(gemma) == 2 and gemma.tokenizer.bos_token == "<bos>"
     assert gemma.tokenizer.padding_side == "right"
