@@ -5,6 +5,7 @@ process, peak resident set size read from the OS).
     python scripts/bench_report_memory.py --model gemma3-270m     # target: report <= 5 GiB
     python scripts/bench_report_memory.py --model smollm2 --n-prompts 16
     python scripts/bench_report_memory.py --model gemma3-270m --sections   # peak per report section
+    python scripts/bench_report_memory.py --model gemma3-270m --dtypes float32 bfloat16   # side by side
 
 `--sections` runs the report (instead of `sinkmech report`) in a process that
 wraps every section: the peak resident set is reset before each section
@@ -32,7 +33,7 @@ BASELINE = """
 import sys, torch
 from sinkmech.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
-m = load_model(sys.argv[1])
+m = load_model(sys.argv[1], dtype=sys.argv[2])
 batch = tokenize(m, default_corpus(16), bos="prepend", max_tokens=64)
 with torch.no_grad():
     m(batch.tokens)
@@ -52,7 +53,7 @@ def row(**r):
     print("ROW " + json.dumps(r), flush=True)
 
 t0 = time.perf_counter()
-m = load_model(sys.argv[1])
+m = load_model(sys.argv[1], dtype=sys.argv[5])
 row(section="load model", seconds=time.perf_counter() - t0, cpu_s=time.process_time(), rss_before_gib=0.0,
     peak_gib=proc_status_gib("VmHWM"), rss_after_gib=proc_status_gib("VmRSS"))
 
@@ -88,12 +89,12 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def section_peaks(model: str, n_prompts: int, only: list[str] | None = None) -> list[dict]:
+def section_peaks(model: str, n_prompts: int, only: list[str] | None = None, dtype: str = "float32") -> list[dict]:
     """Each report section's time and peak RSS, measured in a fresh process
     (each row is printed as its section ends); `only`: these sections alone."""
     rows = []
     with subprocess.Popen([sys.executable, "-c", SECTIONS_CHILD, model, str(n_prompts), str(Path(__file__).parent),
-                           ",".join(only or ())],
+                           ",".join(only or ()), dtype],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
         for line in proc.stdout:
             if line.startswith("ROW "):
@@ -128,26 +129,43 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --sections: run these sections alone (e.g. length_section)")
     p.add_argument("--no-baseline", action="store_true", help="skip the load + one forward baseline")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16"],
+                   help="measure each, side by side (default: float32)")
     args = p.parse_args(argv)
+    runs = [measure(args, dtype) for dtype in args.dtypes]
+    if len(runs) > 1:
+        first = runs[0]
+        for r in runs[1:]:
+            print(f"{args.model}: report peak {r['dtype']} / {first['dtype']}: "
+                  f"{r['report_peak_gb'] / first['report_peak_gb']:.2f}x; load + one forward: "
+                  f"{r['baseline_peak_gb'] / first['baseline_peak_gb']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(runs[0] if len(runs) == 1 else {"runs": runs}, indent=1))
+    return 0
+
+
+def measure(args, dtype: str) -> dict:
+    """The baseline and the report's peak in one dtype (each in fresh processes)."""
     # The baseline first: ru_maxrss of children is a running maximum, so the
     # smaller process must finish before the larger one starts.
     base_s, base_gb = (float("nan"), float("nan")) if args.no_baseline else child_peak(
-        [sys.executable, "-c", BASELINE, args.model])
+        [sys.executable, "-c", BASELINE, args.model, dtype])
     rows = []
     if args.sections:  # the report with each section measured; its peak is the largest section peak
         t0 = time.perf_counter()
-        rows = section_peaks(args.model, args.n_prompts, args.only)
+        rows = section_peaks(args.model, args.n_prompts, args.only, dtype)
         rep_s, rep_gb = time.perf_counter() - t0, max(r["peak_gib"] for r in rows)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             rep_s, rep_gb = child_peak([sys.executable, "-m", "sinkmech.cli", "report", "--model", args.model,
-                                        "--out", str(Path(tmp) / "r"), "--n-prompts", str(args.n_prompts)])
-    result = {"model": args.model, "n_prompts": args.n_prompts, "baseline_peak_gb": round(base_gb, 2),
+                                        "--out", str(Path(tmp) / "r"), "--n-prompts", str(args.n_prompts),
+                                        "--dtype", dtype])
+    result = {"model": args.model, "dtype": dtype, "n_prompts": args.n_prompts, "baseline_peak_gb": round(base_gb, 2),
               "report_peak_gb": round(rep_gb, 2), "report_s": round(rep_s, 1), "baseline_s": round(base_s, 1),
               "ratio": round(rep_gb / base_gb, 2), "limit_gb": args.limit_gb, "within_limit": rep_gb <= args.limit_gb,
               "sections": rows}
-    print(f"{args.model}: load + one forward (16 x 64): peak {base_gb:.2f} GiB in {base_s:.0f} s")
-    print(f"{args.model}: default report ({args.n_prompts} prompts): peak {rep_gb:.2f} GiB in {rep_s:.0f} s "
+    print(f"{args.model} ({dtype}): load + one forward (16 x 64): peak {base_gb:.2f} GiB in {base_s:.0f} s")
+    print(f"{args.model} ({dtype}): default report ({args.n_prompts} prompts): peak {rep_gb:.2f} GiB in {rep_s:.0f} s "
           f"(x{rep_gb / base_gb:.2f} the baseline; target {args.limit_gb} GiB: "
           f"{'met' if rep_gb <= args.limit_gb else 'NOT met'})")
     if rows:
@@ -155,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             print(f"{r['section']:<24} {r['seconds']:>6.1f} {r['cpu_s']:>6.1f} {r['rss_before_gib']:>11.2f} "
                   f"{r['peak_gib']:>7.2f} {r['rss_after_gib']:>10.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

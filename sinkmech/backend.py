@@ -148,7 +148,15 @@ def unembed(model: Model, resid: Tensor) -> Tensor:
     (Gemma's final logit soft-cap, when set, too)."""
     if getattr(model, "ln_final", None) is not None:
         resid = model.ln_final(resid)
-    logits = model.unembed(resid)
+    if IS_BRIDGE:
+        logits = model.unembed(resid)
+    else:
+        # TransformerLens 3.9's Unembed.forward copies W_U.T into a new contiguous
+        # tensor on every call (113 MB for SmolLM2, 670 MB for Gemma 3); the
+        # sweeps unembed a few positions at a time, so that copy was 3/4 of a
+        # report's ablation section. The same product, on the weights in place.
+        u = model.unembed
+        logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
     cap = getattr(model.cfg, "output_logits_soft_cap", None)
     if cap is not None and cap > 0:
         logits = cap * torch.tanh(logits / cap)

@@ -17,9 +17,11 @@ def brute_force_kl(reference, mask, logits):
     return (kl * mask).sum((-1, -2)) / mask.sum()
 
 
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 20])  # the reference recomputed per copy, or kept
 @pytest.mark.parametrize("chunk_bytes", [4 * 50 * 3, 1 << 20])  # 3 positions per chunk (ragged), or all at once
-def test_chunked_kl_equals_the_whole_tensor_formula(monkeypatch, chunk_bytes):
+def test_chunked_kl_equals_the_whole_tensor_formula(monkeypatch, chunk_bytes, keep_bytes):
     monkeypatch.setattr(metrics, "KL_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(metrics, "REFERENCE_KEEP_BYTES", keep_bytes)
     g = torch.Generator().manual_seed(0)
     reference = torch.randn(3, 7, 50, generator=g) * 3
     mask = torch.ones(3, 7, dtype=torch.bool)
@@ -114,3 +116,15 @@ def test_sweep_holds_no_whole_logits(tiny_model, monkeypatch):
     ref = head_ablations(tiny_model, tokens, method="loop", **kw)
     torch.testing.assert_close(fast.effects, ref.effects, rtol=1e-4, atol=1e-6)
     assert float(ref.effects.abs().max()) > 1e-4  # the heads do something: not 0 == 0
+
+
+def test_the_lazy_unembedding_equals_the_models_own(tiny_model):
+    """`backend.unembed` (the final norm and the unembedding, on the weights in
+    place) gives the logits of the model's own forward pass."""
+    from sinkmech.backend import unembed
+
+    tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, cache = tiny_model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_post"))
+        last = cache[f"blocks.{tiny_model.cfg.n_layers - 1}.hook_resid_post"]
+        torch.testing.assert_close(unembed(tiny_model, last), logits, rtol=1e-5, atol=1e-5)
