@@ -159,14 +159,13 @@ def cmd_compare(args) -> None:
     for i, name in enumerate(names):
         print(f"loading {name} ...", flush=True)
         model = load_model_arg(args, name)
-        shared = {"sinks": {}, "discoveries": {}} if (i == 0 and args.report is not None) else None
+        shared = {"sinks": {}, "discoveries": {}} if (i == 0 and args.report is not None) else {}
         results.append(compare_model(
             model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
             spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,
             dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size,
-            keep_sinks=None if shared is None else shared["sinks"],
-            discoveries=None if shared is None else shared["discoveries"]))
-        if shared is not None:
+            keep_sinks=shared.get("sinks"), discoveries=shared.get("discoveries")))
+        if shared:
             write_report(args, model, name, prompts, shared)
         del model
         gc.collect()  # one model in memory at a time

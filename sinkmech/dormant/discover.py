@@ -77,7 +77,8 @@ def discover_heads(
     scan_rows, noop_rows = split_corpus(len(items), scan_prompts, noop_prompts)
     key = None
     if memo is not None:
-        key = (id(model), repr(items[: noop_rows.stop]), len(scan_rows), len(noop_rows), n_candidates,
+        # the model itself, not its id: the memo keeps it alive, so no later model can reuse the key
+        key = (model, repr(items[: noop_rows.stop]), len(scan_rows), len(noop_rows), n_candidates,
                None if heads is None else tuple(heads), bos, max_tokens, batch_size, bos_token_id,
                repr(sorted(scan_kw.items())))
         if key in memo:

@@ -85,7 +85,7 @@ def content_logits(
 # temporaries (measured on Gemma 3 270M: 64 MiB chunks peaked 0.8 GiB above
 # the resident set while the KL ran).
 KL_CHUNK_BYTES = 16 << 20
-# The reference's log-probabilities are kept between copies up to this size.
+# The reference's log-probabilities and probabilities are kept between copies up to this size.
 REFERENCE_KEEP_BYTES = 128 << 20
 
 
@@ -108,29 +108,31 @@ class KL:
         # (prompt, positions) chunks; indexing, never reshaping, so no view of the logits is copied whole
         chunks = [(b, slice(a, min(a + step, n_pos))) for b in range(batch) for a in range(0, n_pos, step)]
 
-        # The reference's log-probabilities are the same for every copy: kept
-        # when they are small (a report's ablation: 4 x 16 positions), else
-        # recomputed per copy so that a long sweep never holds them whole.
-        keep = batch * n_pos * vocab * 4 <= REFERENCE_KEEP_BYTES
-        kept: dict[int, Tensor] = {}
+        # The reference's log-probabilities and probabilities are the same for
+        # every copy: kept when they are small (a report's ablation: 4 x 16
+        # positions), else recomputed per copy so that a long sweep never holds
+        # them whole.
+        keep = batch * n_pos * vocab * 8 <= REFERENCE_KEEP_BYTES
+        kept: dict[int, tuple[Tensor, Tensor]] = {}
 
-        def reference_lp(i: int) -> Tensor:
+        def reference_chunk(i: int) -> tuple[Tensor, Tensor]:
             if i in kept:
                 return kept[i]
             b, pos = chunks[i]
             lp = torch.log_softmax(logits_at(reference, (b, pos)).float(), dim=-1)
+            pair = lp, lp.exp()
             if keep and not lp.requires_grad:
-                kept[i] = lp
-            return lp
+                kept[i] = pair
+            return pair
 
         def score(logits: Logits) -> Tensor:
             out = []
             for c in range(logits.shape[0]):  # each copy: [batch, content_pos, d_vocab]
                 total = torch.zeros((), dtype=torch.float, device=mask.device)
                 for i, (b, pos) in enumerate(chunks):
-                    ref_lp = reference_lp(i)
+                    ref_lp, ref_p = reference_chunk(i)
                     lp = torch.log_softmax(logits_at(logits, (c, b, pos)).float(), dim=-1)
-                    kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1)  # out of place: attribution differentiates it
+                    kl = (ref_p * (ref_lp - lp)).sum(-1)  # out of place: attribution differentiates it
                     total = total + (kl * weight[b, pos]).sum()
                 out.append(total)
             return torch.stack(out)

@@ -95,18 +95,3 @@ def packed_token_losses(
         logits = model(inputs.to(device), return_type="logits")
     flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).to(device), reduction="none")
     return flat.reshape(targets.shape)
-
-
-def lm_loss(
-    model: HookedTransformer,
-    inputs: Int[Tensor, "batch pos"],
-    targets: Int[Tensor, "batch pos"],
-    *,
-    packing: Packing,
-    bos_id: int,
-    fixed_bos: bool,
-    first: int = 0,
-) -> Float[Tensor, ""]:
-    """Mean next-token cross-entropy (nats/token) over positions >= `first`."""
-    losses = packed_token_losses(model, inputs, targets, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)
-    return losses[:, first:].mean()

@@ -45,7 +45,7 @@ from sinkmech.results import Result
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
 from sinkmech.train.data import TrainData
 from sinkmech.train.evaluate import ConditionEval, EvalResult, evaluate
-from sinkmech.train.model import build_model, lm_loss, packed_token_losses
+from sinkmech.train.model import build_model, packed_token_losses
 
 # re-exported: `from sinkmech.train.run import TrainConfig, train` keeps working
 __all__ = ["EvalResult", "ConditionEval", "PACKINGS", "POSITIONALS", "Packing", "Positional", "TrainConfig",
@@ -138,7 +138,8 @@ def train(
         for group in opt.param_groups:
             group["lr"] = learning_rate(cfg, step)
         inputs, targets = data.batch()
-        loss = lm_loss(model, inputs, targets, packing=cfg.packing, bos_id=data.bos_id, fixed_bos=cfg.fixed_bos)
+        loss = packed_token_losses(model, inputs, targets, packing=cfg.packing, bos_id=data.bos_id,
+                                   fixed_bos=cfg.fixed_bos).mean()
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()} at step {step}: lower the learning rate")
         opt.zero_grad(set_to_none=True)
