@@ -104,3 +104,29 @@ def test_heads_and_ablate_on_ray_equal_the_single_process_run(tmp_path):
         assert main([*base, "--json", str(single)]) == 0
         assert main([*base, "--ray", "--workers", "2", "--shards", "2", "--json", str(dist)]) == 0
         assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()))
+
+
+def test_length_on_ray_equals_the_single_process_run(tmp_path, capsys):
+    """Both stages on the cluster (the scores, the heads chosen on the driver, the costs), SmolLM2,
+    3 windows of the default corpus cut to 4 and 8 tokens, one top head."""
+    from test_cli_shards import assert_same_json
+
+    from sinkmech.cli.main import main
+
+    base = ["length", "--lengths", "4", "8", "--n-prompts", "3", "--top", "1"]
+    single, dist = tmp_path / "single.json", tmp_path / "ray.json"
+    assert main([*base, "--json", str(single)]) == 0
+    want = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(dist)]) == 0
+    assert [line for line in capsys.readouterr().out.splitlines() if line.strip()] == want  # the same table
+    assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()))
+    for stage in ("scores", "costs"):
+        assert sorted(p.name for p in (tmp_path / "ray.json.shards" / stage).iterdir()) == [
+            f"shard-{i}-of-3.partial.json" for i in (1, 2, 3)]
+    # the costs parts alone merge to the result, as with --shard
+    merged = tmp_path / "merged.json"
+    assert main(["merge", *map(str, (tmp_path / "ray.json.shards" / "costs").iterdir()), "--json", str(merged)]) == 0
+    assert_same_json(json.loads(single.read_text()), json.loads(merged.read_text()))
+    capsys.readouterr()
+    assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(dist), "--resume"]) == 0
+    assert capsys.readouterr().err.count("3 of 3 shards already") == 2  # no worker starts in either stage

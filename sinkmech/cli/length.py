@@ -1,18 +1,40 @@
 """`sinkmech length`: sink rate, mean first-token score against uniform
 attention, and the top sink heads' mask_first cost as the evaluation length
-grows (the same texts cut to each length; see sinkmech.eval_length)."""
+grows (the same texts cut to each length; see sinkmech.eval_length).
+
+Sharded in two stages (`sinkmech.shards_length`), since the heads whose cost is
+measured are chosen on the whole corpus: `--shard I/N` writes shard I's sink
+scores by length; `--shard I/N --scores PARTS...` chooses the heads on every
+stage-1 part and writes shard I's costs, which `sinkmech merge` turns into the
+result. `--ray` runs both stages on a cluster.
+"""
 
 from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from sinkmech.cli.common import (
     MODEL_HELP, PNG_HELP, Distinct, UsageError, at_least, head_spec, image_file, load_model_arg, model_name,
     output_file, positive_float, positive_int, write_results,
 )
-from sinkmech.eval_length import DEFAULT_LENGTHS, UNIFORM_MULTIPLES, long_prompts, sinks_vs_length
+from sinkmech.cli.shard import (
+    ModelTask, ShardRun, add_shard_flags, check_part_output, model_settings, model_sha256, prompts_sha256,
+    run_command_on_ray, run_shard, sinkmech_version,
+)
+from sinkmech.eval_length import (
+    DEFAULT_LENGTHS, UNIFORM_MULTIPLES, ChosenHeads, check_sweep, length_costs, length_scores, long_prompt_texts,
+    long_prompts, plan_lengths, sinks_vs_length,
+)
 from sinkmech.figures.mechanisms import length_lines
 from sinkmech.hooks import head_label, parse_head
 from sinkmech.models import DEFAULT_MODEL
-from sinkmech.prompts import DEFAULT_EPS
+from sinkmech.partial import differing_setting, read_parts, shard_span
+from sinkmech.prompts import DEFAULT_EPS, tokenize
+from sinkmech.shards_length import (
+    COSTS, SCORES, costs_partial, length_heads, length_result, prompt_rows, scores_partial, scores_shard,
+)
 from sinkmech.sinks import format_eps
 
 
@@ -33,6 +55,11 @@ def add_length_parser(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=8, help="prompts per forward pass (default 8)")
     p.add_argument("--json", type=output_file, default=None, help="write results as JSON here ('-': stdout)")
     p.add_argument("--png", type=image_file, default=None, help=PNG_HELP)
+    p.add_argument("--scores", type=Path, nargs="+", default=None, metavar="PART",
+                   help="stage 2 of a sharded run, with --shard I/N: every stage-1 part (`length --shard I/N` "
+                        "without --scores); the heads are chosen on all of them and shard I's mask_first costs "
+                        "written, which `sinkmech merge` joins")
+    add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_length)
 
 
@@ -59,6 +86,8 @@ def print_length_table(sweep) -> None:
 
 def cmd_length(args) -> None:
     lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
+    if args.shard is not None or args.ray is not None or args.resume or args.scores is not None:
+        return sharded_length(args, lengths)
     model = load_model_arg(args)
     if args.top > model.cfg.n_layers * model.cfg.n_heads:
         raise UsageError(f"--top must be <= {model.cfg.n_layers * model.cfg.n_heads} (the model's heads), got {args.top}")
@@ -74,3 +103,162 @@ def cmd_length(args) -> None:
         print(f"wrote {length_lines(sweep, args.png, model_name=args.model)}")
 
     write_results(args, sweep.to_dict(), png_out)
+
+
+# The sharded forms. A shard's prompts are numbers of windows of the default
+# corpus: each worker cuts the texts itself once its model gives the context
+# (`long_prompt_texts`), then tokenizes its own, text by text as the whole list is.
+
+@dataclass(frozen=True, kw_only=True)
+class LengthTask(ModelTask):
+    """What both stages' shards share: the texts of their prompts, tokenized."""
+
+    lengths: tuple[int, ...]
+    bos: str
+    batch_size: int
+
+    def batch(self, model, index: range):
+        """The shard's prompts tokenized as `long_prompts` tokenizes the corpus, and the sha256 of all the texts."""
+        texts, n_tokens = long_prompt_texts(model, self.n_prompts_total, max(self.lengths))
+        return tokenize(model, [texts[i] for i in index], bos=self.bos, max_tokens=n_tokens), prompts_sha256(texts)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoresTask(LengthTask):
+    """Stage 1 on one shard: its prompts' sink scores at every length."""
+
+    top_k: int
+    uniform_multiples: tuple[float, ...]
+    head: str | None
+
+    def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
+        fixed = None if self.head is None else parse_head(self.head, model)
+        lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=self.lengths,
+                                              top_k=self.top_k, eps=DEFAULT_EPS,
+                                              uniform_multiples=self.uniform_multiples, fixed_head=fixed)
+        batch, sha = self.batch(model, index)
+        done, _ = plan_lengths(lengths, model.cfg.n_ctx, int(batch.lengths.min()) - batch.offset)
+        scores = length_scores(model, batch, done, batch_size=self.batch_size, progress=False)
+        return scores_partial(scores, batch, {**self.settings, **model_settings(model), "prompts_sha256": sha},
+                              cfg=model.cfg, lengths=lengths, top_k=self.top_k, eps=eps, uniform_multiples=multiples,
+                              fixed_head=fixed, **self.where(shard, n_shards, index))
+
+
+# what a stage-2 shard checks against stage 1: the same model and the same texts
+SAME_AS_STAGE1 = ("backend", "dtype", "n_ctx", "n_layers", "n_heads", "model_name", "prompts_sha256")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostsTask(LengthTask):
+    """Stage 2 on one shard: the chosen heads' mask_first costs; its prompts are
+    their stage-1 rows (`prompt_rows`), attached to the part."""
+
+    heads: dict
+    scores_settings: dict
+
+    def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
+        batch, sha = self.batch(model, index)
+        here = {**model_settings(model), "prompts_sha256": sha, "n_ctx": model.cfg.n_ctx,
+                "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "model_name": model.cfg.model_name}
+        diff = differing_setting({k: self.scores_settings.get(k) for k in SAME_AS_STAGE1},
+                                 {k: here[k] for k in SAME_AS_STAGE1})
+        if diff is not None:
+            raise ValueError(f"stage 2 runs on another '{diff[0]}' than stage 1 (here {diff[2]!r}, "
+                             f"stage 1 {diff[1]!r})")
+        heads = ChosenHeads.from_dict(self.heads)
+        scores = scores_shard(self.scores_settings, prompts, **self.where(shard, n_shards, index))
+        costs = length_costs(model, batch, heads, progress=False)
+        return costs_partial(costs, heads, batch, {**self.settings, **model_settings(model)}, scores=scores,
+                             **self.where(shard, n_shards, index))
+
+
+def length_settings(args, lengths: list[int]) -> dict:
+    """What every part of one sharded `length` run shares, known before the model loads."""
+    return {"command": "length", "model": args.model, "model_sha256": model_sha256(args.model),
+            "corpus": "default_corpus", "n_prompts": args.n_prompts, "lengths": lengths, "bos": args.bos,
+            "top_k": args.top, "uniform_multiples": [float(m) for m in args.uniform_multiples], "head": args.head,
+            "sinkmech_version": sinkmech_version()}
+
+
+def task_of(cls, args, lengths: list[int], settings: dict, **fields):
+    return cls(model=args.model, device=args.device, dtype=args.dtype, max_tokens=max(lengths),
+               n_prompts_total=args.n_prompts, settings=settings, lengths=tuple(lengths), bos=args.bos,
+               batch_size=args.batch_size, **fields)
+
+
+def scores_task(args, lengths: list[int], settings: dict) -> ScoresTask:
+    return task_of(ScoresTask, args, lengths, settings, top_k=args.top,
+                   uniform_multiples=tuple(args.uniform_multiples), head=args.head)
+
+
+def costs_stage(args, lengths: list[int], settings: dict, scores) -> tuple[CostsTask, dict, list]:
+    """Stage 2's task, its settings (the run's and the chosen heads) and its prompts
+    (each one's stage-1 rows), from the merged stage-1 part `scores`."""
+    heads = length_heads(scores).to_dict()
+    costs_settings = {**settings, "heads": heads}
+    task = task_of(CostsTask, args, lengths, costs_settings, heads=heads, scores_settings=scores.settings)
+    return task, costs_settings, prompt_rows(scores)
+
+
+def read_scores(paths, settings: dict):
+    """The stage-1 parts at `paths`, merged: complete, of `length --shard`, and run with these settings."""
+    part = read_parts(paths)
+    if part.kind != SCORES:
+        raise UsageError(f"--scores takes the stage-1 parts of `sinkmech length --shard I/N` (without --scores); "
+                         f"these hold a '{part.kind}' result")
+    diff = differing_setting(settings, {k: part.settings.get(k) for k in settings})
+    if diff is not None:
+        key, here, there = diff
+        raise UsageError(f"the --scores parts were run with another '{key}' ({there!r}; here {here!r}): "
+                         "run stage 2 with the flags of stage 1")
+    return part
+
+
+def sharded_length(args, lengths: list[int]) -> None:
+    """`--shard I/N` (stage 1, or stage 2 with --scores) or `--ray` (both stages)."""
+    settings = length_settings(args, lengths)
+    windows = list(range(args.n_prompts))  # the prompts, by number (see the note above LengthTask)
+    if args.ray is not None:
+        if args.scores is not None:
+            raise UsageError("--ray runs both stages itself: --scores is stage 2 of --shard I/N")
+        scores = run_command_on_ray(args, windows, scores_task(args, lengths, settings), SCORES, settings,
+                                    stage="scores")
+        task, costs_settings, rows = costs_stage(args, lengths, settings, scores)
+        return merged_length(run_command_on_ray(args, rows, task, COSTS, costs_settings, stage="costs"), args)
+    if args.shard is None:
+        if args.scores is not None:
+            raise UsageError("--scores is stage 2 of a sharded run: it needs --shard I/N (the shard to cost)")
+        raise UsageError("--resume needs --shard I/N or --ray")
+    i, n = args.shard
+    try:
+        span = shard_span(args.n_prompts, i, n)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    check_part_output(args)
+    if args.scores is None:
+        run_shard(args, windows, ShardRun(i, n, span, args.n_prompts, settings), scores_task(args, lengths, settings),
+                  SCORES)
+        return
+    task, costs_settings, rows = costs_stage(args, lengths, settings, read_scores(args.scores, settings))
+    print(f"stage 2: heads chosen on {args.n_prompts} prompts' scores", file=sys.stderr)
+    run_shard(args, rows, ShardRun(i, n, span, args.n_prompts, costs_settings), task, COSTS)
+
+
+def merged_length(part, args) -> None:
+    """`sinkmech merge` for stage-2 parts: the table and --json / --png as `length` writes them."""
+    sweep = length_result(part)
+    print_length_table(sweep)
+
+    def png_out() -> None:
+        if not sweep.lengths:
+            raise UsageError("every length was skipped: nothing to draw")
+        print(f"wrote {length_lines(sweep, args.png, model_name=part.settings['model'])}")
+
+    write_results(args, sweep.to_dict(), png_out)
+
+
+def merged_length_scores(part, args) -> None:
+    """`sinkmech merge` for stage-1 parts: refused, they are half the run."""
+    raise UsageError("these are stage-1 parts of a sharded `sinkmech length` (sink scores only): run stage 2 on "
+                     "them, `sinkmech length ... --shard I/N --scores PARTS... --json NAME.partial.json` for each "
+                     "shard I, then merge the stage-2 parts")

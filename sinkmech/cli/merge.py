@@ -27,13 +27,15 @@ def mergers() -> dict:
     """Analysis kind -> the function that prints and writes its merged result."""
     from sinkmech.cli.ablate import merged_ablate
     from sinkmech.cli.heads import merged_heads
+    from sinkmech.cli.length import merged_length, merged_length_scores
     from sinkmech.cli.massive import merged_massive
     from sinkmech.cli.patch import merged_patch
     from sinkmech.cli.perturb import merged_perturb
     from sinkmech.cli.sinks import merged_sinks
 
     return {"sinks": merged_sinks, "heads": merged_heads, "ablate": merged_ablate, "massive": merged_massive,
-            "patch": merged_patch, "perturb": merged_perturb}
+            "patch": merged_patch, "perturb": merged_perturb, "length": merged_length,
+            "length_scores": merged_length_scores}
 
 
 def cmd_merge(args) -> None:

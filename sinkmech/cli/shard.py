@@ -215,10 +215,11 @@ def already_done(path: Path, run: ShardRun, kind: str) -> bool:
     return True
 
 
-def run_command_on_ray(args, prompts, task, kind: str, settings: dict):
+def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage: str | None = None):
     """`--ray`: the prompts cut into `--shards` (default 4 per worker) shards, run by
-    `task` on `--workers` Ray actors; each part written to JSON.shards/ as it
-    arrives (`--resume` skips the parts already there); returns the merged part."""
+    `task` on `--workers` Ray actors; each part written to JSON.shards/ (or, for a
+    command run in stages, JSON.shards/STAGE/) as it arrives (`--resume` skips the
+    parts already there); returns the merged part."""
     from sinkmech.distributed import require_ray, run_on_ray
     from sinkmech.partial import write_partial
 
@@ -231,6 +232,8 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict):
     n = min(args.shards or 4 * args.workers, len(prompts))
     spans = [shard_span(len(prompts), i, n) for i in range(1, n + 1)]
     folder = None if args.json is None or str(args.json) == "-" else Path(f"{args.json}.shards")
+    if folder is not None and stage is not None:
+        folder = folder / stage
     if args.resume and folder is None:
         raise UsageError("--resume with --ray needs --json OUT (the finished shards are kept in OUT.shards/)")
 
