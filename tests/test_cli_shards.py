@@ -45,18 +45,18 @@ def prompts(tmp_path):
     return str(path)
 
 
-def assert_same_json(a, b, path="$"):
-    """Equal keys and values, floats to 1e-6 (relative or absolute)."""
+def assert_same_json(a, b, path="$", *, tol: float = 1e-6):
+    """Equal keys and values, floats to `tol` (relative or absolute)."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), (path, set(a) ^ set(b))
         for k in a:
-            assert_same_json(a[k], b[k], f"{path}.{k}")
+            assert_same_json(a[k], b[k], f"{path}.{k}", tol=tol)
     elif isinstance(a, list):
         assert isinstance(b, list) and len(a) == len(b), path
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_json(x, y, f"{path}[{i}]")
+            assert_same_json(x, y, f"{path}[{i}]", tol=tol)
     elif isinstance(a, float) or isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6), (path, a, b)
+        assert math.isclose(a, b, rel_tol=tol, abs_tol=tol), (path, a, b)
     else:
         assert a == b, (path, a, b)
 

@@ -130,3 +130,28 @@ def test_length_on_ray_equals_the_single_process_run(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(dist), "--resume"]) == 0
     assert capsys.readouterr().err.count("3 of 3 shards already") == 2  # no worker starts in either stage
+
+
+@pytest.mark.parametrize(("args", "tol"), [
+    # patch: its clean runs take all of a shard's prompts in one pass whatever --batch-size, so
+    # 3 prompts against 1 round differently in float32: KLs agree to 3.4e-6 relative (measured)
+    (["patch", "--act", "resid_pre", "--layers", "0", "1", "2", "--max-tokens", "6", "--n-prompts", "3"], 1e-5),
+    (["perturb", "--noise", "0.5", "--position", "2", "--seed", "1", "--max-tokens", "8", "--n-prompts", "3"], 1e-6),
+    (["massive", "--no-reset", "--max-tokens", "8", "--n-prompts", "3"], 1e-6),
+], ids=["patch", "perturb", "massive"])
+def test_patch_perturb_and_massive_on_ray_equal_the_single_process_run(tmp_path, args, tol):
+    """SmolLM2, 3 short prompts, 2 workers and 3 shards of one prompt: with --batch-size 1 both
+    runs make the same forward passes (batched differently, SmolLM2's float32 sums differ by up
+    to ~2e-6 relative, past the 1e-6 the comparison allows)."""
+    from test_cli_shards import assert_same_json
+
+    from sinkmech.cli.main import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(f"Row {i}: a boat took {i} crates of apples across the lake to the market." for i in range(3)))
+    base = [*args, "--prompts", str(prompts), "--batch-size", "1"]
+    single, dist = tmp_path / "single.json", tmp_path / "ray.json"
+    assert main([*base, "--json", str(single)]) == 0
+    assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(dist)]) == 0
+    assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()), tol=tol)
+    assert len(list((tmp_path / "ray.json.shards").iterdir())) == 3
