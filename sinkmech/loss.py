@@ -40,7 +40,7 @@ def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
     return (pos[None, :] >= batch.offset) & (pos[None, :] < batch.lengths[:, None] - 1)
 
 
-def _nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):
+def nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):
     """Next-token losses, a few positions at a time: yields `(a, b, nll)` with
     nll [batch, b - a] for positions a .. b-1 predicting a+1 .. b. `chunk`
     positions per step (default: UNEMBED_ROWS rows over the batch); with
@@ -67,7 +67,7 @@ def resid_token_losses(
     """Sum of next-token losses (nats) at the masked positions, from the last
     block's residual output, and how many positions were scored."""
     total, n = 0.0, 0
-    for a, b, nll in _nll_chunks(model, resid, tokens, chunk, mask):
+    for a, b, nll in nll_chunks(model, resid, tokens, chunk, mask):
         m = mask[:, a:b]
         total += float(nll[m].sum())
         n += int(m.sum())
@@ -150,6 +150,6 @@ def token_losses(
     name = act_name("resid_post", L - 1)
     _, cache = cached_run(model, tokens, [name], fwd_hooks, stop_at_layer=L)
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
-    for a, b, nll in _nll_chunks(model, cache[name], tokens, chunk):
+    for a, b, nll in nll_chunks(model, cache[name], tokens, chunk):
         out[:, a:b] = nll.cpu()
     return out

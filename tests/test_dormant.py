@@ -113,6 +113,48 @@ def test_noop_check_on_planted_heads(planted):
     assert again.per_query_active_ci == pytest.approx(r.per_query_active_ci, rel=1e-4)
 
 
+def test_noop_check_equals_full_forward_passes_by_brute_force():
+    """The check restarts each intervened pass at the head's layer and unembeds only the
+    positions from a prompt's first intervened query on; the reference runs every
+    intervention as a full forward pass and scores every position."""
+    from sinkmech.dormant.noop import force_mask
+    from sinkmech.hooks import act_name, all_to_first_hook, zero_head_hook
+    from sinkmech.loss import token_losses
+    from sinkmech.prompts import tokenize
+
+    model = make_tiny(3, n_layers=3)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, model.cfg.d_vocab, (n,), generator=g).tolist() for n in (12, 7, 10, 12, 4, 9)]
+    batch = tokenize(model, prompts, bos="prepend", bos_token_id=TINY_BOS, max_tokens=12)
+    heads, high, low = [(1, 2), (2, 0), (0, 3)], 0.3, 0.2
+    check = noop_check(model, batch, heads, high=high, low=low, batch_size=4, progress=False, n_boot=10)
+    _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    clean = token_losses(model, batch.tokens)
+    valid = torch.arange(clean.shape[1])[None, :] < (batch.lengths[:, None] - 1)
+    valid_q = batch.mask.clone()
+    valid_q[:, 0] = False
+    for (l, h), r in zip(heads, check.results):
+        dormant, active = force_mask(cache["pattern", l][:, h, :, 0], valid_q, high=high, low=low)
+        got = {"dormant": (r.per_query_dormant, r.zero_dormant), "active": (r.per_query_active, r.zero_active)}
+        for mode, q in (("dormant", dormant), ("active", active)):
+            for k, hook in enumerate(((act_name("pattern", l), all_to_first_hook(h, q)),
+                                      (act_name("z", l), zero_head_hook(h, q)))):
+                hooked = token_losses(model, batch.tokens, [hook])
+                want = float(torch.where(valid, hooked - clean, 0.0).sum()) / int(q.sum()) if q.any() else None
+                assert (got[mode][k] is None) == (want is None)
+                if want is not None:
+                    assert got[mode][k] == pytest.approx(want, abs=1e-5)
+        assert r.n_dormant == int(dormant.sum()) and r.n_active == int(active.sum())
+    assert any(r.n_active and r.n_dormant for r in check.results)  # both modes exercised
+    assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=1e-6)
+    full = noop_check(model, batch, heads, high=high, low=low, batch_size=4, progress=False, n_boot=10, method="full")
+    for a, b in zip(check.results, full.results):
+        for k, v in a.to_dict().items():
+            assert v == pytest.approx(b.to_dict()[k], abs=1e-5), k
+    with pytest.raises(ValueError, match="method"):
+        noop_check(model, batch, heads, method="fast", progress=False)
+
+
 def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():
     from sinkmech.dormant.noop import effect_text
 

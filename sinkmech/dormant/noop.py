@@ -27,14 +27,15 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model
-from sinkmech.hooks import act_name, all_to_first_hook, check_head, zero_head_hook
-from sinkmech.loss import token_losses
+from sinkmech.backend import Model, unembed
+from sinkmech.hooks import act_name, all_to_first_hook, cached_run, check_head, run, zero_head_hook
+from sinkmech.loss import UNEMBED_ROWS, nll_chunks, token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
 
 
 INTERVENTIONS = ("move_to_first", "zero_out")
+METHODS = ("restart", "full")
 
 
 def effect_text(value: float | None, ci, *, fmt: str = "+.4f", unit: str = "") -> str:
@@ -139,6 +140,7 @@ def noop_check(
     n_boot: int = 1000,
     seed: int = 0,
     prompt_indices: Sequence[int] | None = None,
+    method: str = "restart",
     progress: bool = True,
 ) -> NoopCheck:
     """Loss change of forcing each head onto the first token on its dormant
@@ -155,6 +157,11 @@ def noop_check(
             (percentile interval over `n_boot` resamples of the prompts).
         prompt_indices: where these prompts sit in a larger corpus (recorded
             only, so a reader can check they are disjoint from the scan's).
+        method: "restart" (default) restarts each intervened pass at the
+            head's layer from the clean residual and unembeds only the
+            positions it can change; "full", the reference, runs a whole
+            forward pass per intervention and scores every position. Equal up
+            to float rounding (tests; `scripts/bench_noop.py` times both).
 
     Returns:
         NoopCheck with one NoopResult per head, in the given order.
@@ -163,6 +170,9 @@ def noop_check(
         raise ValueError(f"thresholds out of order: need 0 <= low < high <= 1, got low={low}, high={high}")
     if not 0.0 < ci_level < 1.0 or n_boot < 1:
         raise ValueError(f"need 0 < ci_level < 1 and n_boot >= 1, got {ci_level}, {n_boot}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    change = _loss_change if method == "restart" else _full_loss_change
     for layer, head in heads:
         check_head(model, layer, head)
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -179,8 +189,8 @@ def noop_check(
         def keep(pattern, hook):
             first[hook.layer()] = pattern[..., 0].clone()  # [batch, head, query]
 
-        clean = _loss(model, part.tokens, [(act_name("pattern", l), keep) for l in layers])
-        valid_loss = torch.arange(clean.shape[1], device=clean.device)[None, :] < (part.lengths[:, None] - 1)
+        clean, starts = _clean_run(model, part.tokens, layers, [(act_name("pattern", l), keep) for l in layers])
+        valid_loss = torch.arange(clean.shape[1])[None, :] < (part.lengths.cpu()[:, None] - 1)
         loss_sum += float(clean[valid_loss].sum())
         n_tokens += int(valid_loss.sum())
         valid_q = part.mask.clone()
@@ -194,8 +204,7 @@ def noop_check(
                     continue
                 for how, hook in (("move_to_first", (act_name("pattern", layer), all_to_first_hook(head, queries))),
                                   ("zero_out", (act_name("z", layer), zero_head_hook(head, queries)))):
-                    hooked = _loss(model, part.tokens, [hook])
-                    delta = torch.where(valid_loss, hooked - clean, torch.zeros_like(clean)).sum(1)
+                    delta = change(model, part.tokens, starts[layer], layer, hook, queries, clean, valid_loss)
                     if how == "move_to_first":
                         sums[lh][mode] += float(delta.sum())
                         sums[lh]["n_" + mode] += n
@@ -245,9 +254,49 @@ def bootstrap_ratio_ci(
     return (lo, hi)
 
 
-def _loss(model: Model, tokens: Tensor, hooks: list) -> Float[Tensor, "batch pos_minus_1"]:
-    # unembedded in chunks: Gemma's 262k vocabulary makes full logits ~1 GB a batch
-    return token_losses(model, tokens, hooks).to(tokens.device)
+def _clean_run(model: Model, tokens: Tensor, layers: Sequence[int], fwd_hooks: list
+               ) -> tuple[Float[Tensor, "batch pos_minus_1"], dict[int, Tensor]]:
+    """The clean run's next-token losses at every position, and the residual
+    stream entering each of `layers` (where an intervention's pass restarts)."""
+    names = {l: act_name("resid_pre", l) for l in layers}
+    last = act_name("resid_post", model.cfg.n_layers - 1)
+    _, cache = cached_run(model, tokens, [*names.values(), last], fwd_hooks, stop_at_layer=model.cfg.n_layers)
+    clean = torch.zeros(tokens.shape[0], tokens.shape[1] - 1)
+    for a, b, nll in nll_chunks(model, cache[last], tokens, None):
+        clean[:, a:b] = nll.float().cpu()
+    return clean, {l: cache[n] for l, n in names.items()}
+
+
+def _loss_change(model: Model, tokens: Tensor, start: Tensor, layer: int, hook, queries: Bool[Tensor, "batch pos"],
+                 clean: Tensor, valid: Tensor) -> Float[Tensor, " batch"]:
+    """Summed next-token loss change (intervened - clean) per prompt, over the
+    `valid` positions. The pass restarts at `layer` from the clean residual
+    (nothing before it can change), and only the positions at or after a
+    prompt's first intervened query are unembedded: causal attention leaves
+    the earlier ones exactly as in the clean run, so their change is 0."""
+    resid = run(model, start, [hook], start_at_layer=layer, stop_at_layer=model.cfg.n_layers)
+    n_pred = clean.shape[1]
+    pos = torch.arange(n_pred, device=queries.device)
+    has = queries.any(1)
+    first_q = torch.where(has, queries.float().argmax(1), torch.full_like(has, n_pred, dtype=torch.long))
+    changed = (pos[None, :] >= first_q[:, None]) & valid.to(queries.device)  # [batch, pos_minus_1]
+    b, p = changed.nonzero(as_tuple=True)
+    delta = torch.zeros(tokens.shape[0], dtype=torch.float64)
+    for a in range(0, len(b), UNEMBED_ROWS):
+        rb, rp = b[a : a + UNEMBED_ROWS], p[a : a + UNEMBED_ROWS]
+        with torch.no_grad():
+            lp = torch.log_softmax(unembed(model, resid[rb, rp]).float(), dim=-1)
+        nll = -lp.gather(-1, tokens[rb, rp + 1, None])[:, 0].cpu()
+        delta.index_add_(0, rb.cpu(), (nll - clean[rb.cpu(), rp.cpu()]).double())
+    return delta
+
+
+def _full_loss_change(model: Model, tokens: Tensor, start: Tensor, layer: int, hook, queries: Tensor,
+                      clean: Tensor, valid: Tensor) -> Float[Tensor, " batch"]:
+    """The reference for `_loss_change`: a whole forward pass with the hook, every
+    position scored (`start` and `queries` unused)."""
+    hooked = token_losses(model, tokens, [hook])
+    return torch.where(valid, hooked - clean, torch.zeros_like(clean)).sum(1).double()
 
 
 def force_mask(first: Float[Tensor, "batch query_pos"], valid: Bool[Tensor, "batch query_pos"], *,
