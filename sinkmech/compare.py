@@ -14,6 +14,7 @@ without (SmolLM2) and the two rows are the paper's contrast.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -87,6 +88,7 @@ class ModelComparison(Result):
     # without minus with <bos>, paired by prompt (the same swap in both conditions), per residual layer:
     # [mean, lo, hi] with a 95 % bootstrap interval over prompts; keys "mean_change" and "reach"
     gap_curves: dict = field(default_factory=dict)
+    timing_s: dict = field(default_factory=dict)  # wall seconds per stage: spread, sinks_<bos>, dormant
 
     def per_layer_score(self) -> Float[Tensor, "bos layer"]:
         return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
@@ -100,6 +102,7 @@ class ModelComparison(Result):
             "dormant": None if self.dormant is None else self.dormant.to_dict(),
             "settings": self.settings,
             "gap_curves": self.gap_curves,
+            "timing_s": self.timing_s,
         }
 
     def findings(self) -> dict:
@@ -244,7 +247,7 @@ def compare_model(
     if spread_position < 0 or spread_position >= spread_tokens - 1:
         raise ValueError(f"spread_position must lie in [0, {spread_tokens - 1}), got {spread_position}")
     items = load_prompts(prompts)[:n_prompts]
-    rows = {}
+    rows, timing, t0 = {}, {}, time.perf_counter()
     swapped = swap_then_spread(model, items[:spread_prompts], max_tokens=spread_tokens, position=spread_position,
                                batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
     spread = swapped.spread
@@ -254,6 +257,7 @@ def compare_model(
     pre_i, none_i = spread.conditions.index("prepend"), spread.conditions.index("none")
     gaps = {k: prompt_curve(v[none_i] - v[pre_i]) for k, v in per_prompt.items()}
     depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
+    timing["spread"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
         scores = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True, progress=progress)
@@ -273,6 +277,7 @@ def compare_model(
             spread_curve=curves["mean_change"][i],
             reach_curve=curves["reach"][i],
         )
+        timing[f"sinks_{bos}"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
     dormant = None
     if dormant_prompts > 0:
         pool = load_prompts(prompts)
@@ -293,10 +298,11 @@ def compare_model(
             sweep=list(scan.sweep or ()),
             noop_prompts=list(disc.noop_prompts),
         )
+        timing["dormant"] = round(time.perf_counter() - t0, 2)
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
         n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
-        conditions=rows, dormant=dormant, gap_curves=gaps,
+        conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing,
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
                   "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
     )
