@@ -26,8 +26,9 @@ from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
 from sinkmech.recipes import SPREAD_POSITION, swap_then_spread
-from sinkmech.sinks import format_eps, sink_scores
+from sinkmech.sinks import SinkScores, format_eps, sink_scores
 from sinkmech.results import Result
+from sinkmech.stats import excludes_zero, prompt_curve, ratio_with_ci
 
 SPREAD_TOKENS = 48  # content tokens per prompt for the spread
 
@@ -49,6 +50,9 @@ class ConditionRow:
     depth: list[float] = field(default_factory=list)
     spread_curve: list[list[float]] = field(default_factory=list)  # [layer] -> [mean, lo, hi]
     reach_curve: list[list[float]] = field(default_factory=list)
+    # 95 % bootstrap intervals over prompts: eps -> [rate %, lo, hi]; [loss, lo, hi]
+    sink_rate_ci: dict[str, list[float]] = field(default_factory=dict)
+    loss_ci: list[float] | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -89,6 +93,9 @@ class ModelComparison(Result):
     # [mean, lo, hi] with a 95 % bootstrap interval over prompts; keys "mean_change" and "reach"
     gap_curves: dict = field(default_factory=dict)
     timing_s: dict = field(default_factory=dict)  # wall seconds per stage: spread, sinks_<bos>, dormant
+    # without minus with <bos>, paired by prompt (the same content targets): "loss_gap" [nats, lo, hi],
+    # "sink_rate_gap" {eps: [points, lo, hi]}, 95 % bootstrap intervals over prompts
+    contrasts: dict = field(default_factory=dict)
 
     def per_layer_score(self) -> Float[Tensor, "bos layer"]:
         return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
@@ -103,13 +110,14 @@ class ModelComparison(Result):
             "settings": self.settings,
             "gap_curves": self.gap_curves,
             "timing_s": self.timing_s,
+            "contrasts": self.contrasts,
         }
 
     def findings(self) -> dict:
         """The quotable numbers, nested (see `sinkmech.findings.flatten`): per
         condition the sink rates, loss, spread and scores; the with/without
         contrasts; the dormant-head counts and no-op numbers."""
-        c = {k: {"sink_rate": r.sink_rate, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score,
+        c = {k: {"sink_rate": r.sink_rate, "sink_rate_ci": r.sink_rate_ci, "loss_ci": r.loss_ci, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score,
                  "uniform_score": r.uniform_score, "per_layer_score": r.per_layer_score,
                  "curve_at_depth": _depth_points(r)}
              for k, r in self.conditions.items()}
@@ -119,6 +127,9 @@ class ModelComparison(Result):
             "spread_position": self.spread_position, "n_layers": self.n_layers, "n_heads": self.n_heads,
             **c,
             "loss_gap": none.loss - pre.loss,
+            "loss_gap_ci": self.contrasts.get("loss_gap"),
+            "loss_gap_detectable": excludes_zero(self.contrasts.get("loss_gap")),
+            "sink_rate_gap": self.contrasts.get("sink_rate_gap"),
             "spread_ratio": none.spread / pre.spread if pre.spread else None,
             "gap_at_depth": gap_at_depth(pre.depth, self.gap_curves),
         }
@@ -176,23 +187,22 @@ def gap_at_depth(depth: list[float], gaps: dict, depths: tuple[float, ...] = (0.
         for k, curve in gaps.items():
             v = curve[i] if curve else None
             point[k] = v
-            point[f"{k}_detectable"] = None if v is None else bool(v[1] > 0 or v[2] < 0)
+            point[f"{k}_detectable"] = excludes_zero(v)
         out[f"{d:g}"] = point
     return out
 
 
-def prompt_curve(x: Float[Tensor, "prompt layer"], *, n_boot: int = 1000, level: float = 0.95,
-                 seed: int = 0) -> list[list[float]]:
-    """Per layer: [mean over prompts, lo, hi], a percentile bootstrap interval
-    over prompts (prompts without a value dropped)."""
-    x = x.double()
-    x = x[~x.isnan().any(1)]
-    if len(x) == 0:
-        return []
-    g = torch.Generator().manual_seed(seed)
-    means = x[torch.randint(0, len(x), (n_boot, len(x)), generator=g)].mean(1)  # [boot, layer]
-    q = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64), dim=0)
-    return [[float(m), float(lo), float(hi)] for m, lo, hi in zip(x.mean(0), q[0], q[1])]
+def paired_contrasts(pre: SinkScores, none: SinkScores, eps) -> dict:
+    """Without minus with `<bos>`, paired by prompt (both score the same content
+    targets of the same prompts): the loss gap [nats, lo, hi] and the sink-rate
+    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts."""
+    if not torch.equal(pre.prompt_targets(), none.prompt_targets()):
+        raise ValueError("the two conditions scored different content targets: they cannot be paired")
+    out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None])[0]
+                             for e in eps}}
+    if pre.prompt_loss is not None and none.prompt_loss is not None:
+        out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double())
+    return out
 
 
 def compare_model(
@@ -258,9 +268,11 @@ def compare_model(
     gaps = {k: prompt_curve(v[none_i] - v[pre_i]) for k, v in per_prompt.items()}
     depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
     timing["spread"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+    kept = {}
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
-        scores = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True, progress=progress)
+        scores = kept[bos] = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True,
+                                         progress=progress)
         if keep_sinks is not None:
             keep_sinks[bos] = scores
         used = scores.max_tokens  # the longest content scored (the same in both conditions)
@@ -276,8 +288,11 @@ def compare_model(
             depth=depth,
             spread_curve=curves["mean_change"][i],
             reach_curve=curves["reach"][i],
+            sink_rate_ci={format_eps(e): scores.sink_rate_ci(e) for e in eps},
+            loss_ci=scores.loss_ci(),
         )
         timing[f"sinks_{bos}"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+    contrasts = paired_contrasts(kept["prepend"], kept["none"], eps)
     dormant = None
     if dormant_prompts > 0:
         pool = load_prompts(prompts)
@@ -302,7 +317,7 @@ def compare_model(
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
         n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
-        conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing,
+        conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing, contrasts=contrasts,
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
                   "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
     )

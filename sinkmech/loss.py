@@ -56,6 +56,22 @@ def nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, n
             yield a, b, -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0]
 
 
+def resid_row_losses(
+    model: Model,
+    resid: Float[Tensor, "batch pos d_model"],
+    tokens: Int[Tensor, "batch pos"],
+    mask: Bool[Tensor, "batch pos"],
+    *,
+    chunk: int | None = None,
+) -> Float[Tensor, " batch"]:
+    """Each row's summed next-token loss (nats, float64) at its masked positions,
+    from the last block's residual output."""
+    total = torch.zeros(resid.shape[0], dtype=torch.float64)
+    for a, b, nll in nll_chunks(model, resid, tokens, chunk, mask):
+        total += torch.where(mask[:, a:b], nll.double(), 0.0).sum(1).cpu()
+    return total
+
+
 def resid_token_losses(
     model: Model,
     resid: Float[Tensor, "batch pos d_model"],
@@ -66,12 +82,26 @@ def resid_token_losses(
 ) -> tuple[float, int]:
     """Sum of next-token losses (nats) at the masked positions, from the last
     block's residual output, and how many positions were scored."""
-    total, n = 0.0, 0
-    for a, b, nll in nll_chunks(model, resid, tokens, chunk, mask):
-        m = mask[:, a:b]
-        total += float(nll[m].sum())
-        n += int(m.sum())
-    return total, n
+    return float(resid_row_losses(model, resid, tokens, mask, chunk=chunk).sum()), int(mask[:, :-1].sum())
+
+
+def masked_row_losses(
+    model: Model,
+    tokens: Int[Tensor, "batch pos"],
+    mask: Bool[Tensor, "batch pos"],
+    fwd_hooks: Sequence[Hook] = (),
+    *,
+    chunk: int | None = None,
+) -> Float[Tensor, " batch"]:
+    """The one masked loss, per row: one forward pass to the last block's output
+    (with `fwd_hooks` attached, e.g. an intervention or hooks that read the
+    same pass), then each row's summed next-token loss (nats, float64) at the
+    positions where `mask` is True (position p predicts token p + 1, e.g.
+    `target_mask(batch)`)."""
+    L = model.cfg.n_layers
+    name = act_name("resid_post", L - 1)
+    _, cache = cached_run(model, tokens, [name], fwd_hooks, stop_at_layer=L)
+    return resid_row_losses(model, cache[name], tokens, mask, chunk=chunk)
 
 
 def masked_loss(
@@ -82,24 +112,15 @@ def masked_loss(
     *,
     chunk: int | None = None,
 ) -> tuple[float, int]:
-    """The one masked loss: one forward pass to the last block's output (with
-    `fwd_hooks` attached, e.g. an intervention or hooks that read the same
-    pass), then the summed next-token loss (nats) at the positions where
-    `mask` is True, and how many there were.
+    """`masked_row_losses` summed over the rows: (sum of losses, number of scored positions).
 
     Args:
         tokens: right-padded token ids.
         mask: True at the positions whose next token is scored (position p
             predicts token p + 1), e.g. `target_mask(batch)`.
         fwd_hooks: (hook name, function) pairs, removed afterwards.
-
-    Returns:
-        (sum of losses, number of scored positions).
     """
-    L = model.cfg.n_layers
-    name = act_name("resid_post", L - 1)
-    _, cache = cached_run(model, tokens, [name], fwd_hooks, stop_at_layer=L)
-    return resid_token_losses(model, cache[name], tokens, mask, chunk=chunk)
+    return float(masked_row_losses(model, tokens, mask, fwd_hooks, chunk=chunk).sum()), int(mask[:, :-1].sum())
 
 
 NO_TARGETS = "no content targets to score: every prompt needs at least 2 content tokens"

@@ -64,6 +64,8 @@ def sinks_partial(results: dict[str, SinkScores], settings: dict, *, prompt_inde
             raise ValueError("the SinkScores carries a loss without its sum: it cannot be merged")
         for k in SINK_ROWS:
             rows[f"{c}.{k}"] = getattr(r, k).cpu().numpy()
+        if r.prompt_loss is not None:
+            rows[f"{c}.prompt_loss"] = r.prompt_loss.double().cpu().numpy()
         sums[f"{c}.loss_sum"] = [0.0 if r.loss_sum is None else r.loss_sum]
         sums[f"{c}.loss_count"] = [float(r.loss_count)]
         sums[f"{c}.context_cut"] = [0.0 if r.context_limit is None else 1.0]
@@ -89,6 +91,8 @@ def sinks_result(part: Partial) -> dict[str, SinkScores]:
             max_tokens_requested=s["max_tokens_requested"],
             context_limit=s["n_ctx"] if part.sums[f"{c}.context_cut"][0] > 0 else None,
             loss_sum=loss_sum if s["loss"] else None, loss_count=loss_count,
+            prompt_loss=(torch.from_numpy(np.ascontiguousarray(part.rows[f"{c}.prompt_loss"]))
+                         if f"{c}.prompt_loss" in part.rows else None),
         )
     return out
 

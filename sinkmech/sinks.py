@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
 from sinkmech.hooks import act_name, expand_kv, run
-from sinkmech.loss import masked_loss, target_mask
+from sinkmech.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
+from sinkmech.stats import prompt_curve, ratio_with_ci
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class SinkScores(Result):
     context_limit: int | None = None  # the model's n_ctx where it cut a prompt
     loss_sum: float | None = None  # the summed next-token loss behind `loss` (nats), for merging shards
     loss_count: int = 0  # the targets it sums over
+    # per prompt: the summed next-token loss on its content targets (nats), for intervals over prompts
+    prompt_loss: Float[Tensor, " prompt"] | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -73,6 +76,26 @@ class SinkScores(Result):
     def sink_rate(self, eps: float | str) -> float:
         """Percent of (prompt, head) pairs whose alpha_0 > eps (strict)."""
         return sink_rate(self.scores, eps)
+
+    def prompt_sink_rate(self, eps: float | str) -> Float[Tensor, " prompt"]:
+        """Percent of each prompt's heads whose alpha_0 > eps (their mean is `sink_rate`)."""
+        eps = check_eps(eps)
+        return 100.0 * (self.scores > eps).flatten(1).double().mean(1)
+
+    def sink_rate_ci(self, eps: float | str, *, seed: int = 0) -> list[float]:
+        """[sink rate %, lo, hi]: the 95 % bootstrap interval over prompts."""
+        return prompt_curve(self.prompt_sink_rate(eps)[:, None], seed=seed)[0]
+
+    def loss_ci(self, *, seed: int = 0) -> list[float] | None:
+        """[loss, lo, hi]: the mean content-target loss with its 95 % bootstrap
+        interval over prompts (None without per-prompt losses)."""
+        if self.prompt_loss is None:
+            return None
+        return ratio_with_ci(self.prompt_loss, self.prompt_targets().double(), seed=seed)
+
+    def prompt_targets(self) -> Int[Tensor, " prompt"]:
+        """Content targets each prompt's loss sums over (content tokens 1 .. n-1)."""
+        return (self.content_lengths - 1).clamp(min=0)
 
     def mean_scores(self) -> Float[Tensor, "layer head_index"]:
         return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
@@ -147,6 +170,9 @@ class SinkScores(Result):
             "bos": self.bos,
             "scores": self.mean_scores().tolist(),
             "sink_rate": {format_eps(e): self.sink_rate(e) for e in eps},
+            # [rate, lo, hi] / [loss, lo, hi]: 95 % bootstrap intervals over prompts
+            "sink_rate_ci": {format_eps(e): self.sink_rate_ci(e) for e in eps},
+            "loss_ci": self.loss_ci(),
             "per_layer": self.per_layer().tolist(),
             "uniform_score": self.uniform_score(),
             "value_norm_first": self.value_norm_first.mean(0).tolist(),
@@ -262,6 +288,7 @@ def sink_scores(
     }
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
     loss_sum, loss_n = 0.0, 0
+    prompt_loss = torch.zeros(P, dtype=torch.float64)
     for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
         valid = part.mask.float()  # [batch, pos]
         n_real = part.lengths.float()
@@ -301,8 +328,10 @@ def sink_scores(
                 (act_name("resid_post", l), resid_hook),
             ]
         if loss:  # the same pass, through the one masked loss
-            total, n = masked_loss(model, part.tokens, target_mask(part), hooks)
-            loss_sum, loss_n = loss_sum + total, loss_n + n
+            mask = target_mask(part)
+            per_row = masked_row_losses(model, part.tokens, mask, hooks)
+            prompt_loss[rows] = per_row
+            loss_sum, loss_n = loss_sum + float(per_row.sum()), loss_n + int(mask[:, :-1].sum())
         else:  # the logits are not needed: stop after the last block
             run(model, part.tokens, hooks, stop_at_layer=L)
     for k, v in out.items():
@@ -323,4 +352,5 @@ def sink_scores(
         loss=(loss_sum / loss_n if loss_n else None) if loss else None,
         loss_sum=loss_sum if loss else None,
         loss_count=loss_n if loss else 0,
+        prompt_loss=prompt_loss if loss else None,
     )

@@ -61,6 +61,24 @@ def test_compare_model_equals_the_analyses_it_runs(tiny_model):
         assert v["mean_change_detectable"] == (lo > 0 or hi < 0)
     # at the embeddings (depth 0) later positions are untouched in both conditions: no gap at all
     assert res.gap_curves["mean_change"][0] == pytest.approx([0.0, 0.0, 0.0], abs=1e-7)
+    # the without-minus-with contrasts, paired by prompt, brute force from each prompt's own loss and rates
+    per = {}
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
+        per[bos] = [content_loss(tiny_model, batch.slice(p, p + 1)) for p in range(6)]
+        rate = [100 * float((sink_scores(tiny_model, batch.slice(p, p + 1), progress=False).scores > 0.3).float().mean())
+                for p in range(6)]
+        assert res.conditions[bos].sink_rate_ci["0.3"][0] == pytest.approx(sum(rate) / 6)
+        per[bos + "_rate"] = rate
+        loss, lo, hi = res.conditions[bos].loss_ci
+        assert loss == pytest.approx(res.conditions[bos].loss, abs=1e-6) and lo <= loss <= hi
+    gap, lo, hi = res.contrasts["loss_gap"]
+    diffs = [a - b for a, b in zip(per["none"], per["prepend"])]  # every prompt has 15 targets: the mean of diffs
+    assert gap == pytest.approx(sum(diffs) / 6, abs=1e-5) and min(diffs) - 1e-6 <= lo <= gap <= hi <= max(diffs) + 1e-6
+    assert gap == pytest.approx(res.findings()["loss_gap"], abs=1e-6)
+    assert res.findings()["loss_gap_detectable"] == (lo > 0 or hi < 0)
+    rgap = res.contrasts["sink_rate_gap"]["0.3"]
+    assert rgap[0] == pytest.approx(sum(a - b for a, b in zip(per["none_rate"], per["prepend_rate"])) / 6)
     json.loads(res.to_json())
     with pytest.raises(ValueError, match="spread_position"):
         compare_model(tiny_model, rows, spread_tokens=4, spread_position=3, bos_token_id=TINY_BOS)

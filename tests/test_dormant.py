@@ -156,7 +156,7 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
 
 
 def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():
-    from sinkmech.dormant.noop import effect_text
+    from sinkmech.stats import effect_text
 
     assert effect_text(0.4245, (0.22, 0.80)) == "+0.4245 [+0.2200, +0.8000]"
     assert effect_text(-0.0089, (-0.104, 0.085)) == "no detectable effect (-0.0089 [-0.1040, +0.0850])"
@@ -206,7 +206,7 @@ def test_a_shared_memo_reuses_a_discovery_only_for_the_same_model_prompts_and_se
 
 
 def test_bootstrap_ratio_interval():
-    from sinkmech.dormant.noop import bootstrap_ratio_ci
+    from sinkmech.stats import bootstrap_ratio_ci
 
     delta, queries = torch.tensor([1.0, 4.0, 0.0]), torch.tensor([1.0, 2.0, 0.0])
     # resamples holding one prompt each: ratios 1, 2 (prompt 2 forced nothing: dropped)

@@ -61,3 +61,25 @@ def test_token_losses_equal_transformer_lens_per_token_loss(tiny_model):
     want = tiny_model(tokens, return_type="loss", loss_per_token=True)
     got = token_losses(tiny_model, tokens, chunk=4)  # chunks that do not divide the length
     assert got.shape == want.shape and torch.allclose(got, want.detach().float(), atol=1e-5)
+
+
+def test_per_prompt_losses_and_their_intervals(tiny_model):
+    """sink_scores keeps each prompt's summed loss: each equals the brute-force sum,
+    they add up to the mean loss, and the intervals sit around the estimates."""
+    from sinkmech.sinks import sink_scores
+
+    g = torch.Generator().manual_seed(2)
+    rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (9, 5, 12, 3, 12, 7)]
+    for bos in ("prepend", "none"):
+        batch = tokenize(tiny_model, rows, bos=bos, max_tokens=12, bos_token_id=TINY_BOS)
+        s = sink_scores(tiny_model, batch, loss=True, batch_size=4, progress=False)
+        for p, r in enumerate(rows):
+            assert float(s.prompt_loss[p]) / (len(r) - 1) == pytest.approx(
+                brute_force_loss(tiny_model, [r], bos == "prepend"), abs=1e-4)
+        assert s.prompt_targets().tolist() == [len(r) - 1 for r in rows]
+        loss, lo, hi = s.loss_ci()
+        assert loss == pytest.approx(s.loss, abs=1e-6) and lo < loss < hi
+        rate, rlo, rhi = s.sink_rate_ci(0.3)
+        assert rate == pytest.approx(s.sink_rate(0.3)) and rlo <= rate <= rhi
+        assert float(s.prompt_sink_rate(0.3).mean()) == pytest.approx(s.sink_rate(0.3))
+    assert sink_scores(tiny_model, batch, progress=False).loss_ci() is None  # no loss asked, no interval

@@ -13,11 +13,12 @@ from sinkmech.cli.common import (
     Distinct, FlagValueError, UsageError, load_model_arg, model_name, non_negative_int, output_file, positive_int, prompts_arg,
 )
 from sinkmech.compare import ModelComparison, compare_model
-from sinkmech.dormant.noop import effect_text
+from sinkmech.stats import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record, report_findings
 from sinkmech.figures.compare import depth_curves, first_token_score_panels, spread_panels
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
+from sinkmech.report.context import ReportContext
 from sinkmech.report.page import build_report
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
@@ -44,8 +45,9 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
                    help="also write the first model's report page (`sinkmech report` with its defaults and this "
-                        "command's --prompts, --n-prompts, --max-tokens, --batch-size) into DIR, reusing this "
-                        "command's sink passes and model load; --overwrite and --findings apply to it too")
+                        "command's --prompts, --n-prompts, --max-tokens, --batch-size, --dormant-prompts (as its "
+                        "scan prompts) and --noop-prompts) into DIR, reusing this command's model load, sink passes "
+                        "and dormant-head discovery; --overwrite and --findings apply to it too")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.set_defaults(func=cmd_compare)
@@ -68,12 +70,25 @@ def markdown(results: list[ModelComparison]) -> str:
     head = ["model", "`<bos>`"] + [f"sink rate % (eps {e})" for e in eps] + [
         "mean alpha_0", "uniform alpha_0", "loss (nats)", "spread after a 1-token swap"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def with_ci(v: float, ci, fmt: str) -> str:
+        return f"{v:{fmt}}" if not ci else f"{v:{fmt}} [{ci[1]:{fmt}}, {ci[2]:{fmt}}]"
+
     for r in results:
         for c in CONDITIONS:
             row = r.conditions[c]
-            cells = [r.model, CONDITION_LABELS[c]] + [f"{row.sink_rate[e]:.1f}" for e in eps] + [
-                f"{row.mean_score:.3f}", f"{row.uniform_score:.3f}", f"{row.loss:.2f}", f"{row.spread:.3f}"]
+            cells = [r.model, CONDITION_LABELS[c]] + [with_ci(row.sink_rate[e], row.sink_rate_ci.get(e), ".1f")
+                                                     for e in eps] + [
+                f"{row.mean_score:.3f}", f"{row.uniform_score:.3f}", with_ci(row.loss, row.loss_ci, ".2f"),
+                f"{row.spread:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Brackets: 95 % bootstrap intervals over prompts."]
+    for r in results:
+        gap, rates = r.contrasts.get("loss_gap"), r.contrasts.get("sink_rate_gap", {})
+        parts = [f"loss {effect_text(gap[0], gap[1:], fmt='+.2f', unit=' nats')}"] if gap else []
+        parts += [f"sink rate (eps {e}) {effect_text(v[0], v[1:], fmt='+.1f', unit=' points')}" for e, v in rates.items()]
+        if parts:
+            lines.append(f"- {r.model}, without minus with `<bos>` (paired by prompt): " + "; ".join(parts))
     first = results[0]
     lines += ["", f"{first.n_prompts} prompts x {first.max_tokens} content tokens for sink rates and loss (the same "
               "content targets 1..n-1 in both conditions); spread: mean relative residual change ||h'-h||/||h|| of "
@@ -140,7 +155,8 @@ def write_report(args, model, name: str, prompts, cache: dict) -> None:
     print(f"report on {name} ...", flush=True)
     report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
                           max_tokens=args.max_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
-                          cache=cache)
+                          scan_prompts=args.dormant_prompts or ReportContext.scan_prompts,
+                          noop_prompts=args.noop_prompts, cache=cache)
     if args.findings is not None:
         label = name if "/" not in name else Path(name).stem
         record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")

@@ -18,7 +18,7 @@ from sinkmech.cli.shard import (
 )
 from sinkmech.dormant.discover import split_corpus
 from sinkmech.dormant.labels import Thresholds, mode_meaning
-from sinkmech.dormant.noop import effect_text, noop_check, noop_heads
+from sinkmech.dormant.noop import noop_check, noop_heads
 from sinkmech.dormant.scan import accumulate, scan_heads
 from sinkmech.figures.core import heatmap_panels, save
 from sinkmech.findings import flatten, record
@@ -26,6 +26,7 @@ from sinkmech.hooks import head_label, parse_head
 from sinkmech.partial import write_partial
 from sinkmech.prompts import load_prompts, tokenize
 from sinkmech.shards import heads_partial, heads_result
+from sinkmech.stats import effect_text
 
 
 def add_heads_parser(sub) -> None:

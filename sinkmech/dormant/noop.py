@@ -32,21 +32,11 @@ from sinkmech.hooks import act_name, all_to_first_hook, cached_run, check_head, 
 from sinkmech.loss import UNEMBED_ROWS, nll_chunks, token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
+from sinkmech.stats import bootstrap_ratio_ci, resamples
 
 
 INTERVENTIONS = ("move_to_first", "zero_out")
 METHODS = ("restart", "full")
-
-
-def effect_text(value: float | None, ci, *, fmt: str = "+.4f", unit: str = "") -> str:
-    """`+0.4245 [+0.2200, +0.8000]`, or `no detectable effect (...)` when the
-    interval holds zero; "n/a" without a value."""
-    if value is None:
-        return "n/a"
-    if ci is None:
-        return f"{value:{fmt}}{unit} (no interval)"
-    text = f"{value:{fmt}}{unit} [{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
-    return f"no detectable effect ({text})" if ci[0] <= 0.0 <= ci[1] else text
 
 
 @dataclass(frozen=True)
@@ -213,8 +203,7 @@ def noop_check(
                     q_sum[rows] += queries.sum(1).float().cpu()
     if n_tokens == 0:
         raise ValueError("no next-token predictions: every prompt has a single token")
-    g = torch.Generator().manual_seed(seed)
-    resample = torch.randint(0, len(batch), (n_boot, len(batch)), generator=g)
+    resample = resamples(len(batch), n_boot=n_boot, seed=seed)
     ci = {lh: {k: bootstrap_ratio_ci(*per_prompt[lh][k], resample, ci_level) for k in keys} for lh in heads}
 
     def ratio(lh, k) -> float | None:
@@ -238,20 +227,6 @@ def noop_check(
     )
     return NoopCheck(results, loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, n_boot,
                      None if prompt_indices is None else tuple(int(i) for i in prompt_indices))
-
-
-def bootstrap_ratio_ci(
-    delta: Float[Tensor, " prompt"], queries: Float[Tensor, " prompt"], resample: Tensor, level: float
-) -> tuple[float, float] | None:
-    """Percentile interval of sum(delta) / sum(queries) over resamples of the
-    prompts (`resample`: [n_boot, prompt] indices); resamples without a forced
-    query are dropped. None when no prompt has a forced query."""
-    if float(queries.sum()) == 0:
-        return None
-    d, q = delta.double()[resample].sum(1), queries.double()[resample].sum(1)
-    ratio = (d / q)[q > 0]
-    lo, hi = torch.quantile(ratio, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=ratio.dtype)).tolist()
-    return (lo, hi)
 
 
 def _clean_run(model: Model, tokens: Tensor, layers: Sequence[int], fwd_hooks: list

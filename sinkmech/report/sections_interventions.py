@@ -15,7 +15,7 @@ import torch
 
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.dormant.labels import mode_meaning
-from sinkmech.dormant.noop import effect_text
+from sinkmech.stats import effect_text
 from sinkmech.figures.core import layer_lines
 from sinkmech.figures.heads import band_heatmaps, head_norm_bars, mode_sweep
 from sinkmech.figures.patching import patching_heatmaps
