@@ -73,9 +73,9 @@ demo: $(STAMP)
 # Every other number the README quotes: the long runs (an hour or more on two
 # cores; each Gemma run holds 4-7 GiB, so they run one after the other).
 findings: demo
-	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first
-	# (the run without a first token is compare's, on the same tokens: not run again).
-	$(BIN)/sinkmech sinks --model smollm2 --bos prepend --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
+	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first,
+	# on the demo's 80 prompts, both conditions (the paired contrast needs the run without a first token too).
+	$(BIN)/sinkmech sinks --model smollm2 --n-prompts 80 --bos both --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
 	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 16 after them.
 	$(BIN)/sinkmech heads --model smollm2 --n-prompts 80 --noop-prompts 16 --json figures/heads_smollm2.json --findings figures/findings.json
 	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 80 --noop-prompts 16 --json figures/heads_gemma3-270m.json --findings figures/findings.json

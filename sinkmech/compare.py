@@ -26,9 +26,9 @@ from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
 from sinkmech.recipes import SPREAD_POSITION, swap_then_spread
-from sinkmech.sinks import SinkScores, format_eps, sink_scores
+from sinkmech.sinks import format_eps, paired_contrasts, sink_scores
 from sinkmech.results import Result
-from sinkmech.stats import excludes_zero, prompt_curve, ratio_with_ci
+from sinkmech.stats import excludes_zero, prompt_curve
 
 SPREAD_TOKENS = 48  # content tokens per prompt for the spread
 
@@ -189,19 +189,6 @@ def gap_at_depth(depth: list[float], gaps: dict, depths: tuple[float, ...] = (0.
             point[k] = v
             point[f"{k}_detectable"] = excludes_zero(v)
         out[f"{d:g}"] = point
-    return out
-
-
-def paired_contrasts(pre: SinkScores, none: SinkScores, eps) -> dict:
-    """Without minus with `<bos>`, paired by prompt (both score the same content
-    targets of the same prompts): the loss gap [nats, lo, hi] and the sink-rate
-    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts."""
-    if not torch.equal(pre.prompt_targets(), none.prompt_targets()):
-        raise ValueError("the two conditions scored different content targets: they cannot be paired")
-    out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None])[0]
-                             for e in eps}}
-    if pre.prompt_loss is not None and none.prompt_loss is not None:
-        out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double())
     return out
 
 

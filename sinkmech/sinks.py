@@ -196,6 +196,19 @@ class SinkScores(Result):
         }
 
 
+def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
+    """Without minus with `<bos>`, paired by prompt (both score the same content
+    targets of the same prompts): the loss gap [nats, lo, hi] and the sink-rate
+    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts."""
+    if not torch.equal(pre.prompt_targets(), none.prompt_targets()):
+        raise ValueError("the two conditions scored different content targets: they cannot be paired")
+    out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None])[0]
+                             for e in eps}}
+    if pre.prompt_loss is not None and none.prompt_loss is not None:
+        out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double())
+    return out
+
+
 def format_eps(eps: float | str) -> str:
     """Epsilon as a JSON key, written as on the command line: "0.3" stays "0.3"."""
     return eps.strip() if isinstance(eps, str) else repr(float(eps))

@@ -157,3 +157,22 @@ def test_report_restoration_curve_keeps_the_no_bos_sink(tiny_model, tiny_tokens,
     assert got["patched_content_positions"] == [1, 7]
     assert got["values"] == pytest.approx(want.values.tolist(), abs=1e-6)
     assert max(abs(a - b) for a, b in zip(got["values"], old.values.tolist())) > 1e-4
+
+
+def test_sinks_findings_carry_intervals_and_the_paired_contrast(cli_model, prompts, tmp_path):
+    """`sinks --findings` records each rate and loss with its interval, and with both
+    conditions the without-minus-with contrast, paired by prompt (as compare does)."""
+    found = tmp_path / "findings.json"
+    assert main(["sinks", "--prompts", prompts, "--bos", "both", "--bos-token", "barn", "--json",
+                 str(tmp_path / "s.json"), "--findings", str(found)]) == 0
+    f = json.loads(found.read_text())
+    p = next(k.split(".sinks.")[0] for k in f if ".sinks." in k) + ".sinks.bos_barn"
+    for c in ("prepend", "none"):
+        rate, lo, hi = (f[f"{p}.{c}.sink_rate_ci.0.3.{i}"] for i in range(3))
+        assert rate == pytest.approx(f[f"{p}.{c}.sink_rate.0.3"]) and lo <= rate <= hi
+        loss, lo, hi = (f[f"{p}.{c}.loss_ci.{i}"] for i in range(3))
+        assert loss == pytest.approx(f[f"{p}.{c}.loss"]) and lo <= loss <= hi
+    gap = f[f"{p}.contrasts.loss_gap.0"]
+    assert gap == pytest.approx(f[f"{p}.none.loss"] - f[f"{p}.prepend.loss"], abs=1e-6)
+    assert f[f"{p}.contrasts.sink_rate_gap.0.3.0"] == pytest.approx(
+        f[f"{p}.none.sink_rate.0.3"] - f[f"{p}.prepend.sink_rate.0.3"], abs=1e-4)

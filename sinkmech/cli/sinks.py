@@ -32,7 +32,7 @@ from sinkmech.hooks import head_label
 from sinkmech.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
 from sinkmech.shards import sinks_partial
-from sinkmech.sinks import sink_scores
+from sinkmech.sinks import paired_contrasts, sink_scores
 
 
 def add_sinks_parser(sub) -> None:
@@ -220,8 +220,11 @@ def cmd_sinks(args) -> None:
         label = args.model if "/" not in args.model else Path(args.model).stem
         tag = "bos_" + re.sub(r"[^A-Za-z0-9]+", "_", args.bos_token).strip("_") if args.bos_token else "bos_default"
         prefix = f"{label}.sinks.{tag}"
-        values = {c: {"sink_rate": r.summary(args.eps)["sink_rate"], "loss": r.loss, "mean_score": float(r.scores.mean()),
-                      "n_prompts": r.n_prompts} for c, r in results.items()}
+        values = {c: {k: v for k, v in r.summary(args.eps).items() if k in ("sink_rate", "sink_rate_ci", "loss_ci")}
+                  | {"loss": r.loss, "mean_score": float(r.scores.mean()), "n_prompts": r.n_prompts}
+                  for c, r in results.items()}
+        if set(results) == {"prepend", "none"}:  # without minus with, paired by prompt
+            values["contrasts"] = paired_contrasts(results["prepend"], results["none"], args.eps)
         if bos_id is not None:
             values["first_token_id"] = bos_id
         record(args.findings, flatten(prefix, values), replace_prefix=prefix)
