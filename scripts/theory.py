@@ -16,7 +16,6 @@ prompts (the with/without difference paired by prompt).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,19 +23,19 @@ from pathlib import Path
 import torch
 
 from sinkmech import models
+from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
 from sinkmech.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, default_corpus, tokenize
 from sinkmech.sensitivity import sensitivity_study
+from sinkmech.stats import prompt_curve
 
 
 def bootstrap_mean(x: torch.Tensor, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
-    """Mean of per-prompt values with a percentile bootstrap interval over prompts."""
+    """Mean of per-prompt values with a percentile bootstrap interval over prompts (`sinkmech.stats`)."""
     x = x.double()[~x.isnan()]
-    g = torch.Generator().manual_seed(seed)
-    means = x[torch.randint(0, len(x), (n_boot, len(x)), generator=g)].mean(1)
-    lo, hi = torch.quantile(means, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
-    return {"mean": float(x.mean()), "ci": [lo, hi], "n": len(x)}
+    mean, lo, hi = prompt_curve(x[:, None], n_boot=n_boot, level=level, seed=seed)[0]
+    return {"mean": mean, "ci": [lo, hi], "n": len(x)}
 
 
 def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tensor:
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                                 entropy_prompts=args.entropy_prompts, entropy_tokens=args.entropy_tokens)
     results["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.write_text(json_text(results))
     if args.findings is not None:
         for name in args.models:
             record(args.findings, flatten(f"{name}.theory", results[name]), replace_prefix=f"{name}.theory")

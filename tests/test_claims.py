@@ -176,3 +176,28 @@ def test_sinks_findings_carry_intervals_and_the_paired_contrast(cli_model, promp
     assert gap == pytest.approx(f[f"{p}.none.loss"] - f[f"{p}.prepend.loss"], abs=1e-6)
     assert f[f"{p}.contrasts.sink_rate_gap.0.3.0"] == pytest.approx(
         f[f"{p}.none.sink_rate.0.3"] - f[f"{p}.prepend.sink_rate.0.3"], abs=1e-4)
+
+
+def test_theory_script_writes_paired_intervals_and_findings(cli_model, tmp_path):
+    """scripts/theory.py on the tiny model: each mean with an interval around it, the
+    with/without difference paired by prompt, everything also in the findings file."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "theory.py"
+    spec = importlib.util.spec_from_file_location("theory", path)
+    theory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(theory)
+    out, found = tmp_path / "theory.json", tmp_path / "findings.json"
+    assert theory.main(["--models", "tiny", "--prompts", "3", "--tokens", "5", "--entropy-prompts", "4",
+                        "--entropy-tokens", "8", "--out", str(out), "--findings", str(found)]) == 0
+    r = json.loads(out.read_text())["tiny"]
+    for key in ("spearman", "spearman_off_diagonal", "normalized_entropy"):
+        for c in ("prepend", "none", "none_minus_prepend"):
+            v = r[key][c]
+            assert v["ci"][0] - 1e-9 <= v["mean"] <= v["ci"][1] + 1e-9
+        assert r[key]["none_minus_prepend"]["mean"] == pytest.approx(r[key]["none"]["mean"] - r[key]["prepend"]["mean"])
+    assert r["setting"]["sensitivity_prompts"] == 3 and r["normalized_entropy"]["prepend"]["n"] == 4
+    f = json.loads(found.read_text())
+    assert f["tiny.theory.normalized_entropy.none.mean"] == r["normalized_entropy"]["none"]["mean"]
+    assert theory.main(["--models", "tiny", "--prompts", "1", "--out", str(out)]) == 2
