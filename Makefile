@@ -82,6 +82,11 @@ findings: demo
 	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models.
 	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --findings figures/findings.json
 	$(BIN)/sinkmech heads --model gemma3-270m --contrast --n-prompts 64 --json figures/contrast_gemma3-270m.json --findings figures/findings.json
+	# StreamingLLM on SmolLM2 at the report's setting (window 32, 256 tokens): with its first token, with no
+	# first token at all, and with the kept keys re-numbered as StreamingLLM's cache does.
+	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --json figures/stream_smollm2.json --findings figures/findings.json
+	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --bos none --json figures/stream_smollm2_nobos.json --findings figures/findings.json
+	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --reindex --json figures/stream_smollm2_reindex.json --findings figures/findings.json
 	# The paper's theory at a CPU size: Jacobian vs path bound and attention smoothness, with and without <bos>.
 	$(BIN)/python scripts/theory.py --out figures/theory.json --findings figures/findings.json
 

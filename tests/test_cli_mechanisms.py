@@ -91,6 +91,15 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
     assert [r["ppl"] for r in data["results"]] == pytest.approx(list(direct.ppl))
     assert (tmp_path / "s.png").stat().st_size > 1000
     assert "last 8 + first 4" in capsys.readouterr().out
+    found = tmp_path / "findings.json"
+    assert main(["stream", "--window", "8", "--keep", "0", "4", "--max-tokens", "40", "--bos", "none",
+                 "--findings", str(found)]) == 0
+    f = json.loads(found.read_text())
+    prefix = next(k.split(".stream.")[0] for k in f) + ".stream.none.w8"
+    none = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="none", max_tokens=40,
+                                                bos_token_id=TINY_BOS), window=8, keep=(0, 4), progress=False)
+    assert f[f"{prefix}.full_ppl"] == pytest.approx(none.full_ppl)
+    assert [f[f"{prefix}.results.{i}.ppl"] for i in range(2)] == pytest.approx(list(none.ppl))
     if IS_BRIDGE:  # TL 4: refused with one error line (no HookedTransformer rotary tables to re-index with)
         assert main(["stream", "--window", "8", "--keep", "0", "4", "--max-tokens", "40", "--reindex"]) == 2
         assert "bridge" in capsys.readouterr().err

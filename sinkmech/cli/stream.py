@@ -4,11 +4,14 @@ StreamingLLM), against full attention; the same scored tokens in every setting."
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
 from sinkmech.cli.common import (
     MODEL_HELP, model_name, UsageError, image_file, load_model_arg, non_negative_int, output_file, positive_int, write_results,
 )
 from sinkmech.figures.mechanisms import stream_bars
+from sinkmech.findings import flatten, record
 from sinkmech.models import DEFAULT_MODEL
 from sinkmech.streaming import long_tokens, stream_perplexity
 
@@ -26,6 +29,8 @@ def add_stream_parser(sub) -> None:
                         "rotary models); default: every key keeps its original position")
     p.add_argument("--json", type=output_file, default=None, help="write results as JSON here ('-': stdout)")
     p.add_argument("--png", type=image_file, default=None, help="write a bar chart here (.png, .svg or .pdf)")
+    p.add_argument("--findings", type=output_file, default=None,
+                   help="merge the perplexities into this findings file, named MODEL.stream.BOS[.reindex].wWINDOW...")
     p.set_defaults(func=cmd_stream)
 
 
@@ -64,3 +69,8 @@ def cmd_stream(args) -> None:
     result = stream_perplexity(model, batch, window=args.window, keep=args.keep, reindex=args.reindex)
     print_stream_table(result)
     write_results(args, result.to_dict(), lambda: print(f"wrote {stream_bars(result, args.png, model_name=args.model)}"))
+    if args.findings is not None:
+        label = args.model if "/" not in args.model else Path(args.model).stem
+        prefix = f"{label}.stream.{args.bos}{'.reindex' if args.reindex else ''}.w{args.window}"
+        record(args.findings, flatten(prefix, result.to_dict()), replace_prefix=prefix)
+        print(f"recorded findings in {args.findings}", file=sys.stderr)
