@@ -58,7 +58,14 @@ def test_summary_matches_the_analysis(built, tiny_model, prompts):
     s = json.loads(built.summary_json.read_text())
     assert s == json.loads(json.dumps(built.summary))
     direct = sink_scores(tiny_model, prompts, bos="prepend", max_tokens=16, bos_token_id=TINY_BOS, progress=False)
-    assert s["sections"]["sinks"]["sink_rate"]["prepend"]["0.3"] == pytest.approx(direct.sink_rate(0.3))
+    sinks = s["sections"]["sinks"]
+    assert sinks["sink_rate"]["prepend"]["0.3"] == pytest.approx(direct.sink_rate(0.3))
+    rate, lo, hi = sinks["sink_rate_ci"]["prepend"]["0.3"]
+    assert rate == pytest.approx(direct.sink_rate(0.3)) and lo <= rate <= hi
+    # without minus with, paired by prompt: the mean of the per-prompt differences is the difference of rates
+    assert sinks["contrasts"]["sink_rate_gap"]["0.3"][0] == pytest.approx(
+        sinks["sink_rate"]["none"]["0.3"] - sinks["sink_rate"]["prepend"]["0.3"], abs=1e-4)
+    assert "loss_gap" not in sinks["contrasts"]  # the report's own sink passes score no loss
     mean = direct.mean_scores()
     top = s["sections"]["head_views"]["top sink heads"]
     least = s["sections"]["head_views"]["least sink-like heads"]

@@ -15,6 +15,8 @@ from sinkmech.figures.sinks import sink_heatmap, sink_rate_lines
 from sinkmech.attention import head_attention
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
+from sinkmech.sinks import paired_contrasts
+from sinkmech.stats import effect_text
 
 
 def sink_section(ctx: ReportContext) -> Section:
@@ -25,7 +27,14 @@ def sink_section(ctx: ReportContext) -> Section:
     per_layer_rate = {c: r.per_layer_sink_rate(DEFAULT_EPS[0]).tolist() for c, r in res.items()}
     rate_figs = ctx.figure("sink_rate_per_layer",
                            lambda p: sink_rate_lines(per_layer_rate, p, eps=DEFAULT_EPS[0], model_name=name))
-    rows = [[f"sink rate (alpha_0 > {e:g}), %"] + [f"{res[c].sink_rate(e):.1f}" for c in CONDITIONS] for e in DEFAULT_EPS]
+    ci = {c: {e: res[c].sink_rate_ci(e) for e in DEFAULT_EPS} for c in CONDITIONS}
+    rows = [[f"sink rate (alpha_0 > {e:g}), % [95 % interval]"]
+            + [f"{ci[c][e][0]:.1f} [{ci[c][e][1]:.1f}, {ci[c][e][2]:.1f}]" for c in CONDITIONS] for e in DEFAULT_EPS]
+    contrasts = paired_contrasts(res["prepend"], res["none"], DEFAULT_EPS)
+    gaps = [f"eps {e}: {effect_text(v[0], v[1:], fmt='+.1f', unit=' points')}" for e, v in contrasts["sink_rate_gap"].items()]
+    if "loss_gap" in contrasts:
+        g = contrasts["loss_gap"]
+        gaps.append(f"loss {effect_text(g[0], g[1:], fmt='+.3f', unit=' nats')}")
     rows.append(["mean alpha_0 over heads"] + [float(res[c].scores.mean()) for c in CONDITIONS])
     rows.append(["alpha_0 of uniform attention"] + [res[c].uniform_score() for c in CONDITIONS])
     top = {c: [[head_label(l, h), s] for l, h, s in res[c].top_heads(5)] for c in CONDITIONS}
@@ -34,6 +43,8 @@ def sink_section(ctx: ReportContext) -> Section:
         "its mean attention on position 0 over all queries; the sink rate is the % of (prompt, head) pairs "
         "with alpha_0 above epsilon.</p>"
         + table_html(["", *(CONDITION_LABELS[c] for c in CONDITIONS)], rows)
+        + "<p>Without minus with &lt;bos&gt;, paired by prompt (95 % bootstrap intervals over prompts): "
+        + html.escape("; ".join(gaps)) + ".</p>"
         + "<p>Strongest sink heads (mean alpha_0): " + html.escape("; ".join(
             f"{CONDITION_LABELS[c]}: " + ", ".join(f"{n} ({s:.2f})" for n, s in top[c]) for c in CONDITIONS))
         + "</p>"
@@ -47,6 +58,8 @@ def sink_section(ctx: ReportContext) -> Section:
         "context_limit": res["prepend"].context_limit,
         "content_lengths": res["prepend"].content_lengths.tolist(),
         "sink_rate": {c: {f"{e:g}": res[c].sink_rate(e) for e in DEFAULT_EPS} for c in CONDITIONS},
+        "sink_rate_ci": {c: {f"{e:g}": ci[c][e] for e in DEFAULT_EPS} for c in CONDITIONS},
+        "contrasts": contrasts,
         "sink_rate_per_layer": {f"{DEFAULT_EPS[0]:g}": per_layer_rate},
         "per_layer_score": {c: res[c].per_layer().tolist() for c in CONDITIONS},
         "uniform_score": {c: res[c].uniform_score() for c in CONDITIONS},
