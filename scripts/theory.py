@@ -54,7 +54,7 @@ def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tens
 def measure(name: str, *, n_prompts: int, max_tokens: int, entropy_prompts: int, entropy_tokens: int) -> dict:
     model = models.load_model(name)
     prompts = default_corpus()
-    st = sensitivity_study(model, prompts[:n_prompts], max_tokens=max_tokens, progress=False)
+    st = sensitivity_study(model, prompts[:n_prompts], max_tokens=max_tokens, progress=True)
     ent = entropy_per_prompt(model, prompts[:entropy_prompts], entropy_tokens)
     out: dict = {"setting": {"sensitivity_prompts": n_prompts, "sensitivity_tokens": max_tokens,
                              "entropy_prompts": entropy_prompts, "entropy_tokens": entropy_tokens,
