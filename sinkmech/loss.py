@@ -40,6 +40,15 @@ def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
     return (pos[None, :] >= batch.offset) & (pos[None, :] < batch.lengths[:, None] - 1)
 
 
+def next_token_nll(model: Model, resid: Float[Tensor, "*rows d_model"], targets: Int[Tensor, "*rows"]
+                   ) -> Float[Tensor, "*rows"]:
+    """-log p(target | last block's output), float32: the one place a residual
+    row becomes a next-token loss (final norm, unembedding, log-softmax)."""
+    with torch.no_grad():
+        lp = torch.log_softmax(_unembed(model, resid).float(), dim=-1)
+    return -lp.gather(-1, targets[..., None])[..., 0]
+
+
 def nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):
     """Next-token losses, a few positions at a time: yields `(a, b, nll)` with
     nll [batch, b - a] for positions a .. b-1 predicting a+1 .. b. `chunk`
@@ -47,13 +56,11 @@ def nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, n
     `needed`, a step where it is all False is skipped."""
     last = resid.shape[1] - 1
     step = chunk or max(1, UNEMBED_ROWS // max(1, resid.shape[0]))
-    with torch.no_grad():
-        for a in range(0, last, step):
-            b = min(a + step, last)
-            if needed is not None and not needed[:, a:b].any():
-                continue
-            lp = torch.log_softmax(_unembed(model, resid[:, a:b]).float(), dim=-1)
-            yield a, b, -lp.gather(-1, tokens[:, a + 1 : b + 1, None])[..., 0]
+    for a in range(0, last, step):
+        b = min(a + step, last)
+        if needed is not None and not needed[:, a:b].any():
+            continue
+        yield a, b, next_token_nll(model, resid[:, a:b], tokens[:, a + 1 : b + 1])
 
 
 def resid_row_losses(

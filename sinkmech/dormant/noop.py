@@ -27,9 +27,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model, unembed
+from sinkmech.backend import Model
 from sinkmech.hooks import act_name, all_to_first_hook, cached_run, check_head, run, zero_head_hook
-from sinkmech.loss import UNEMBED_ROWS, nll_chunks, token_losses
+from sinkmech.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
 from sinkmech.stats import bootstrap_ratio_ci, resamples
@@ -259,9 +259,7 @@ def _loss_change(model: Model, tokens: Tensor, start: Tensor, layer: int, hook, 
     delta = torch.zeros(tokens.shape[0], dtype=torch.float64)
     for a in range(0, len(b), UNEMBED_ROWS):
         rb, rp = b[a : a + UNEMBED_ROWS], p[a : a + UNEMBED_ROWS]
-        with torch.no_grad():
-            lp = torch.log_softmax(unembed(model, resid[rb, rp]).float(), dim=-1)
-        nll = -lp.gather(-1, tokens[rb, rp + 1, None])[:, 0].cpu()
+        nll = next_token_nll(model, resid[rb, rp], tokens[rb, rp + 1]).cpu()
         delta.index_add_(0, rb.cpu(), (nll - clean[rb.cpu(), rp.cpu()]).double())
     return delta
 
