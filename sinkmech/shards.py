@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from sinkmech.interventions.ablation import ablation_weight
 from sinkmech.partial import Partial
 from sinkmech.sinks import SinkScores
 
@@ -180,15 +181,10 @@ def heads_result(part: Partial, model, *, top_triggers: int = 5):
 # ablate: each head's effect is a mean over the shard's content positions (KL)
 # or prompts (logit difference); the part keeps it as a weighted sum.
 
-def ablation_weight(result, batch) -> float:
-    """What an ablation effect averages over: real content positions for KL, prompts otherwise."""
-    return float((batch.lengths - batch.offset).sum()) if result.metric == "kl" else float(len(batch))
-
-
 def ablate_partial(result, batch, settings: dict, *, prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
                    n_prompts_total: int | None = None) -> Partial:
     """A `HeadAblation` of one shard (the prompts of `batch`) as a part."""
-    w = ablation_weight(result, batch)
+    w = ablation_weight(result.metric, batch)
     settings = {**settings, "mode": result.mode, "metric": result.metric, "bos": result.bos, "method": result.method,
                 "layers": list(result.layers), "heads": list(result.heads)}
     n_total = len(prompt_index) if n_prompts_total is None else n_prompts_total

@@ -26,10 +26,10 @@ import torch
 from sinkmech.eval_length import (
     ChosenHeads, LengthSweep, choose_heads, fits_context, length_sweep, plan_lengths, truncate,
 )
-from sinkmech.interventions.ablation import HeadAblation
+from sinkmech.interventions.ablation import HeadAblation, ablation_weight
 from sinkmech.partial import Partial, attach, detach
 from sinkmech.prompts import TokenBatch
-from sinkmech.shards import SINK_ROWS, ablation_weight, shard_part
+from sinkmech.shards import SINK_ROWS, shard_part
 from sinkmech.sinks import SinkScores
 
 SCORES, COSTS = "length_scores", "length"  # the two part kinds
@@ -133,7 +133,7 @@ def costs_partial(costs: dict[int, list[HeadAblation]], heads: ChosenHeads, batc
     for i, (T, results) in enumerate(costs.items()):
         if len(results) != len(heads.measured(i)):
             raise ValueError(f"length {T}: {len(results)} costs for {len(heads.measured(i))} heads")
-        w = ablation_weight(results[0], truncate(batch, T))  # KL: a mean over the shard's content positions
+        w = ablation_weight(results[0].metric, truncate(batch, T))  # KL: a mean over the shard's content positions
         sums[row_key(T, "cost_sum")] = [float(r.effects[0, 0]) * w for r in results]
         sums[row_key(T, "weight")] = [w]
     index = list(prompt_index)

@@ -100,3 +100,49 @@ def test_ablation_sweep_equals_loop_on_smollm2(smollm2):
     slow = head_ablations(smollm2, default_corpus(2), method="loop", **kw)
     assert fast.effects.abs().max() > 0
     assert (fast.effects - slow.effects).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize(("metric", "answers"), [("kl", None), ("logit_diff", (3, 4)),
+                                                 ("logit_diff", (torch.tensor([3, 5, 6]), torch.tensor([4, 4, 2])))])
+def test_one_prompt_groups_equal_the_whole_batch_and_merge_bitwise(tokens, metric, answers):
+    """prompt_batch=1 gives the whole-batch effects (float32 rounding apart), weighted as the metric
+    averages (prompts of unequal length: KL over content positions), and any split of the prompts,
+    combined by those weights, reproduces it to the float32 rounding of the parts' means (what
+    sharded ablate runs rely on; the forward passes themselves are the same ones)."""
+    from sinkmech.interventions.ablation import ablation_weight
+    from sinkmech.prompts import as_batch
+
+    model = make_tiny(4, n_layers=2)
+    rows = tokens[:3, :9].tolist()
+    rows[1] = rows[1][:4]
+    kw = dict(mode="zero", bos="prepend", bos_token_id=TINY_BOS, metric=metric, answers=answers, progress=False)
+    whole = head_ablations(model, rows, **kw)
+    grouped = head_ablations(model, rows, prompt_batch=1, **kw)
+    assert whole.effects.abs().max() > 1e-3
+    assert (grouped.effects - whole.effects).abs().max() <= 1e-5
+    assert grouped.baseline == pytest.approx(whole.baseline, abs=1e-5) and grouped.n_prompts == 3
+    batch = as_batch(model, rows, bos="prepend", bos_token_id=TINY_BOS)
+
+    def cut(t, s):
+        return t[s] if isinstance(t, torch.Tensor) else t
+
+    parts = []
+    for s in (slice(0, 1), slice(1, 3)):
+        ans = None if answers is None else (cut(answers[0], s), cut(answers[1], s))
+        part = batch.slice(s.start, s.stop)
+        parts.append((head_ablations(model, part, prompt_batch=1, **{**kw, "answers": ans}), ablation_weight(metric, part)))
+    merged = sum(r.effects.double() * w for r, w in parts) / sum(w for _, w in parts)
+    if metric == "kl":  # the prompts differ in length: a plain mean of the parts is another number
+        plain = (parts[0][0].effects.double() + parts[1][0].effects.double()) / 2
+        assert (plain - grouped.effects.double()).abs().max() > 1e-3
+    assert torch.allclose(merged, grouped.effects.double(), rtol=1e-6, atol=1e-7)
+
+
+def test_prompt_batch_refuses_what_it_cannot_combine(planted, tokens):
+    kw = dict(bos_token_id=TINY_BOS, prompt_batch=1, progress=False)
+    with pytest.raises(ValueError, match="mean ablation needs every prompt"):
+        head_ablations(planted, tokens, mode="mean", **kw)
+    with pytest.raises(ValueError, match="callable metric"):
+        head_ablations(planted, tokens, mode="zero", metric=lambda logits, ref, mask: logits.sum(), **kw)
+    with pytest.raises(ValueError, match="prompt_batch must be a positive integer"):
+        head_ablations(planted, tokens, mode="zero", **{**kw, "prompt_batch": 0})
