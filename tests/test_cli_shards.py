@@ -198,6 +198,18 @@ def test_ablate_refuses_to_shard_what_needs_the_whole_corpus(prompts, tmp_path, 
         assert "whole corpus" in error_line(capsys)
 
 
+def whole_and_merged_halves(tmp_path, base: list[str]) -> tuple[dict, dict]:
+    """`base` run whole, and as 2 shards merged in reverse order: both JSONs."""
+    full = tmp_path / "full.json"
+    assert main([*base, "--json", str(full)]) == 0
+    parts = [tmp_path / f"part{i}.partial.json" for i in (1, 2)]
+    for i, p in enumerate(parts, 1):
+        assert main([*base, "--shard", f"{i}/2", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", str(parts[1]), str(parts[0]), "--json", str(out)]) == 0
+    return json.loads(full.read_text()), json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_ablate_shards_merge_to_the_unsharded_json_on_smollm2(tmp_path):
     """SmolLM2, 3 prompts of 6 tokens, shards of 1 and 2: with every prompt in its own group of passes
@@ -205,16 +217,10 @@ def test_ablate_shards_merge_to_the_unsharded_json_on_smollm2(tmp_path):
     rounded differently, 3.4e-6 relative (measured)."""
     path = tmp_path / "p.txt"
     path.write_text("\n".join(f"Note {i}: a cat sat on {i} warm mats by the door of the old mill." for i in range(5)))
-    base = ["ablate", "--mode", "zero", "--max-tokens", "6", "--n-prompts", "3", "--prompts", str(path)]
-    full = tmp_path / "full.json"
-    assert main([*base, "--json", str(full)]) == 0
-    parts = [tmp_path / f"a{i}.partial.json" for i in (1, 2)]
-    for i, p in enumerate(parts, 1):
-        assert main([*base, "--shard", f"{i}/2", "--json", str(p)]) == 0
-    out = tmp_path / "merged.json"
-    assert main(["merge", str(parts[1]), str(parts[0]), "--json", str(out)]) == 0
-    assert max(max(row) for row in json.loads(full.read_text())["effects"]) > 0.1
-    assert_same_json(json.loads(full.read_text()), json.loads(out.read_text()))
+    whole, merged = whole_and_merged_halves(
+        tmp_path, ["ablate", "--mode", "zero", "--max-tokens", "6", "--n-prompts", "3", "--prompts", str(path)])
+    assert max(max(row) for row in whole["effects"]) > 0.1
+    assert_same_json(whole, merged)
 
 
 @pytest.mark.slow
@@ -222,12 +228,5 @@ def test_sinks_shards_merge_to_the_unsharded_json_on_smollm2(tmp_path):
     """The contract on a real model: SmolLM2 (from the converted-model cache), 2 shards."""
     path = tmp_path / "p.txt"
     path.write_text("\n".join(f"Item {i}: the ferry left the harbour at {i} o'clock with cars and a brass band." for i in range(5)))
-    base = ["sinks", "--prompts", str(path), "--max-tokens", "16", "--bos", "both", "--eps", "0.3", "0.8"]
-    full = tmp_path / "full.json"
-    assert main([*base, "--json", str(full)]) == 0
-    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
-    for i, p in enumerate(parts, 1):
-        assert main([*base, "--shard", f"{i}/2", "--json", str(p)]) == 0
-    out = tmp_path / "merged.json"
-    assert main(["merge", str(parts[1]), str(parts[0]), "--json", str(out)]) == 0
-    assert_same_json(json.loads(full.read_text()), json.loads(out.read_text()))
+    assert_same_json(*whole_and_merged_halves(
+        tmp_path, ["sinks", "--prompts", str(path), "--max-tokens", "16", "--bos", "both", "--eps", "0.3", "0.8"]))
