@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import fields
@@ -828,6 +829,29 @@ def text_findings(flat: dict, rows: list[dict]) -> None:
     if best is not None:
         flat["train.text.closest_run"] = best[0]
         flat["train.text.closest_run.prepend.sink_rate.0.3"] = best[1]
+    text_seed_findings(flat, rows)
+
+
+def text_seed_findings(flat: dict, rows: list[dict]) -> None:
+    """A natural-text recipe run with two or more seeds (run names equal but
+    for `-s<seed>`): the mean over seeds and its 95 % t interval of the loss
+    gap without `<bos>`, max alpha_0 in both conditions and the sink rate at
+    0.3 with `<bos>`, under `train.text.seeds.<recipe>`."""
+    recipes: dict[str, list[tuple[dict, dict]]] = {}
+    for r, t in _with_twin(rows):
+        recipes.setdefault(re.sub(r"-s\d+(?=-|$)", "", r["run"]), []).append((r, t))
+    for recipe, pairs in recipes.items():
+        if len(pairs) < 2:
+            continue
+        base = f"train.text.seeds.{recipe}"
+        flat[f"{base}.seeds"] = ",".join(str(r["seed"]) for r, _ in pairs)
+        stats = {"loss_gap": [t["val_loss"] - r["val_loss"] for r, t in pairs],
+                 "prepend.max_head_score": [r["max_head_score"] for r, _ in pairs],
+                 "none.max_head_score": [t["max_head_score"] for _, t in pairs],
+                 "prepend.sink_rate.0.3": [r["sink_rate"]["0.3"] for r, _ in pairs]}
+        for name, values in stats.items():
+            for stat, v in seed_interval(values).items():
+                flat[f"{base}.{name}.{stat}"] = v
 
 
 def cmd_findings(args) -> dict:

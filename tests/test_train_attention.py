@@ -281,3 +281,28 @@ def test_moonshot_needs_half_the_heads_and_half_the_rate_gone(with_bos, without,
     flat: dict = {}
     mod.text_findings(flat, [row(True, with_bos), row(False, without)])
     assert flat["train.text.r.moonshot_reached"] is reached and flat["train.text.closest_run"] == "r"
+
+
+def test_text_seed_findings_pool_a_recipe_over_its_seeds_only():
+    """Runs that differ only in their seed are pooled (mean and t interval over seeds); a recipe
+    with one seed, or another weight decay, is not."""
+    mod = _script()
+
+    def pair(run: str, seed: int, gap: float, score: float) -> list[dict]:
+        common = {"run": run, "seed": seed, "sink_rate": {"0.3": 10.0 * seed}, "max_head_score": score}
+        return [{**common, "inference_bos": True, "val_loss": 1.0},
+                {**common, "inference_bos": False, "val_loss": 1.0 + gap, "max_head_score": score / 10}]
+
+    rows = [*pair("text-L4H4-wd0.1-fixedbos-s0", 0, 0.06, 0.8), *pair("text-L4H4-wd0.1-fixedbos-s1", 1, 0.10, 0.6),
+            *pair("text-L4H4-wd0.5-fixedbos-s0", 0, 0.5, 0.9), *pair("text-L4H4-wd0.1-fixedbos-s2-4000steps", 2, 1, 1)]
+    flat: dict = {}
+    mod.text_seed_findings(flat, rows)
+    base = "train.text.seeds.text-L4H4-wd0.1-fixedbos"
+    assert flat[f"{base}.seeds"] == "0,1" and flat[f"{base}.loss_gap.n"] == 2
+    assert flat[f"{base}.loss_gap.mean"] == pytest.approx(0.08)
+    # t(1) = 12.706: half-width 12.706 * sd / sqrt(2), sd = 0.02 * sqrt(2)
+    assert flat[f"{base}.loss_gap.hi"] - flat[f"{base}.loss_gap.mean"] == pytest.approx(12.706 * 0.02, rel=1e-3)
+    assert flat[f"{base}.none.max_head_score.mean"] == pytest.approx(0.07)
+    assert flat[f"{base}.prepend.sink_rate.0.3.mean"] == pytest.approx(5.0)
+    assert not any(k.startswith(("train.text.seeds.text-L4H4-wd0.5", "train.text.seeds.text-L4H4-wd0.1-fixedbos-4000"))
+                   for k in flat)
