@@ -49,7 +49,7 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--prompt-batch", type=prompt_batch_arg, default=1, metavar="N|all",
                    help="prompts per group of forward passes (default 1: each prompt's passes do not depend on the "
                         "prompts beside it, so --shard / --ray runs equal this one to float32 rounding); 'all' is "
-                        "faster (~1.5x on 2 CPU cores, more on a GPU) but then shards differ from the whole run by "
+                        "faster (~1.5x on 2 CPU cores; not measured on a GPU) but then shards differ from the whole run by "
                         "float32 batch rounding (3.4e-6 relative measured on SmolLM2). Ignored by --mode mean, "
                         "which needs every prompt at once")
     add_metric(p)
