@@ -154,18 +154,17 @@ def _grouped_ablations(model, tokens, prompt_batch: int, *, mode, bos, metric, a
     if isinstance(resolved, Custom):
         raise ValueError("prompt_batch: a callable metric has no per-group average to combine; use 'kl' or 'logit_diff'")
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
-    groups = batch.batches(prompt_batch)
-    effects, baseline, total = None, 0.0, 0.0
-    bar = tqdm(total=len(batch), desc=f"ablate {mode}", disable=not progress, unit="prompt")
-    for rows, part in groups:
-        one = head_ablations(model, part, mode=mode, metric=_metric_rows(resolved, rows, len(batch)),
-                             layers=layers, heads=heads, method=method, max_rows=max_rows, progress=False)
-        w = ablation_weight(one.metric, part)
-        effects = one.effects.double() * w if effects is None else effects + one.effects.double() * w
-        baseline, total = baseline + one.baseline * w, total + w
-        bar.update(len(part))
-    bar.close()
-    return replace(one, effects=(effects / total).float(), baseline=baseline / total, n_prompts=len(batch))
+    weighted = []  # (one group's HeadAblation, its weight)
+    with tqdm(total=len(batch), desc=f"ablate {mode}", disable=not progress, unit="prompt") as bar:
+        for rows, part in batch.batches(prompt_batch):
+            one = head_ablations(model, part, mode=mode, metric=_metric_rows(resolved, rows, len(batch)),
+                                 layers=layers, heads=heads, method=method, max_rows=max_rows, progress=False)
+            weighted.append((one, ablation_weight(one.metric, part)))
+            bar.update(len(part))
+    total = sum(w for _, w in weighted)
+    effects = sum(r.effects.double() * w for r, w in weighted) / total
+    baseline = sum(r.baseline * w for r, w in weighted) / total
+    return replace(weighted[0][0], effects=effects.float(), baseline=baseline, n_prompts=len(batch))
 
 
 def _metric_rows(metric: Metric, rows: slice, n_prompts: int) -> MetricSpec:
