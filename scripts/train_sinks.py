@@ -405,6 +405,12 @@ def cmd_depth(args) -> list[dict]:
                    title=f"Depth, every run read at step {args.deep_steps} ({args.preset} preset, fixed <bos>; {title})")
         print(f"wrote {out / (args.prefix + 'depth_at_step.json')}, depth_at_step.png (every run at step "
               f"{args.deep_steps})")
+    else:
+        # Every depth ran the preset's steps: an earlier sweep's early-stop reading no longer matches depth.json.
+        for stale in (Path(args.out) / f"{args.prefix}depth_at_step.json", Path(args.out) / f"{args.prefix}depth_at_step.png"):
+            if stale.exists():
+                stale.unlink()
+                print(f"removed {stale}: it read an earlier sweep whose deep runs stopped early")
     return rows
 
 

@@ -200,8 +200,12 @@ def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
     serial = tmp_path / "serial"
     assert mod.main(["mask-self", "--seeds", "1", *small, "--out", str(serial), "--runs-dir", str(tmp_path / "r2")]) == 0
     assert json.loads((serial / "mask_self.json").read_text())[0]["val_loss"] == rows[2]["val_loss"]
+    stale = tmp_path / "fig" / "depth_at_step.json"  # an earlier sweep whose deep runs stopped early
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("[]")
     assert mod.main(["depth", "--depths", "1", "2", "--seeds", "0", "1", "--positionals", "rotary", *small,
                      *common]) == 0
+    assert not stale.exists()  # every depth ran the same steps: the early-stop reading is gone
     depth = json.loads((tmp_path / "fig" / "depth.json").read_text())
     assert sorted({(r["n_layers"], r["seed"]) for r in depth}) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert all(len(r["layer_sink_rate"]["0.3"]) == r["n_layers"] and "mask_self" not in r for r in depth)
