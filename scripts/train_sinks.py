@@ -424,7 +424,12 @@ def cmd_text(args) -> list[dict]:
                 cfg = preset_config(args, n_layers=depth, weight_decay=wd, fixed_bos=fixed_bos == "yes",
                                     packing="causal")
                 name = f"text-L{depth}H{cfg.n_heads}-wd{wd:g}-{'fixedbos' if cfg.fixed_bos else 'nofixedbos'}-s{cfg.seed}"
-                if cfg.steps != PRESETS[args.preset]["steps"]:  # a longer (or shorter) run keeps its own row
+                preset = PRESETS[args.preset]
+                if cfg.d_model != preset["d_model"]:  # a wider (or narrower) run keeps its own row
+                    name += f"-d{cfg.d_model}"
+                if cfg.lr != preset["lr"]:
+                    name += f"-lr{cfg.lr:g}"
+                if cfg.steps != preset["steps"]:  # a longer (or shorter) run keeps its own row
                     name += f"-{cfg.steps}steps"
                 specs.append((cfg, "text", name))
     logs = run_many(specs, args)

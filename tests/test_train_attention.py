@@ -269,6 +269,11 @@ def test_text_experiment_rows_and_moonshot_flags(tmp_path):
     # A second call adds its runs to text.json and keeps the earlier ones.
     assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, *common]) == 0
     assert len(json.loads((tmp_path / "fig" / "text.json").read_text())) == 6
+    # A run off the preset's width or learning rate is named for it and keeps its own row.
+    assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, "lr=0.006", *common]) == 0
+    rows = json.loads((tmp_path / "fig" / "text.json").read_text())
+    assert len(rows) == 8 and rows[-1]["run"] == "text-L2H4-wd0-fixedbos-s0-d16-lr0.006-2steps"
+    assert rows[-1]["lr"] == 0.006 and rows[-1]["d_model"] == 16
 
 
 @pytest.mark.parametrize(("with_bos", "without", "reached"), [(60.0, 30.0, True), (60.0, 31.0, False),
