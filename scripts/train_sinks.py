@@ -854,6 +854,7 @@ def text_seed_findings(flat: dict, rows: list[dict]) -> None:
     for recipe, pairs in recipes.items():
         if len(pairs) < 2:
             continue
+        pairs.sort(key=lambda pair: pair[0]["seed"])
         base = f"train.text.seeds.{recipe}"
         flat[f"{base}.seeds"] = ",".join(str(r["seed"]) for r, _ in pairs)
         stats = {"loss_gap": [t["val_loss"] - r["val_loss"] for r, t in pairs],
