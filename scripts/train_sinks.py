@@ -656,7 +656,9 @@ def findings(out: Path, prefix: str = "") -> dict:
     context_length_findings(flat, out, prefix)
     path = out / f"{prefix}text.json"
     if path.exists():
-        text_findings(flat, json.loads(path.read_text()))
+        rows = json.loads(path.read_text())
+        text_findings(flat, rows)
+        text_step_findings(flat, out / "logs" / "text", prefix, rows)
     path = out / f"{prefix}bench_train.json"
     if path.exists():
         bench = json.loads(path.read_text())
@@ -832,6 +834,8 @@ def text_findings(flat: dict, rows: list[dict]) -> None:
         for k in ("steps", "train_seconds", "n_layers", "n_heads", "d_model", "context_length", "weight_decay",
                   "tokens_per_step", "uniform_score"):
             flat[f"{base}.{k}"] = r[k]
+        if "lr" in r:
+            flat[f"{base}.lr"] = r["lr"]
         flat[f"{base}.tokens_seen"] = r["steps"] * r["tokens_per_step"]
         rate, rate_none = r["sink_rate"]["0.3"], t["sink_rate"]["0.3"]
         flat[f"{base}.moonshot_reached"] = rate >= 50.0 and rate_none <= rate / 2
@@ -841,6 +845,25 @@ def text_findings(flat: dict, rows: list[dict]) -> None:
         flat["train.text.closest_run"] = best[0]
         flat["train.text.closest_run.prepend.sink_rate.0.3"] = best[1]
     text_seed_findings(flat, rows)
+
+
+def text_step_findings(flat: dict, logs: Path, prefix: str, rows: list[dict]) -> None:
+    """Per natural-text run, from its log: at every evaluation step, the sink
+    rate at 0.3 and max alpha_0 with `<bos>` (under
+    `train.text.<run>.at_step.<step>`), and the first step at which a head
+    passed 0.3 (`first_sink_step`, absent if none did): does longer training
+    add sink heads, or only sharpen the first?"""
+    for run in dict.fromkeys(r["run"] for r in rows if r["inference_bos"]):
+        path = logs / f"{prefix}{run}.json"
+        if not path.exists():
+            raise ValueError(f"no {path}: the log of a run in text.json")
+        for e in json.loads(path.read_text())["evals"]:
+            cond = e["conditions"]["prepend"]
+            base = f"train.text.{run}.at_step.{e['step']}"
+            flat[f"{base}.prepend.sink_rate.0.3"] = cond["sink_rate"]["0.3"]
+            flat[f"{base}.prepend.max_head_score"] = cond["max_head_score"]
+            if cond["max_head_score"] > 0.3 and f"train.text.{run}.first_sink_step" not in flat:
+                flat[f"train.text.{run}.first_sink_step"] = e["step"]
 
 
 def text_seed_findings(flat: dict, rows: list[dict]) -> None:

@@ -315,3 +315,27 @@ def test_text_seed_findings_pool_a_recipe_over_its_seeds_only():
     assert flat[f"{base}.prepend.sink_rate.0.3.mean"] == pytest.approx(5.0)
     assert not any(k.startswith(("train.text.seeds.text-L4H4-wd0.5", "train.text.seeds.text-L4H4-wd0.1-fixedbos-4000"))
                    for k in flat)
+
+
+def test_text_step_findings_read_each_run_log_and_find_the_first_sink_step(tmp_path):
+    """The trajectory comes from the log: a run whose head passes 0.3 at step 20 gets
+    first_sink_step 20; a run that never passes it gets none; a missing log is an error."""
+    mod = _script()
+
+    def log(name: str, scores: list[float]) -> None:
+        evals = [{"step": 10 * (i + 1), "conditions": {"prepend": {"sink_rate": {"0.3": 25.0 * (s > 0.3)},
+                                                                    "max_head_score": s}}}
+                 for i, s in enumerate(scores)]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"evals": evals}))
+
+    log("sink", [0.1, 0.31, 0.6])
+    log("null", [0.1, 0.2, 0.29])
+    rows = [{"run": n, "inference_bos": b} for n in ("sink", "null") for b in (True, False)]
+    flat: dict = {}
+    mod.text_step_findings(flat, tmp_path, "", rows)
+    assert flat["train.text.sink.first_sink_step"] == 20 and "train.text.null.first_sink_step" not in flat
+    assert flat["train.text.sink.at_step.30.prepend.max_head_score"] == 0.6
+    assert flat["train.text.sink.at_step.20.prepend.sink_rate.0.3"] == 25.0
+    assert flat["train.text.null.at_step.30.prepend.sink_rate.0.3"] == 0.0
+    with pytest.raises(ValueError, match="no .*gone.json"):
+        mod.text_step_findings({}, tmp_path, "", [{"run": "gone", "inference_bos": True}])
