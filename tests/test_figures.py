@@ -114,3 +114,18 @@ def test_shared_colour_scale_and_heatmap_grid():
     assert core.heatmap_grid(np.arange(3.0)).shape == (3, 1)
     np.testing.assert_allclose(core.heatmap_grid(np.arange(8.0).reshape(2, 2, 2)), [[0.5, 2.5], [4.5, 6.5]])
     assert core.heatmap_grid(np.ones((2, 5))).shape == (2, 5)
+
+
+def test_training_curves_wrap_many_runs_onto_bands_of_three_rows(tmp_path):
+    """Seven runs at five per row draw two bands (six rows of panels), not seven narrow columns:
+    the image is about as tall as wide, where one band of seven columns is three times as wide."""
+    from sinkmech.figures.training import training_curves
+
+    cond = {"max_head_score": 0.5, "mean_head_score": 0.2, "uniform_score": 0.1, "sink_rate": {"0.3": 25.0, "0.8": 0.0}}
+    log = {"train_loss": [3.0, 2.5, 2.0], "evals": [{"step": s, "val_loss": {"prepend": 2.0, "none": 2.1},
+                                                     "conditions": {"prepend": cond, "none": cond}} for s in (1, 3)]}
+    logs = {f"run{i}": log for i in range(7)}
+    wrapped = matplotlib.image.imread(training_curves(logs, tmp_path / "wrapped.png"))
+    flat = matplotlib.image.imread(training_curves(logs, tmp_path / "flat.png", per_row=7))
+    assert wrapped.shape[0] / wrapped.shape[1] > 0.75
+    assert flat.shape[1] / flat.shape[0] > 2.5

@@ -15,9 +15,12 @@ COLORS = {"prepend": "tab:blue", "none": "tab:orange"}
 COND_STYLE = {c: (CONDITION_LABELS[c], COLORS[c]) for c in CONDITIONS}
 
 
-def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title: str = "") -> Path:
+def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title: str = "",
+                    per_row: int = 5) -> Path:
     """One column per run: validation loss, first-token scores (max and mean
     head, against the uniform baseline) and sink rates, each against step.
+    More than `per_row` runs wrap onto further bands of three rows, so each
+    panel stays readable.
 
     Args:
         logs: run name -> the log written by `sinkmech.train.run.train`.
@@ -25,8 +28,15 @@ def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title:
     if not logs:
         raise ValueError("no training logs to plot")
     n = len(logs)
-    fig, axes = plt.subplots(3, n, figsize=(3.6 * n + 0.6, 8.0), squeeze=False, constrained_layout=True)
-    for col, (name, log) in enumerate(logs.items()):
+    cols = min(n, per_row)
+    bands = -(-n // cols)
+    fig, grid = plt.subplots(3 * bands, cols, figsize=(3.6 * cols + 0.6, 8.0 * bands), squeeze=False,
+                             constrained_layout=True)
+    for i in range(n, bands * cols):  # the last band's empty columns
+        for k in range(3):
+            grid[3 * (bands - 1) + k, i % cols].set_visible(False)
+    for i, (name, log) in enumerate(logs.items()):
+        axes, col = grid[3 * (i // cols):3 * (i // cols) + 3], i % cols
         evals = log["evals"]
         steps = [e["step"] for e in evals]
         ax = axes[0, col]
@@ -57,7 +67,7 @@ def training_curves(logs: Mapping[str, dict], path: str | os.PathLike, *, title:
         ax.set_xlabel("training step", fontsize=8)
         for ax in axes[:, col]:
             ax.tick_params(labelsize=7)
-    for ax in axes[:, 0]:  # one legend per row
+    for ax in grid[:3, 0]:  # one legend per row of the first band
         ax.legend(fontsize=6)
     fig.suptitle(title or "Sink signals during training", fontsize=10)
     return save(fig, path)
