@@ -414,6 +414,12 @@ def cmd_depth(args) -> list[dict]:
     return rows
 
 
+def _recipe_then_seed(row: dict) -> tuple[str, int]:
+    """Sort key for text rows: the run's name without its seed, then the seed
+    (Python's sort is stable, so a run's with- and without-`<bos>` rows keep their order)."""
+    return re.sub(r"-s\d+(?=-|$)", "", row["run"]), row["seed"]
+
+
 def cmd_text(args) -> list[dict]:
     """Natural text (the moonshot's setting): every (depth, weight decay,
     fixed `<bos>` or not) combination asked, one run each."""
@@ -438,6 +444,7 @@ def cmd_text(args) -> list[dict]:
     names = [n for _, _, n in specs]
     new = [r for n in names for r in summary_rows(logs[n], preset=args.preset, run=n)]
     rows = [r for r in old if r.get("run") not in names] + new  # earlier text runs stay
+    rows.sort(key=_recipe_then_seed)  # a recipe's seeds side by side, in the table and the figure
     all_logs = {r["run"]: json.loads((Path(args.out) / "logs" / "text" / f"{args.prefix}{r['run']}.json").read_text())
                 for r in rows}
     _write_rows(args, "text", rows, all_logs, "Natural text (byte-level, rotary): sink signals during training")

@@ -272,8 +272,17 @@ def test_text_experiment_rows_and_moonshot_flags(tmp_path):
     # A run off the preset's width or learning rate is named for it and keeps its own row.
     assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, "lr=0.006", *common]) == 0
     rows = json.loads((tmp_path / "fig" / "text.json").read_text())
-    assert len(rows) == 8 and rows[-1]["run"] == "text-L2H4-wd0-fixedbos-s0-d16-lr0.006-2steps"
-    assert rows[-1]["lr"] == 0.006 and rows[-1]["d_model"] == 16
+    named = [r for r in rows if r["run"] == "text-L2H4-wd0-fixedbos-s0-d16-lr0.006-2steps"]
+    assert len(rows) == 8 and len(named) == 2
+    assert named[0]["lr"] == 0.006 and named[0]["d_model"] == 16
+    # A later seed of a recipe sits beside its earlier seeds (in text.json and so in the figure),
+    # not at the end, and each run's with-<bos> row comes before its without-<bos> twin.
+    assert mod.main(["text", "--weight-decays", "0.1", "--fixed-bos", "yes", "--seed", "1", *small, *common]) == 0
+    rows = json.loads((tmp_path / "fig" / "text.json").read_text())
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    assert runs.index("text-L2H4-wd0.1-fixedbos-s1-d16-2steps") == runs.index("text-L2H4-wd0.1-fixedbos-s0-d16-2steps") + 1
+    assert runs[-1] != "text-L2H4-wd0.1-fixedbos-s1-d16-2steps"
+    assert all(rows[i]["inference_bos"] and not rows[i + 1]["inference_bos"] for i in range(0, len(rows), 2))
 
 
 @pytest.mark.parametrize(("with_bos", "without", "reached"), [(60.0, 30.0, True), (60.0, 31.0, False),
