@@ -414,10 +414,15 @@ def cmd_depth(args) -> list[dict]:
     return rows
 
 
+def _recipe(run: str) -> str:
+    """A text run's name without its seed: the runs that share it differ only in their seed."""
+    return re.sub(r"-s\d+(?=-|$)", "", run)
+
+
 def _recipe_then_seed(row: dict) -> tuple[str, int]:
-    """Sort key for text rows: the run's name without its seed, then the seed
-    (Python's sort is stable, so a run's with- and without-`<bos>` rows keep their order)."""
-    return re.sub(r"-s\d+(?=-|$)", "", row["run"]), row["seed"]
+    """Sort key for text rows (Python's sort is stable, so a run's with- and
+    without-`<bos>` rows keep their order)."""
+    return _recipe(row["run"]), row["seed"]
 
 
 def cmd_text(args) -> list[dict]:
@@ -880,7 +885,7 @@ def text_seed_findings(flat: dict, rows: list[dict]) -> None:
     0.3 with `<bos>`, under `train.text.seeds.<recipe>`."""
     recipes: dict[str, list[tuple[dict, dict]]] = {}
     for r, t in _with_twin(rows):
-        recipes.setdefault(re.sub(r"-s\d+(?=-|$)", "", r["run"]), []).append((r, t))
+        recipes.setdefault(_recipe(r["run"]), []).append((r, t))
     for recipe, pairs in recipes.items():
         if len(pairs) < 2:
             continue
