@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU figures for the README (issue 19 item 7): sinks, heads, ablate (exact
+# GPU figures for the README: sinks, heads, ablate (exact
 # sweep vs one forward pass per head) and the report on CUDA, in bfloat16 and
 # float32, for SmolLM2 and Gemma 3 270M, on the installed backend
 # (`sinkmech --version` names it). Times and peak GPU memory per command go to

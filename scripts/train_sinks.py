@@ -60,7 +60,7 @@ from sinkmech.figures.training import (  # noqa: E402
 # 2,000 and reached 0.54 at 3,000 (100 % of prompts > 0.3, none > 0.8), in
 # ~4.5 minutes on one torch thread of a shared 2-core machine.
 # gpu: the same recipe scaled up (4 layers x 8 heads, T=512, 16x the tokens
-# per step); not run: no GPU was lent. Keep `--steps 2` as a smoke test.
+# per step); not measured on a GPU. Keep `--steps 2` as a smoke test.
 PRESETS: dict[str, dict] = {
     "cpu": dict(data="bigram_backcopy", context_length=128, tokens_per_step=2048, n_layers=1, d_model=64,
                 n_heads=1, positional="standard", steps=3000, lr=5e-3, warmup=50, eval_every=100, threads=1),
@@ -68,7 +68,7 @@ PRESETS: dict[str, dict] = {
                 n_heads=8, positional="standard", steps=4000, lr=1e-3, warmup=200, eval_every=100,
                 eval_prompts=64, val_windows=64, bb_vocab=128, bb_doc_max=1024),
 }
-# text: the natural-text setting of issue 22 (byte-level pydoc topics + stdlib
+# text: the natural-text setting (byte-level pydoc topics + stdlib
 # docstrings + stdlib .py sources, ~31 MB), rotary, 2 layers x 4 heads, d 128,
 # T 256, 4,096 tokens/step; sized to <= 15 minutes on one thread.
 PRESETS["text"] = dict(data="text", text_corpus="docs+source", context_length=256, tokens_per_step=4096, n_layers=2,
@@ -426,7 +426,7 @@ def _recipe_then_seed(row: dict) -> tuple[str, int]:
 
 
 def cmd_text(args) -> list[dict]:
-    """Natural text (the moonshot's setting): every (depth, weight decay,
+    """Natural text (the half-the-heads target's setting): every (depth, weight decay,
     fixed `<bos>` or not) combination asked, one run each."""
     specs = []
     for depth in args.depths:
@@ -828,8 +828,8 @@ def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
 
 def text_findings(flat: dict, rows: list[dict]) -> None:
     """Per natural-text run: sink rates (whole model, per layer), max alpha_0,
-    val loss with and without `<bos>`, the loss gap, and the moonshot's two
-    conditions (>= 50 % of (prompt, head) pairs > 0.3 with `<bos>`; that rate
+    val loss with and without `<bos>`, the loss gap, and the two conditions
+    of the half-the-heads target (>= 50 % of (prompt, head) pairs > 0.3 with `<bos>`; that rate
     at most half as large without it)."""
     best = None
     for r, t in _with_twin(rows):
@@ -850,7 +850,7 @@ def text_findings(flat: dict, rows: list[dict]) -> None:
             flat[f"{base}.lr"] = r["lr"]
         flat[f"{base}.tokens_seen"] = r["steps"] * r["tokens_per_step"]
         rate, rate_none = r["sink_rate"]["0.3"], t["sink_rate"]["0.3"]
-        flat[f"{base}.moonshot_reached"] = rate >= 50.0 and rate_none <= rate / 2
+        flat[f"{base}.half_heads_sink_and_halved_without_bos"] = rate >= 50.0 and rate_none <= rate / 2
         if best is None or rate > best[1]:
             best = (r["run"], rate)
     if best is not None:

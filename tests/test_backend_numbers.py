@@ -1,4 +1,4 @@
-"""Issue 19 item 3, the same numbers on every backend: heads, ablate, patch,
+"""The same numbers on every backend: heads, ablate, patch,
 perturb and massive on tiny random models of several architectures (local
 Hugging Face folders), each against transformers' own eager forward pass with
 the intervention written directly on the Hugging Face modules (no TransformerLens

@@ -148,7 +148,7 @@ def gemma_eager():
 @pytest.mark.slow
 @pytest.mark.parametrize("bos", ["prepend", "none"])
 def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, gemma_eager, bos):
-    """Issue 19's acceptance check, on this backend: Gemma 3 270M's alpha_0
+    """The backend acceptance check: Gemma 3 270M's alpha_0
     within 2e-3, sink rates within 0.5 points, loss within 0.1 nats of
     transformers' own eager attention on the same GGUF, on default-corpus
     windows 100-111 (picked by index, not by result)."""

@@ -334,7 +334,7 @@ def test_every_flag_of_every_command_says_what_it_does():
     assert silent == [] and png == []
 
 
-# The five findings of the second bad-input trial (issue 18, section 5).
+# Bad input met when the commands were tried as a user would.
 
 
 def _never_load(monkeypatch):

@@ -1,4 +1,4 @@
-"""The measurement fixes of issue 11 seen from the commands: --bos-token is
+"""Measurement definitions seen from the commands: --bos-token is
 resolved to one token id, `perturb --sensitivity` reports the rank correlation
 of the path bound, `heads` checks every if_else head plus candidates with
 intervals, and reports triggers validated on held-out prompts."""

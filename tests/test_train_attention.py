@@ -1,4 +1,4 @@
-"""Issue 22: where attention goes (per query class), the self-masked rotary
+"""Natural-text and attention studies: where attention goes (per query class), the self-masked rotary
 model, depth/seed experiments, intervals over seeds, the larger text corpus
 and parallel runs."""
 
@@ -250,7 +250,7 @@ def test_context_length_seeds_plot_reads_the_findings(tmp_path):
         context_length_seeds_plot({}, tmp_path / "d.png")
 
 
-def test_text_experiment_rows_and_moonshot_flags(tmp_path):
+def test_text_experiment_rows_and_half_heads_flags(tmp_path):
     mod = _script()
     common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
     small = ["--steps", "2", "--quiet", "--set", "text_corpus=docs", "text_limit_bytes=400000", "context_length=32",
@@ -264,7 +264,7 @@ def test_text_experiment_rows_and_moonshot_flags(tmp_path):
     flat = json.loads((tmp_path / "fig" / "findings_train.json").read_text())
     run = rows[0]["run"]
     reached = rows[0]["sink_rate"]["0.3"] >= 50 and rows[1]["sink_rate"]["0.3"] <= rows[0]["sink_rate"]["0.3"] / 2
-    assert flat[f"train.text.{run}.moonshot_reached"] is reached
+    assert flat[f"train.text.{run}.half_heads_sink_and_halved_without_bos"] is reached
     assert flat[f"train.text.{run}.loss_gap"] == pytest.approx(rows[1]["val_loss"] - rows[0]["val_loss"])
     # A second call adds its runs to text.json and keeps the earlier ones.
     assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, *common]) == 0
@@ -287,7 +287,7 @@ def test_text_experiment_rows_and_moonshot_flags(tmp_path):
 
 @pytest.mark.parametrize(("with_bos", "without", "reached"), [(60.0, 30.0, True), (60.0, 31.0, False),
                                                                (40.0, 0.0, False)])
-def test_moonshot_needs_half_the_heads_and_half_the_rate_gone(with_bos, without, reached):
+def test_the_half_heads_target_needs_half_the_heads_and_half_the_rate_gone(with_bos, without, reached):
     mod = _script()
 
     def row(inference_bos: bool, rate: float) -> dict:
@@ -298,7 +298,7 @@ def test_moonshot_needs_half_the_heads_and_half_the_rate_gone(with_bos, without,
 
     flat: dict = {}
     mod.text_findings(flat, [row(True, with_bos), row(False, without)])
-    assert flat["train.text.r.moonshot_reached"] is reached and flat["train.text.closest_run"] == "r"
+    assert flat["train.text.r.half_heads_sink_and_halved_without_bos"] is reached and flat["train.text.closest_run"] == "r"
 
 
 def test_text_seed_findings_pool_a_recipe_over_its_seeds_only():

@@ -1,4 +1,4 @@
-"""Issue 14's code paths: no positional embedding, the quantities logged while a
+"""Training code paths: no positional embedding, the quantities logged while a
 sink forms (split loss, value and residual norms), the emergence series,
 score_tokens, and the throughput benchmark."""
 
