@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import einops
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -46,6 +46,10 @@ class SinkScores(Result):
     loss_count: int = 0  # the targets it sums over
     # per prompt: the summed next-token loss on its content targets (nats), for intervals over prompts
     prompt_loss: Float[Tensor, " prompt"] | None = None
+    # `<bos>` moved to position K (K content tokens before it; `move_bos`), and per
+    # (prompt, layer, head) the mean attention on that key over the queries at and after it
+    bos_position: int | None = None
+    bos_scores: Float[Tensor, "prompt layer head_index"] | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -99,6 +103,13 @@ class SinkScores(Result):
 
     def mean_scores(self) -> Float[Tensor, "layer head_index"]:
         return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
+
+    def prompt_bos_sink_rate(self, eps: float | str) -> Float[Tensor, " prompt"]:
+        """With `<bos>` moved (`bos_position`): percent of each prompt's heads whose
+        attention on the moved `<bos>` key (`bos_scores`) exceeds eps."""
+        if self.bos_scores is None:
+            raise ValueError("no bos_scores: score with bos_position=K to move <bos> into the sequence")
+        return 100.0 * (self.bos_scores > check_eps(eps)).flatten(1).double().mean(1)
 
     def per_layer(self) -> Float[Tensor, " layer"]:
         """Mean alpha_0 over prompts and heads, per layer."""
@@ -181,6 +192,11 @@ class SinkScores(Result):
             "resid_norm_rest": self.resid_norm_rest.mean(0).tolist(),
             "loss": self.loss,
             "lengths": self.lengths.tolist(),
+            **({} if self.bos_position is None else {
+                "bos_position": self.bos_position,
+                "bos_scores": einops.reduce(self.bos_scores, "prompt layer head_index -> layer head_index",
+                                            "mean").tolist(),
+            }),
         }
 
     def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
@@ -252,6 +268,45 @@ def first_key_score(
     return first / lengths.to(pattern.device)[:, None].float()
 
 
+def move_bos(batch: TokenBatch, position: int) -> TokenBatch:
+    """`<bos>` moved from position 0 to `position` K: K content tokens, then
+    `<bos>`, then the rest (same lengths, same padding). The result keeps
+    bos="prepend"; score its loss with `moved_bos_targets`, not `target_mask`."""
+    if isinstance(position, bool) or not isinstance(position, int) or position < 1:
+        raise ValueError(f"bos_position must be an integer >= 1, got {position!r}")
+    if batch.bos != "prepend":
+        raise ValueError("bos_position moves the prepended <bos>: it needs bos='prepend'")
+    short = int((batch.lengths - 1).min())
+    if position >= short:
+        raise ValueError(f"bos_position {position} is at or beyond the content length: the shortest prompt has "
+                         f"{short} content tokens (bos_position must be below it)")
+    tokens = batch.tokens.clone()
+    tokens[:, :position] = batch.tokens[:, 1 : position + 1]
+    tokens[:, position] = batch.tokens[:, 0]
+    return TokenBatch(tokens, batch.lengths, batch.bos, batch.bos_token_id, batch.context_limit)
+
+
+def moved_bos_targets(batch: TokenBatch, position: int) -> Bool[Tensor, "batch pos"]:
+    """The loss mask for `<bos>` at `position` K: the same content targets 1 .. n-1
+    as `target_mask` with `<bos>` first. Position p predicts token p + 1; the
+    content token before `<bos>` (position K-1) would predict `<bos>`, which is
+    never a target, and `<bos>` predicts content token K."""
+    pos = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
+    return (pos[None, :] < batch.lengths[:, None] - 1) & (pos[None, :] != position - 1)
+
+
+def moved_key_score(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"], position: int
+) -> Float[Tensor, "batch head_index"]:
+    """Per prompt and head: the mean over the real queries t = K .. T-1 (those
+    that can see key K) of the attention A[t, K] on key `position` K."""
+    pos = torch.arange(pattern.shape[-2], device=pattern.device)
+    n = lengths.to(pattern.device)
+    valid = ((pos[None, :] >= position) & (pos[None, :] < n[:, None])).float()  # [batch, query_pos]
+    total = einops.einsum(pattern[..., position].float(), valid, "b h q, b q -> b h")
+    return total / (n - position)[:, None].float()
+
+
 def sink_scores(
     model: Model,
     tokens: PromptSource | TokenBatch,
@@ -262,6 +317,7 @@ def sink_scores(
     bos_token_id: int | None = None,
     loss: bool = False,
     progress: bool = True,
+    bos_position: int | None = None,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -285,6 +341,10 @@ def sink_scores(
         loss: also the mean next-token loss on content targets 1..n-1 (the
             same targets with and without `<bos>`; see `sinkmech.loss`), from
             the last block's output in the same pass, unembedded in chunks.
+        bos_position: K >= 1 moves `<bos>` into the sequence (`move_bos`, with
+            bos="prepend"): `scores` stay alpha_0 on key 0 (now a content
+            token), `bos_scores` hold the attention on the `<bos>` key, and the
+            loss stays on the same content targets (`moved_bos_targets`).
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -292,6 +352,8 @@ def sink_scores(
     if max_tokens is None and not isinstance(tokens, TokenBatch):
         max_tokens = 64
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    if bos_position is not None:
+        batch = move_bos(batch, bos_position)
     chunks = batch.batches(batch_size)  # before any work: checks batch_size
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
@@ -300,6 +362,7 @@ def sink_scores(
         for k in ("scores", "value_norm_first", "value_norm_rest")
     }
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
+    bos_scores = torch.zeros(P, L, H) if bos_position is not None else None
     loss_sum, loss_n = 0.0, 0
     prompt_loss = torch.zeros(P, dtype=torch.float64)
     for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
@@ -321,6 +384,8 @@ def sink_scores(
                     "(NaN or inf in the attention scores)"
                 )
             out["scores"][rows, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
+            if bos_scores is not None:
+                bos_scores[rows, hook.layer()] = moved_key_score(pattern, part.lengths, bos_position).cpu()
 
         def value_hook(v, hook):
             norms = expand_kv(model, v).float().norm(dim=-1)  # [batch, pos, head_index]
@@ -341,7 +406,7 @@ def sink_scores(
                 (act_name("resid_post", l), resid_hook),
             ]
         if loss:  # the same pass, through the one masked loss
-            mask = target_mask(part)
+            mask = target_mask(part) if bos_position is None else moved_bos_targets(part, bos_position)
             per_row = masked_row_losses(model, part.tokens, mask, hooks)
             prompt_loss[rows] = per_row
             loss_sum, loss_n = loss_sum + float(per_row.sum()), loss_n + int(mask[:, :-1].sum())
@@ -366,4 +431,6 @@ def sink_scores(
         loss_sum=loss_sum if loss else None,
         loss_count=loss_n if loss else 0,
         prompt_loss=prompt_loss if loss else None,
+        bos_position=bos_position,
+        bos_scores=bos_scores,
     )

@@ -221,3 +221,88 @@ def test_result_exports(tiny_model, tiny_tokens):
     assert set(payload["sink_rate"]) == {"0.3", "0.8"}
     assert payload["sink_rate"]["0.3"] == pytest.approx(res.sink_rate(0.3))
     assert len(payload["scores"]) == res.n_layers and len(payload["scores"][0]) == res.n_heads
+
+
+# <bos> moved into the sequence: K content tokens, then <bos>, then the rest.
+
+
+def moved_by_hand(row: list[int], K: int) -> list[int]:
+    return row[:K] + [TINY_BOS] + row[K:]
+
+
+def test_bos_position_equals_brute_force_on_hand_built_ids(tiny_model):
+    """Scores, <bos>-key scores and the loss against the hand-built sequence run
+    through the model directly, on ragged prompts (padding never enters)."""
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (12, 7, 10)]
+    for K in (1, 3, 6):
+        res = sink_scores(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, bos_position=K, loss=True,
+                          batch_size=2, progress=False)
+        assert res.bos_position == K
+        for p, row in enumerate(rows):
+            ids = torch.tensor([moved_by_hand(row, K)])
+            with torch.no_grad():
+                logits, cache = tiny_model.run_with_cache(ids)
+            for l in range(tiny_model.cfg.n_layers):
+                pattern = cache["pattern", l][0]  # [head, query, key]
+                assert torch.allclose(res.scores[p, l], pattern[:, :, 0].mean(-1), atol=1e-6)
+                assert torch.allclose(res.bos_scores[p, l], pattern[:, K:, K].mean(-1), atol=1e-6)
+            # content token j sits at position j (j < K) or j + 1 (j >= K); it is
+            # predicted from the position just before it, which for j = K is <bos>
+            where = [j if j < K else j + 1 for j in range(len(row))]
+            logp = torch.log_softmax(logits[0].double(), -1)
+            nll = -sum(logp[where[j] - 1, row[j]] for j in range(1, len(row)))
+            assert float(res.prompt_loss[p]) == pytest.approx(float(nll), rel=1e-5)
+        assert res.prompt_targets().tolist() == [len(r) - 1 for r in rows]
+
+
+def test_bos_position_scores_the_same_content_targets_token_by_token(tiny_model, tiny_tokens):
+    """The loss mask's targets are content tokens 1 .. n-1 in order, exactly as
+    with <bos> first; <bos> is never a target."""
+    from sinkmech.loss import target_mask
+    from sinkmech.sinks import move_bos, moved_bos_targets
+
+    first = tokenize(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS)
+    for K in (1, 2, 5, 11):
+        moved = move_bos(first, K)
+        assert moved.tokens[:, K].eq(TINY_BOS).all() and moved.tokens[:, :K].equal(tiny_tokens[:, :K])
+        mask = moved_bos_targets(moved, K)
+        for p in range(len(moved)):
+            got = moved.tokens[p, 1:][mask[p, :-1]].tolist()
+            want = first.tokens[p, 1:][target_mask(first)[p, :-1]].tolist()
+            assert got == want == tiny_tokens[p, 1:].tolist() and TINY_BOS not in got
+            # <bos> itself predicts content token K
+            assert mask[p, K] and moved.tokens[p, K + 1] == tiny_tokens[p, K]
+
+
+def test_bos_position_json_keys_and_bad_positions(tiny_model, tiny_tokens):
+    """The summary carries bos_position and bos_scores [layer][head]; K past the
+    content is refused; the moved batch's key 0 is no longer <bos>."""
+    res = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, bos_position=4, loss=True,
+                      progress=False)
+    d = res.summary()
+    assert d["bos_position"] == 4
+    assert torch.allclose(torch.tensor(d["bos_scores"]), res.bos_scores.mean(0))
+    assert len(d["bos_scores"]) == res.n_layers and len(d["bos_scores"][0]) == res.n_heads
+    assert "bos_position" not in sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS,
+                                             progress=False).summary()
+    for K, match in ((12, "at or beyond the content length"), (0, ">= 1")):
+        with pytest.raises(ValueError, match=match):
+            sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, bos_position=K, progress=False)
+    with pytest.raises(ValueError, match="bos='prepend'"):
+        sink_scores(tiny_model, tiny_tokens, bos="none", bos_position=2, progress=False)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bos", "none", "--bos-position", "2"], "needs --bos both or --bos prepend"),
+    (["--bos-position", "8", "--max-tokens", "8"], "at or beyond the content length"),
+    (["--bos-position", "2", "--keys", "all"], "--keys all"),
+])
+def test_bos_position_flag_is_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
+    from sinkmech import models
+    from sinkmech.cli import main
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(["sinks", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err

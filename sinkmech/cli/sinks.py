@@ -44,6 +44,11 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--n-prompts", type=positive_int, default=None, help="use only the first N prompts")
     p.add_argument("--bos", choices=["prepend", "none", "both"], default="both",
                    help="prepend: <bos> at position 0; none: the same content without it; both (default): each, side by side")
+    p.add_argument("--bos-position", type=positive_int, default=None, metavar="K",
+                   help="with --bos both|prepend: move <bos> into the sequence, K content tokens before it (K >= 1, "
+                        "below --max-tokens); JSON 'bos_position' and 'bos_scores' (attention on the <bos> key from "
+                        "the queries at and after it) under the with-<bos> condition; the loss stays on the same "
+                        "content targets")
     p.add_argument("--eps", nargs="+", type=eps_value, default=["0.3", "0.8"], help="sink-rate thresholds (strict >)")
     p.add_argument("--top", type=positive_int, default=10, help="how many top sink heads to list")
     p.add_argument("--keys", choices=["first", "all"], default="first",
@@ -190,10 +195,27 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
             print(f"  {head_label(layer, head)}  {score:.3f}")
 
 
+def check_bos_position(args) -> None:
+    """--bos-position K: refused before the model loads unless it can be honoured."""
+    K = args.bos_position
+    if K is None:
+        return
+    if args.bos == "none":
+        raise UsageError("--bos-position moves <bos> into the sequence: it needs --bos both or --bos prepend")
+    if K >= args.max_tokens:
+        raise UsageError(f"--bos-position {K} is at or beyond the content length (--max-tokens {args.max_tokens}): "
+                         "give a K below it")
+    if args.keys == "all":
+        raise UsageError("--bos-position scores key 0 and the <bos> key only: it cannot be combined with --keys all")
+    if args.shard is not None or args.ray is not None:
+        raise UsageError("--bos-position runs in one process: drop --shard / --ray")
+
+
 def cmd_sinks(args) -> None:
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     if args.ray is not None and args.findings is not None:
         raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
+    check_bos_position(args)
 
     def task(settings: dict) -> SinksTask:
         return SinksTask.from_args(args, prompts, settings, conditions=tuple(conditions(args.bos)),
@@ -208,7 +230,12 @@ def cmd_sinks(args) -> None:
         batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens, bos_token_id=bos_id)
         if i == 0:  # both conditions hold the same content tokens: say it once
             warn_short(batch, args.max_tokens)
-        results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True)
+        moved = args.bos_position if bos == "prepend" else None
+        if moved is not None and int(batch.lengths.min()) - 1 <= moved:
+            raise UsageError(f"--bos-position {moved} is at or beyond the content length: the shortest prompt has "
+                             f"{int(batch.lengths.min()) - 1} content tokens")
+        results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True,
+                                   bos_position=moved)
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
@@ -219,10 +246,16 @@ def cmd_sinks(args) -> None:
     def findings_out() -> None:
         label = args.model if "/" not in args.model else Path(args.model).stem
         tag = "bos_" + re.sub(r"[^A-Za-z0-9]+", "_", args.bos_token).strip("_") if args.bos_token else "bos_default"
+        if args.bos_position is not None:  # a run of its own: never overwrites the <bos>-first numbers
+            tag += f"_at_{args.bos_position}"
         prefix = f"{label}.sinks.{tag}"
         values = {c: {k: v for k, v in r.summary(args.eps).items() if k in ("sink_rate", "sink_rate_ci", "loss_ci")}
                   | {"loss": r.loss, "mean_score": float(r.scores.mean()), "n_prompts": r.n_prompts}
                   for c, r in results.items()}
+        if args.bos_position is not None:
+            values["prepend"]["bos_position"] = args.bos_position
+            values["prepend"]["bos_sink_rate"] = {e: float(results["prepend"].prompt_bos_sink_rate(e).mean())
+                                                  for e in args.eps}
         if set(results) == {"prepend", "none"}:  # without minus with, paired by prompt
             values["contrasts"] = paired_contrasts(results["prepend"], results["none"], args.eps)
         if bos_id is not None:
