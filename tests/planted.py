@@ -50,6 +50,7 @@ def planted_model(seed: int = 1) -> Model:
 TRIGGER = 7
 N_CTX = 32
 LATE = 9  # a token that only occurs late in the sequence
+MARKER = 11  # the "prompt" head's prompt marker
 X_BOS, X_TRIG, X_CONST, X_POS = 0, 1, 2, 3  # residual dims of the planted model
 X_RAND = X_POS + N_CTX
 
@@ -66,7 +67,10 @@ def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -
     (always +15 on <bos>), "prev" (previous token +15), "position" (the
     positional null: sink before position `cut`, previous token from there
     on, whatever the tokens; the value at <bos> is 0 as in "if_else", so
-    only the trigger rule can tell the two apart).
+    only the trigger rule can tell the two apart), "prompt" (activity follows
+    the prompt: every query from a MARKER token on attends to it, logit +30
+    against the sink's +15, so whole prompts are active or dormant whatever
+    the query token; the value at <bos> is 0).
     """
     if IS_BRIDGE:
         pytest.skip(f"planted heads are set in a HookedTransformer's weights (TransformerLens 3.x); backend here: {BACKEND}")
@@ -86,6 +90,8 @@ def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -
         W_E[TINY_BOS] = 0.0
         W_E[TINY_BOS, X_BOS] = 1.0
         W_E[TRIGGER, X_TRIG] = 1.0
+        if "prompt" in kinds.values():
+            W_E[MARKER, X_TRIG] = -1.0  # a key only the "prompt" head reads (the if_else head rests on it)
         model.embed.W_E.copy_(W_E)
         model.pos_embed.W_pos.copy_(torch.zeros(N_CTX, cfg.d_model).index_put_((pos, X_POS + pos), torch.tensor(1.0)))
         attn = model.blocks[0].attn
@@ -107,6 +113,11 @@ def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -
                 attn.W_Q[h, X_CONST, 0] = 15.0 * s
             elif kind == "prev":
                 attn.W_Q[h, X_POS + p, p] = 15.0 * s
+            elif kind == "prompt":
+                attn.W_V[h, X_BOS].zero_()
+                attn.W_Q[h, X_CONST, 0] = 15.0 * s
+                attn.W_Q[h, X_CONST, cfg.d_head - 1] = 30.0 * s
+                attn.W_K[h, X_TRIG, cfg.d_head - 1] = -1.0
             elif kind == "position":
                 attn.W_Q[h, X_POS + pos[:cut], 0] = 15.0 * s
                 attn.W_Q[h, X_POS + p, p] = 8.0 * s

@@ -22,7 +22,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from sinkmech.dormant.labels import MODES, HeadStats, Mode, Thresholds, classify
-from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
+from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
 from sinkmech.hooks import head_label
 
 # (high, low) cuts of the sweep: the default 0.8 / 0.2 and looser and stricter ones
@@ -131,6 +131,8 @@ def triggers_at(rec: QueryRecords, th: Thresholds, heads: list[tuple[int, int]],
     counter.add_layer(0, rec.tokens, active, rec.key[:, ls, hs], ids)
     found, _ = counter.finalize(decode=decode, min_count=th.min_count, top_k=top_k,
                                 min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha, n_tests=L * H)
+    found = judge_by_prompt(found, rec.tokens, rec.valid, active[:, None], rec.key[:, ls, hs][:, None], min_lift=th.min_lift,
+                            min_count=th.min_count, min_prompts=th.min_prompts, max_p=th.alpha / (L * H))
     return {lh: found[0][i] for i, lh in enumerate(heads)}
 
 

@@ -112,7 +112,8 @@ class HeadScan(Result):
         `trigger_selected_on` / `trigger_validated_on`: the prompt indices that
         chose the head's trigger and those that judged it (disjoint);
         `validated_lift`: the chosen trigger's lift on the latter (None: no
-        trigger); `uncertainty`: bootstrap intervals over prompts."""
+        trigger); `trigger_test` / `trigger_p`: the test that judged it there
+        ("prompt_t": prompts as units) and its p-value; `uncertainty`: bootstrap intervals over prompts."""
         def num(x: Tensor) -> float | None:
             v = float(x)
             return None if math.isnan(v) else v
@@ -141,6 +142,8 @@ class HeadScan(Result):
             "trigger_selected_on": selected,
             "trigger_validated_on": validated,
             "validated_lift": None if top is None else top.validated_lift,
+            "trigger_test": None if top is None else top.trigger_test,
+            "trigger_p": None if top is None else top.trigger_p,
             "uncertainty": None if u is None else {
                 "dormant_fraction_ci": u.dormant_fraction_ci[l, h].tolist(),
                 "active_fraction_ci": u.active_fraction_ci[l, h].tolist(),

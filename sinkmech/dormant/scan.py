@@ -22,7 +22,7 @@ from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
 from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, threshold_sweep
 from sinkmech.dormant.result import HeadScan
-from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger
+from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
 
@@ -266,6 +266,11 @@ class _Accumulator:
         triggers, best = self.triggers.finalize(decode=decode,
                                                 min_count=th.min_count, top_k=top_triggers,
                                                 min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha)
+        if records is not None:  # prompts as the unit; without records (summed shards) the Poisson tail stays
+            triggers = judge_by_prompt(triggers, records.tokens, records.valid, records.active(th.low), records.key,
+                                       min_lift=th.min_lift, min_count=th.min_count, min_prompts=th.min_prompts,
+                                       max_p=th.alpha / (best.numel()),
+                                       prompt_ids=torch.arange(self.first_prompt, self.first_prompt + len(records.tokens)))
         div = lambda a, b: (a / b).float()  # noqa: E731  (0/0 -> NaN: that mode never occurred)
         bands = {}
         for k, v in self.band.items():

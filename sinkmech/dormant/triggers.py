@@ -27,18 +27,37 @@ numbered prompts only (*selection*: `count`, `expected`, `lift`, `n_prompts`,
 lift >= `min_lift`) is judged on the odd-numbered prompts (*validation*: its
 own token occurrences there, the head's position profile). It is `validated`
 when there it reaches lift >= `min_lift` on >= `min_count` active queries in
->= `min_prompts` prompts and the Poisson upper tail P(X >= count | expected)
-is <= `alpha` / (layers x heads), a Bonferroni bound over every head scanned.
+>= `min_prompts` prompts and its test's p-value (`trigger_p`) is <= `alpha` /
+(layers x heads), a Bonferroni bound over every head scanned.
+
+The test (`trigger_test`) takes the prompt as its unit (`judge_by_prompt`,
+"prompt_t"): a head and a token can cluster in the same prompts without the
+head reading the token (a head active on whole prompts of one kind, where the
+token happens to be common), and the Poisson upper tail P(X >= count |
+expected) (`p_validated`, "query_poisson") counts such queries as
+independent evidence. Per validation prompt i, the excess e_i = observed_i -
+expected_i, where expected_i keeps the head's position profile r(p) but scales
+it to the prompt's own activity (for "query" / "previous": c_i = active
+queries of prompt i / sum of r(p) over its queries, expected_i = c_i x sum of
+r(p) over the token's occurrences there, what the head would do if within
+the prompt it ignored tokens; for "key": the position-adjusted count above,
+restricted to the prompt). The one-sided Student t test of mean(e_i) > 0
+over the prompts where the token occurs gives `trigger_p`. Only a scan with
+per-query records has it; a scan merged from shards falls back to the
+Poisson tail and says so (`trigger_test` "query_poisson").
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
+
+from sinkmech.stats import t_sf
 
 Where = Literal["query", "previous", "key"]
 WHERES: tuple[Where, ...] = ("query", "previous", "key")
@@ -73,8 +92,10 @@ class Trigger:
     expected_validated: float = 0.0
     validated_lift: float | None = None  # None: the token never occurs where it could count on the validation prompts
     prompts_validated: int = 0
-    p_validated: float | None = None  # Poisson P(X >= count_validated | expected_validated)
+    p_validated: float | None = None  # Poisson P(X >= count_validated | expected_validated), queries as units
     validated: bool = False  # the validation rule of the module docstring holds
+    trigger_test: str = "query_poisson"  # what trigger_p is: "prompt_t" (prompts as units) or "query_poisson"
+    trigger_p: float | None = None  # the p-value `validated` is judged on
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -219,12 +240,95 @@ class TriggerCounter:
                                 and p is not None and p <= max_p)
                         out[l][h].append(Trigger(decode(t), t, where, int(round(n)), float(exp_c[l, h, t]),
                                                  float(lift_c[l, h, t]), g, rate_t, int(prompts_c[l, h, t]),
-                                                 int(round(vo)), ve, v_lift, vn, p, bool(ok_v)))
+                                                 int(round(vo)), ve, v_lift, vn, p, bool(ok_v), "query_poisson", p))
         for l in range(L):
             for h in range(H):
                 out[l][h].sort(key=lambda tr: -tr.log_lr)
                 best[l, h] = max((tr.lift for tr in out[l][h]), default=0.0)
         return out, best
+
+
+def judge_by_prompt(
+    triggers: list[list[list[Trigger]]],
+    tokens: Int[Tensor, "prompt pos"],
+    valid: Bool[Tensor, "prompt pos"],
+    active: Bool[Tensor, "prompt layer head_index pos"],
+    key: Int[Tensor, "prompt layer head_index pos"],
+    *,
+    min_lift: float,
+    min_count: int,
+    min_prompts: int,
+    max_p: float,
+    prompt_ids: Int[Tensor, " prompt"] | None = None,
+) -> list[list[list[Trigger]]]:
+    """Every trigger judged again with the prompt as the unit (the module
+    docstring): `trigger_test` "prompt_t", `trigger_p` the one-sided t test's
+    p-value over the validation prompts, `validated` re-decided on it (the
+    count, prompt and lift rules unchanged, `max_p` the Bonferroni level).
+
+    Args:
+        triggers: [layer][head] lists from `TriggerCounter.finalize`.
+        tokens, valid: the scanned prompts and their real queries (query 0
+            and padding excluded), rows in corpus order.
+        active, key: per query, whether the head was active (first-token
+            attention <= low) and its most attended key other than the first.
+        prompt_ids: each row's index in the corpus (its parity picks the half).
+    """
+    ids = torch.arange(len(tokens)) if prompt_ids is None else prompt_ids.cpu()
+    rows = (ids % 2 == VALIDATE).nonzero()[:, 0]
+    tok, ok = tokens.cpu()[rows].long(), valid.cpu()[rows]
+    act = active.cpu()[rows] & ok[:, None, None, :]  # [prompt, layer, head, pos]
+    kidx = key.cpu()[rows].long()
+    L, H = act.shape[1:3]
+    okf = ok.double()
+    rate = act.double().sum(0) / okf.sum(0).clamp(min=1)  # [layer, head, pos]: the position profile
+    n_active = act.double().sum(-1)  # [prompt, layer, head]
+    scale = n_active / torch.einsum("ip,lhp->ilh", okf, rate).clamp(min=1e-12)
+    at_place = {"query": tok, "previous": torch.roll(tok, 1, dims=1)}
+    out = [[list(row) for row in layer] for layer in triggers]
+    for where in WHERES:
+        cells = [(l, h, i) for l in range(L) for h in range(H) for i, t in enumerate(triggers[l][h]) if t.where == where]
+        if not cells:
+            continue
+        ls = torch.tensor([c[0] for c in cells])
+        hs = torch.tensor([c[1] for c in cells])
+        cand = torch.tensor([triggers[l][h][i].token_id for l, h, i in cells])  # [cell]
+        a = act[:, ls, hs].double()  # [prompt, cell, pos]
+        if where == "key":
+            key_tok = torch.gather(tok[:, None, :].expand(-1, len(cells), -1), 2, kidx[:, ls, hs])
+            obs = ((key_tok == cand[None, :, None]).double() * a).sum(-1)
+            freq = ((tok[:, None, :] == cand[None, :, None]) & ok[:, None, :]).double().sum(0)  # [cell, pos]
+            freq = freq / okf.sum(0).clamp(min=1)
+            expected = (a * torch.gather(freq[None].expand(len(tok), -1, -1), 2, kidx[:, ls, hs])).sum(-1)
+            occurs = ((tok[:, None, :] == cand[None, :, None]) & ok[:, None, :]).any(-1)
+        else:
+            x = ((at_place[where][:, None, :] == cand[None, :, None]) & ok[:, None, :]).double()  # [prompt, cell, pos]
+            obs = (x * a).sum(-1)
+            expected = scale[:, ls, hs] * (x * rate[ls, hs][None]).sum(-1)
+            occurs = x.sum(-1) > 0
+        excess = obs - expected  # [prompt, cell]
+        for j, (l, h, i) in enumerate(cells):
+            p = one_sided_t_p(excess[occurs[:, j], j])
+            t = out[l][h][i]
+            ok_v = (t.validated_lift is not None and t.validated_lift >= min_lift and t.count_validated >= min_count
+                    and t.prompts_validated >= min_prompts and p is not None and p <= max_p)
+            out[l][h][i] = replace(t, trigger_test="prompt_t", trigger_p=p, validated=bool(ok_v))
+    return out
+
+
+def one_sided_t_p(x: Float[Tensor, " prompt"]) -> float | None:
+    """P(T >= t) of the one-sided t test that mean(x) > 0 (None below 2 values).
+    Excesses equal to float rounding (a head that follows its prompts exactly)
+    read as 0, not as a t of rounding over rounding."""
+    n = len(x)
+    if n < 2:
+        return None
+    x = x.double()
+    x = torch.where(x.abs() < 1e-9, 0.0, x)
+    mean, sd = float(x.mean()), float(x.std(unbiased=True))
+    if sd < 1e-9:
+        return 0.0 if mean > 1e-9 else 1.0
+    return t_sf(mean / (sd / math.sqrt(n)), n - 1)
 
 
 def chosen_trigger(triggers, min_lift: float) -> Trigger | None:
