@@ -1,0 +1,124 @@
+"""First-token substitution and <bos> moved: each prefix against the hand-built
+sequence run directly, the spread against `perturbation_spread`, the pairing,
+and (slow) every substituted first token against transformers on Gemma."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_BOS
+from sinkmech.first_token import bos_position_study, first_token_study
+from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.sinks import sink_scores
+
+PREFIXES = {"bos": [TINY_BOS], "other": [7], "bos_bos": [TINY_BOS, TINY_BOS], "none": []}
+
+
+@pytest.fixture(scope="module")
+def rows(tiny_tokens):
+    r = tiny_tokens[:5].tolist()
+    r[2] = r[2][:9]  # ragged: padding must never enter
+    return r
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, rows):
+    return first_token_study(tiny_model, rows, PREFIXES, swap_position=3, batch_size=2, progress=False)
+
+
+def test_each_prefix_equals_the_hand_built_sequence(tiny_model, rows, runs):
+    for name, prefix in PREFIXES.items():
+        m = len(prefix)
+        for p, row in enumerate(rows):
+            with torch.no_grad():
+                logits, cache = tiny_model.run_with_cache(torch.tensor([prefix + row]))
+            for l in range(tiny_model.cfg.n_layers):
+                assert torch.allclose(runs.scores[name][p, l], cache["pattern", l][0, :, :, 0].mean(-1), atol=1e-6)
+            logp = torch.log_softmax(logits[0].double(), -1)
+            # content token j sits at m + j and is predicted from m + j - 1, for j = 1 .. n-1
+            nll = -sum(logp[m + j - 1, row[j]] for j in range(1, len(row)))
+            assert float(runs.prompt_loss[name][p]) == pytest.approx(float(nll), rel=1e-5)
+    assert runs.targets.tolist() == [len(r) - 1 for r in rows]
+
+
+def test_spread_equals_perturbation_spread(tiny_model, rows, runs):
+    """With one first token (or none) the spread is `perturbation_spread`'s per-prompt mean change over layers."""
+    swaps = corpus_swaps(rows, 3)
+    for name, bos_id in (("bos", TINY_BOS), ("other", 7)):
+        ref = perturbation_spread(tiny_model, rows, perturbation=swaps, bos_token_id=bos_id, progress=False)
+        per = ref.per_prompt()["mean_change"].mean(-1)  # [bos, prompt]
+        assert torch.allclose(runs.spread[name].float(), per[0], atol=1e-5)
+        assert torch.allclose(runs.spread["none"].float(), per[1], atol=1e-5)
+
+
+def test_contrasts_are_paired_against_bos(tiny_model, rows, runs):
+    e = runs.entry("other")
+    assert e["vs_bos"]["loss"][0] == pytest.approx(
+        float((runs.prompt_loss["other"] - runs.prompt_loss["bos"]).sum() / runs.targets.sum()))
+    diff = (runs.spread["other"] - runs.spread["bos"]).mean()
+    assert e["vs_bos"]["spread"][0] == pytest.approx(float(diff))
+    lo, hi = e["vs_bos"]["spread"][1:]
+    assert lo <= e["vs_bos"]["spread"][0] <= hi
+    assert "vs_bos" not in runs.entry("bos")
+    # the same first token twice under two names: every paired difference is exactly 0
+    same = first_token_study(tiny_model, rows, {"bos": [TINY_BOS], "again": [TINY_BOS]}, swap_position=3,
+                             progress=False).entry("again")["vs_bos"]
+    assert same["loss"] == [0.0, 0.0, 0.0] and same["spread"] == [0.0, 0.0, 0.0]
+    assert set(runs.to_dict()["first_tokens"]) == set(PREFIXES)
+
+
+def test_bad_first_tokens_are_refused(tiny_model, rows):
+    with pytest.raises(ValueError, match="must lie in"):
+        first_token_study(tiny_model, rows, {"bos": [999]}, progress=False)
+    with pytest.raises(ValueError, match="swap_position"):
+        first_token_study(tiny_model, rows, PREFIXES, swap_position=8, progress=False)
+
+
+def test_bos_position_study_pairs_with_bos_first(tiny_model, tiny_tokens):
+    out = bos_position_study(tiny_model, tiny_tokens, [1, 4], bos_token_id=TINY_BOS, progress=False)
+    first = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, loss=True, progress=False)
+    moved = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, loss=True, bos_position=4,
+                        progress=False)
+    targets = first.prompt_targets().sum()
+    assert out["4"]["loss"][0] == pytest.approx(float(moved.prompt_loss.sum() / targets))
+    assert out["4"]["vs_bos"]["loss"][0] == pytest.approx(float((moved.prompt_loss - first.prompt_loss).sum() / targets))
+    assert out["4"]["bos_score"] == pytest.approx(float(moved.bos_scores.mean()))
+    assert set(out) == {"bos", "none", "1", "4"}
+    with pytest.raises(ValueError, match="at or beyond"):
+        bos_position_study(tiny_model, tiny_tokens, [12], bos_token_id=TINY_BOS, progress=False)
+
+
+@pytest.mark.slow
+def test_gemma_first_tokens_match_transformers(gemma):
+    """Every substituted first token of scripts/first_token.py on Gemma 3 270M:
+    alpha_0 within 2e-3 and the content-target loss within 1e-3 nats of
+    transformers' own eager Gemma on the same ids (default-corpus windows 120-121)."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from sinkmech.models import packaged_gguf_path
+    from sinkmech.prompts import default_corpus, tokenize
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from first_token import first_tokens
+
+    prefixes, _ = first_tokens(gemma)
+    prompts = default_corpus()[120:122]
+    runs = first_token_study(gemma, prompts, prefixes, max_tokens=24, progress=False)
+    path = packaged_gguf_path("gemma3-270m")
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                              attn_implementation="eager").eval()
+    rows = tokenize(gemma, prompts, bos="none", max_tokens=24).content()
+    for name, prefix in prefixes.items():
+        m = len(prefix)
+        for p, row in enumerate(rows):
+            with torch.no_grad():
+                out = hf(torch.tensor([prefix + row]), output_attentions=True)
+            alpha = torch.stack([a[0, :, :, 0].mean(-1) for a in out.attentions])  # [layer, head]
+            assert (runs.scores[name][p] - alpha).abs().max() < 2e-3, name
+            logp = torch.log_softmax(out.logits[0].double(), -1)
+            nll = -sum(logp[m + j - 1, row[j]] for j in range(1, len(row)))
+            assert abs(float(runs.prompt_loss[name][p]) - float(nll)) / (len(row) - 1) < 1e-3, name
