@@ -190,6 +190,22 @@ def ratio_t_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"
     return _t_result(r, se, n - 1, level)
 
 
+def ratio_difference_t_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"],
+                                num2: Float[Tensor, " prompt"], den2: Float[Tensor, " prompt"], *,
+                                level: float = LEVEL) -> dict | None:
+    """sum(num) / sum(den) - sum(num2) / sum(den2) on the same prompts, with a
+    Student t interval through both ratios' linearisation (paired by prompt),
+    as `t_interval`. None when a den sums to 0 or fewer than 2 prompts."""
+    num, den, num2, den2 = num.double(), den.double(), num2.double(), den2.double()
+    n, t1, t2 = len(num), float(den.sum()), float(den2.sum())
+    if n < 2 or t1 == 0.0 or t2 == 0.0:
+        return None
+    r1, r2 = float(num.sum()) / t1, float(num2.sum()) / t2
+    resid = (num - r1 * den) / t1 - (num2 - r2 * den2) / t2
+    se = math.sqrt(float((resid ** 2).sum()) * n / (n - 1))
+    return _t_result(r1 - r2, se, n - 1, level)
+
+
 def holm(p_values: list[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values (None stays None; the family is the rest)."""
     idx = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])

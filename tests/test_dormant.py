@@ -148,9 +148,14 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
     assert any(r.n_active and r.n_dormant for r in check.results)  # both modes exercised
     assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=1e-6)
     full = noop_check(model, batch, heads, high=high, low=low, batch_size=4, progress=False, n_boot=10, method="full")
-    for a, b in zip(check.results, full.results):
-        for k, v in a.to_dict().items():
-            assert v == pytest.approx(b.to_dict()[k], abs=1e-5), k
+    from sinkmech.findings import flatten
+
+    for a, b in zip(check.results, full.results):  # every effect, interval and control (p-values follow from them)
+        fa, fb = flatten("", a.to_dict()), flatten("", b.to_dict())
+        assert fa.keys() == fb.keys() and any(".mean_ablate_active.matched_control.difference.ci" in k for k in fa)
+        for k, v in fa.items():
+            if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
+                assert v == pytest.approx(fb[k], abs=1e-5), k
     with pytest.raises(ValueError, match="method"):
         noop_check(model, batch, heads, method="fast", progress=False)
 

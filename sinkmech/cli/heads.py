@@ -7,7 +7,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sinkmech import models
 from sinkmech.cli.common import (
     BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
     load_model_arg, non_negative_int, output_file, positive_int, write_results,
@@ -16,17 +15,8 @@ from sinkmech.cli.shard import (
     BosTokenTask, add_shard_flags, already_done, base_settings, model_settings, prompts_sha256, run_command_on_ray,
     shard_run,
 )
-from sinkmech.dormant.discover import split_corpus
-from sinkmech.dormant.labels import Thresholds, mode_meaning
-from sinkmech.dormant.noop import noop_check, noop_heads
-from sinkmech.dormant.scan import accumulate, scan_heads
-from sinkmech.figures.core import heatmap_panels, save
 from sinkmech.findings import flatten, record
-from sinkmech.hooks import head_label, parse_head
 from sinkmech.partial import write_partial
-from sinkmech.prompts import load_prompts, tokenize
-from sinkmech.shards import heads_partial, heads_result
-from sinkmech.stats import effect_text
 
 
 def add_heads_parser(sub) -> None:
@@ -77,6 +67,8 @@ def _validation(t: dict | None) -> str:
 
 
 def print_heads_table(scan, top: int) -> None:
+    from sinkmech.dormant.labels import mode_meaning
+
     counts = scan.mode_counts()
     print(f"\n{scan.n_layers * scan.n_heads} heads over {scan.n_prompts} prompts ({scan.n_queries} queries): "
           + ", ".join(f"{v} {k}" for k, v in counts.items()))
@@ -145,6 +137,9 @@ def print_head_profile(scan, layer: int, head: int) -> None:
 
 
 def print_noop(check) -> None:
+    from sinkmech.hooks import head_label
+    from sinkmech.stats import effect_text
+
     print(f"\nno-op check (clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens): loss change per intervened "
           f"query, nats, {100 * check.ci_level:.0f}% bootstrap interval over prompts; an interval holding 0 reads "
           "'no detectable effect'")
@@ -160,6 +155,8 @@ PYTHON_SOURCE = "python-source"
 
 
 def print_contrast(c) -> None:
+    from sinkmech.hooks import head_label
+
     print(f"\ncontrast: {c.name_a} ({c.n_prompts_a} prompts) vs {c.name_b} ({c.n_prompts_b} prompts); dormant "
           f"fraction (first-token attention >= {c.high:g}) {c.name_a} - {c.name_b}, heads chosen at |diff| >= "
           f"{c.min_diff:g} on the even prompts, confirmed on the odd ones ({100 * c.level:.0f}% family-wise interval)")
@@ -169,14 +166,31 @@ def print_contrast(c) -> None:
         print("no head differs by that much on the selection halves")
     for h in c.heads:
         lo, hi = h.diff_validated_ci
+        rlo, rhi = h.vs_shift_ci
         print(f"  {head_label(h.layer, h.head)}: dormant {h.dormant_a:.2f} ({h.mode_a}) vs {h.dormant_b:.2f} ({h.mode_b}); "
               f"diff {h.diff_selected:+.2f} chosen, {h.diff_validated:+.2f} [{lo:+.2f}, {hi:+.2f}] held out: "
-              + ("confirmed" if h.confirmed else "not confirmed"))
-    print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed")
+              + ("confirmed" if h.confirmed else "not confirmed")
+              + f"; against the shift {h.vs_shift:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
+              + (", domain-specific" if h.domain_specific else ""))
+    print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed, {len(c.domain_specific())} stand out from "
+          f"the population shift ({c.n_boot} bootstrap resamples)")
+    s = c.population_shift
+    if s is not None:
+        print(f"population shift: median over {s['n_heads_positive'] + s['n_heads_negative']} heads of the difference "
+              f"{s['median']:+.3f} [{s['ci'][0]:+.3f}, {s['ci'][1]:+.3f}] (all prompts; held out: "
+              f"{s['median_validated']:+.3f}); {s['n_heads_positive']} heads up, {s['n_heads_negative']} down")
+    for n in (*c.null_contrasts, *([c.at_null_size] if c.at_null_size else [])):
+        print(f"{'null' if n in c.null_contrasts else 'real'} contrast {n.name} ({n.n_prompts_a} vs {n.n_prompts_b} "
+              f"prompts): {n.n_chosen} chosen, {n.n_confirmed} confirmed, {n.n_domain_specific} domain-specific"
+              + (f" ({', '.join(n.confirmed_heads)})" if n.confirmed_heads else ""))
 
 
 def cmd_contrast(args) -> None:
     """`heads --contrast`: two scans, one contrast."""
+    from sinkmech.dormant.scan import scan_heads
+    from sinkmech.hooks import head_label
+    from sinkmech.prompts import load_prompts
+
     from sinkmech.dormant.contrast import contrast_heads
     from sinkmech.prompts import python_source_corpus
 
@@ -198,18 +212,35 @@ def cmd_contrast(args) -> None:
     print_contrast(contrast)
     if args.findings is not None:
         c = contrast.to_dict()
+        c.pop("diff_all")  # every head's difference: in the JSON, not a quotable number
         c["heads"] = {head_label(h["layer"], h["head"]): h for h in c.pop("heads")}
+        c["null_contrasts"] = {n["name"].replace(" ", "_"): n for n in c["null_contrasts"]}
         c["confirmed_heads"] = [head_label(h.layer, h.head) for h in contrast.confirmed()]
+        c["domain_specific_heads"] = [head_label(h.layer, h.head) for h in contrast.domain_specific()]
         record(args.findings, flatten(f"{args.model}.contrast", c), replace_prefix=f"{args.model}.contrast")
         print(f"recorded findings in {args.findings}", file=sys.stderr)
 
     def payload() -> dict:
         return {"model": args.model, "bos": args.bos, "contrast": contrast.to_dict()}
 
-    write_results(args, payload, None)
+    def png_out() -> None:
+        from sinkmech.figures.heads import contrast_distribution
+
+        marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head]) for h in contrast.confirmed()}
+        path = contrast_distribution(contrast.diff_all.flatten().tolist(), marked, contrast.population_shift, args.png,
+                                     title=f"Dormant fraction, {contrast.name_a} - {contrast.name_b}: every head "
+                                           f"({args.model})")
+        print(f"wrote {path}", file=sys.stderr)
+
+    write_results(args, payload, png_out)
 
 
 def cmd_heads(args) -> None:
+    from sinkmech.dormant.discover import split_corpus
+    from sinkmech.dormant.scan import scan_heads
+    from sinkmech.hooks import parse_head
+    from sinkmech.prompts import load_prompts
+
     if not args.low < args.high:  # each is in [0, 1] by its type
         raise UsageError(f"need 0 <= --low < --high <= 1, got --low {args.low} --high {args.high}")
     if args.contrast is not None:
@@ -261,6 +292,11 @@ class HeadsTask(BosTokenTask):
     thresholds: dict
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.dormant.labels import Thresholds
+        from sinkmech.dormant.scan import accumulate
+        from sinkmech.prompts import tokenize
+        from sinkmech.shards import heads_partial
+
         model, bos_id = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
         # every shard counts positions up to the longest a prompt can be, so the parts add up
@@ -289,6 +325,11 @@ def merged_heads(part, args) -> None:
     token texts and band layout; the no-op check, when asked, runs on it, on the
     prompts after the scanned ones), then prints and writes what `heads` writes.
     A merged scan has no per-query records: no threshold sweep, no bootstrap."""
+    from sinkmech import models
+    from sinkmech.dormant.discover import split_corpus
+    from sinkmech.prompts import load_prompts
+    from sinkmech.shards import heads_result
+
     from sinkmech.cli.shard import model_sha256
 
     s = part.settings
@@ -312,6 +353,9 @@ def merged_heads(part, args) -> None:
 def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -> None:
     """The table, the no-op check (on `noop_rows` of `prompts`, held out from the
     scan) and the outputs of `heads` (one scan, sharded or not)."""
+    from sinkmech.dormant.noop import noop_check, noop_heads
+    from sinkmech.figures.core import heatmap_panels, save
+
     check_heads = [target] if target else noop_heads(scan, args.noop)
     check = None
     if check_heads and len(noop_rows):
@@ -352,6 +396,8 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
 
 def heads_findings(scan, check) -> dict:
     """The quotable numbers of a scan and its no-op check (nested; see `sinkmech.findings.flatten`)."""
+    from sinkmech.hooks import head_label
+
     found = scan.if_else_heads()
     out = {
         "n_prompts": scan.n_prompts, "n_selection_prompts": len(scan.trigger_split()[0]),

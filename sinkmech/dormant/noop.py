@@ -1,49 +1,72 @@
 """The no-op check of a dormant head (Guo et al. 2024; Barbero et al. 2025, Sec. 3.2).
 
-Two interventions, each on the queries where the head was dormant and,
+Three interventions, each on the queries where the head was dormant and,
 separately, on those where it was active, against the clean run's
 next-token loss:
 - *move to first*: the head puts all of its attention on the first token;
   on dormant queries (already >= `high` there) this can only change a little
   by construction;
-- *zero out* (Guo et al.'s ablation): the head's output z is set to 0. If
-  resting is a no-op, zeroing a resting head costs nothing either.
-For a true if-else head both cost ~nothing on dormant queries and clearly more
-on active ones. Dormant queries usually far outnumber active ones, so each
-cost is given per intervened query, with a bootstrap interval over prompts
-(prompts resampled with replacement; per-query cost = summed loss change /
-intervened queries of the resample), since queries of one prompt are not
-independent. Run it on prompts that did not choose the head or its trigger
-(`sinkmech.dormant.discover`).
+- *zero out* (Guo et al.'s ablation): the head's output z is set to 0, which
+  is off the distribution the later layers saw;
+- *mean ablate*: z is set to the head's mean output over the checked prompts
+  (every real query), the on-distribution version of zero-out.
+For a true if-else head all cost ~nothing on dormant queries and clearly more
+on active ones. Each effect is given two ways, since dormant queries usually
+far outnumber active ones: the *total* loss change over the intervened queries
+(summed over prompts) and the *per-query* mean (total / intervened queries).
+Each comes with a matched control: the same intervention on as many queries
+of the head's other mode, matched by position within each prompt (the
+nearest unused one; "between" queries where the other mode runs out), so a
+reader sees whether the cost belongs to the mode or to intervening anywhere.
+
+Queries of one prompt are not independent, and a dozen prompts may carry the
+active queries, so every interval is a Student t interval over prompts
+(per-prompt sums; a per-query mean through the ratio's linearisation,
+`sinkmech.stats.ratio_t_interval`), with a two-sided p-value and Holm's
+correction across every interval one check reports (`p_adjusted`,
+`detectable_adjusted` beside the raw `detectable`). Run it on prompts that did
+not choose the head or its trigger (`sinkmech.dormant.discover`).
+
+The clean run also records where the head's active queries look: the share of
+their attention on the first token, the query itself, the previous token, the
+second position, an earlier copy of the query's token, punctuation, and the
+rest (each key counted once, in that order).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import string
+import unicodedata
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
-from sinkmech.hooks import act_name, all_to_first_hook, cached_run, check_head, run, zero_head_hook
+from sinkmech.hooks import (
+    act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
+)
 from sinkmech.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, token_losses
-from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
+from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, token_text
 from sinkmech.results import Result
-from sinkmech.stats import bootstrap_ratio_ci, resamples
+from sinkmech.stats import holm, ratio_t_interval, t_interval, ratio_difference_t_interval
 
 
-INTERVENTIONS = ("move_to_first", "zero_out")
+INTERVENTIONS = ("move_to_first", "zero_out", "mean_ablate")
+MODES = ("dormant", "active")
 METHODS = ("restart", "full")
+LOOKS = ("first", "self", "previous", "second_position", "same_token", "punctuation", "rest")
 
 
 @dataclass(frozen=True)
 class NoopResult:
     """Loss changes (intervened - clean, nats) of intervening on one head: the
     `per_query_*` fields move it onto the first token, the `zero_*` fields
-    zero its output (each on its dormant and on its active queries)."""
+    zero its output (each on its dormant and on its active queries, t
+    intervals over prompts); `checks` holds every intervention in full."""
 
     layer: int
     head: int
@@ -53,7 +76,7 @@ class NoopResult:
     delta_loss_active: float
     per_query_dormant: float | None  # summed loss change / forced queries
     per_query_active: float | None
-    per_query_dormant_ci: tuple[float, float] | None = None  # bootstrap interval over prompts (NoopCheck.ci_level)
+    per_query_dormant_ci: tuple[float, float] | None = None  # t interval over prompts (NoopCheck.ci_level)
     per_query_active_ci: tuple[float, float] | None = None
     n_prompts_dormant: int = 0  # prompts with at least one forced query
     n_prompts_active: int = 0
@@ -61,9 +84,13 @@ class NoopResult:
     zero_active: float | None = None
     zero_dormant_ci: tuple[float, float] | None = None
     zero_active_ci: tuple[float, float] | None = None
+    # "<intervention>_<mode>" -> n_queries, n_prompts, total, per_query (each value, ci, p, p_adjusted,
+    # detectable, detectable_adjusted), matched_control (n_queries, per_query, difference)
+    checks: dict = field(default_factory=dict)
+    active_looks: dict | None = None  # share of the active queries' attention per place (LOOKS), n_queries
 
     def effects(self) -> dict[str, tuple[float | None, tuple[float, float] | None]]:
-        """(per-query effect, interval) by `<intervention>_<mode>`."""
+        """(per-query effect, interval) of move to first and zero out, by `<intervention>_<mode>`."""
         return {"move_to_first_dormant": (self.per_query_dormant, self.per_query_dormant_ci),
                 "move_to_first_active": (self.per_query_active, self.per_query_active_ci),
                 "zero_out_dormant": (self.zero_dormant, self.zero_dormant_ci),
@@ -90,8 +117,9 @@ class NoopCheck(Result):
     high: float
     low: float
     ci_level: float = 0.95
-    n_boot: int = 1000
+    n_boot: int = 0  # no bootstrap: the intervals are t intervals over prompts
     prompt_indices: tuple[int, ...] | None = None  # which prompts of the corpus it ran on, when known
+    n_intervals: int = 0  # the Holm family: every interval the check reports
 
     def to_dataframe(self):
         import pandas as pd
@@ -101,6 +129,9 @@ class NoopCheck(Result):
     def to_dict(self) -> dict:
         return {"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
                 "high": self.high, "low": self.low, "ci_level": self.ci_level, "n_boot": self.n_boot,
+                "interval": "Student t over prompts (per-query means: the ratio's linearisation)",
+                "correction": f"Holm over the {self.n_intervals} intervals of this check (p_adjusted)",
+                "n_intervals": self.n_intervals,
                 "prompt_indices": None if self.prompt_indices is None else list(self.prompt_indices),
                 "heads": [r.to_dict() for r in self.results]}
 
@@ -127,14 +158,15 @@ def noop_check(
     high: float = 0.8,
     low: float = 0.2,
     ci_level: float = 0.95,
-    n_boot: int = 1000,
+    n_boot: int = 0,
     seed: int = 0,
     prompt_indices: Sequence[int] | None = None,
     method: str = "restart",
+    controls: bool = True,
     progress: bool = True,
 ) -> NoopCheck:
-    """Loss change of forcing each head onto the first token on its dormant
-    (first-token attention >= high) and on its active (<= low) queries.
+    """Loss change of each intervention on each head's dormant (first-token
+    attention >= high) and active (<= low) queries, with matched controls.
 
     Args:
         model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
@@ -143,8 +175,9 @@ def noop_check(
             (default 64) and `bos_token_id`; see `sinkmech.prompts.as_batch`.
         heads: (layer, head) pairs, e.g. `scan.if_else_heads()`.
         high, low: the query-mode thresholds (use the scan's).
-        ci_level, n_boot, seed: the bootstrap interval of the per-query costs
-            (percentile interval over `n_boot` resamples of the prompts).
+        ci_level: the level of the t intervals over prompts.
+        n_boot, seed: unused (the intervals are t intervals); kept so older
+            callers still run.
         prompt_indices: where these prompts sit in a larger corpus (recorded
             only, so a reader can check they are disjoint from the scan's).
         method: "restart" (default) restarts each intervened pass at the
@@ -152,14 +185,15 @@ def noop_check(
             positions it can change; "full", the reference, runs a whole
             forward pass per intervention and scores every position. Equal up
             to float rounding (tests; `scripts/bench_noop.py` times both).
+        controls: also run each intervention on the matched control queries.
 
     Returns:
         NoopCheck with one NoopResult per head, in the given order.
     """
     if not 0.0 <= low < high <= 1.0:
         raise ValueError(f"thresholds out of order: need 0 <= low < high <= 1, got low={low}, high={high}")
-    if not 0.0 < ci_level < 1.0 or n_boot < 1:
-        raise ValueError(f"need 0 < ci_level < 1 and n_boot >= 1, got {ci_level}, {n_boot}")
+    if not 0.0 < ci_level < 1.0 or n_boot < 0:
+        raise ValueError(f"need 0 < ci_level < 1 and n_boot >= 0, got {ci_level}, {n_boot}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     change = _loss_change if method == "restart" else _full_loss_change
@@ -167,66 +201,199 @@ def noop_check(
         check_head(model, layer, head)
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
     heads = [(int(l), int(h)) for l, h in heads]
-    sums = {lh: {"n_dormant": 0, "n_active": 0, "dormant": 0.0, "active": 0.0} for lh in heads}
-    # per prompt: summed loss change and intervened queries, for the bootstrap
-    keys = [(i, m) for i in INTERVENTIONS for m in ("dormant", "active")]
-    per_prompt = {lh: {k: (torch.zeros(len(batch)), torch.zeros(len(batch))) for k in keys} for lh in heads}
-    loss_sum, n_tokens = 0.0, 0
     layers = sorted({l for l, _ in heads})
+    means = _mean_outputs(model, batch, layers, batch_size)
+    punct = _punctuation(model, batch.tokens)
+    kinds = ("mode", "control") if controls else ("mode",)
+    # per prompt: summed loss change and intervened queries, per head, intervention, mode and kind
+    cells = [(i, m, k) for i in INTERVENTIONS for m in MODES for k in kinds]
+    per_prompt = {lh: {c: (torch.zeros(len(batch), dtype=torch.float64), torch.zeros(len(batch), dtype=torch.float64))
+                       for c in cells} for lh in heads}
+    looks = {lh: torch.zeros(len(LOOKS) + 1, dtype=torch.float64) for lh in heads}  # masses, then the count
+    loss_sum, n_tokens = 0.0, 0
     for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not progress, unit="batch"):
         first: dict[int, Tensor] = {}
+        valid_q = part.mask.clone()
+        valid_q[:, 0] = False
 
         def keep(pattern, hook):
-            first[hook.layer()] = pattern[..., 0].clone()  # [batch, head, query]
+            l = hook.layer()
+            first[l] = pattern[..., 0].clone()  # [batch, head, query]
+            for lh in heads:
+                if lh[0] == l:
+                    active = (pattern[:, lh[1], :, 0] <= low) & valid_q.to(pattern.device)
+                    looks[lh] += _looks(pattern[:, lh[1]].float().cpu(), part.tokens.cpu(), active.cpu(), punct)
 
         clean, starts = _clean_run(model, part.tokens, layers, [(act_name("pattern", l), keep) for l in layers])
         valid_loss = torch.arange(clean.shape[1])[None, :] < (part.lengths.cpu()[:, None] - 1)
         loss_sum += float(clean[valid_loss].sum())
         n_tokens += int(valid_loss.sum())
-        valid_q = part.mask.clone()
-        valid_q[:, 0] = False
         for lh in heads:
             layer, head = lh
-            dormant, active = force_mask(first[layer][:, head], valid_q, high=high, low=low)
-            for mode, queries in (("dormant", dormant), ("active", active)):
-                n = int(queries.sum())
-                if n == 0:
-                    continue
-                for how, hook in (("move_to_first", (act_name("pattern", layer), all_to_first_hook(head, queries))),
-                                  ("zero_out", (act_name("z", layer), zero_head_hook(head, queries)))):
-                    delta = change(model, part.tokens, starts[layer], layer, hook, queries, clean, valid_loss)
-                    if how == "move_to_first":
-                        sums[lh][mode] += float(delta.sum())
-                        sums[lh]["n_" + mode] += n
-                    d_sum, q_sum = per_prompt[lh][(how, mode)]
-                    d_sum[rows] += delta.float().cpu()
-                    q_sum[rows] += queries.sum(1).float().cpu()
+            masks = dict(zip(MODES, force_mask(first[layer][:, head], valid_q, high=high, low=low)))
+            for mode in MODES:
+                other = masks["active" if mode == "dormant" else "dormant"]
+                targets = {"mode": masks[mode]}
+                if controls:
+                    targets["control"] = matched_control(masks[mode], other, valid_q)
+                for kind, queries in targets.items():
+                    if not queries.any():
+                        continue
+                    hooks = {"move_to_first": (act_name("pattern", layer), all_to_first_hook(head, queries)),
+                             "zero_out": (act_name("z", layer), zero_head_hook(head, queries)),
+                             "mean_ablate": (act_name("z", layer), mean_head_hook(head, means[layer][head], queries))}
+                    for how, hook in hooks.items():
+                        delta = change(model, part.tokens, starts[layer], layer, hook, queries, clean, valid_loss)
+                        d_sum, q_sum = per_prompt[lh][(how, mode, kind)]
+                        d_sum[rows] += delta.double().cpu()
+                        q_sum[rows] += queries.sum(1).double().cpu()
     if n_tokens == 0:
         raise ValueError("no next-token predictions: every prompt has a single token")
-    resample = resamples(len(batch), n_boot=n_boot, seed=seed)
-    ci = {lh: {k: bootstrap_ratio_ci(*per_prompt[lh][k], resample, ci_level) for k in keys} for lh in heads}
+    checks = {lh: _summarise(per_prompt[lh], controls, ci_level) for lh in heads}
+    n_intervals = _holm_in_place(checks, 1 - ci_level)
+    results = []
+    for lh in heads:
+        l, h = lh
+        c = checks[lh]
 
-    def ratio(lh, k) -> float | None:
-        d, q = per_prompt[lh][k]
-        return float(d.double().sum() / q.double().sum()) if float(q.sum()) > 0 else None
+        def pq(key: str):
+            e = c[key]["per_query"]
+            return (None, None) if e is None else (e["value"], tuple(e["ci"]))
 
-    results = tuple(
-        NoopResult(
-            layer=l, head=h, n_dormant=s["n_dormant"], n_active=s["n_active"],
-            delta_loss_dormant=s["dormant"] / n_tokens, delta_loss_active=s["active"] / n_tokens,
-            per_query_dormant=s["dormant"] / s["n_dormant"] if s["n_dormant"] else None,
-            per_query_active=s["active"] / s["n_active"] if s["n_active"] else None,
-            per_query_dormant_ci=ci[(l, h)][("move_to_first", "dormant")],
-            per_query_active_ci=ci[(l, h)][("move_to_first", "active")],
-            n_prompts_dormant=int((per_prompt[(l, h)][("move_to_first", "dormant")][1] > 0).sum()),
-            n_prompts_active=int((per_prompt[(l, h)][("move_to_first", "active")][1] > 0).sum()),
-            zero_dormant=ratio((l, h), ("zero_out", "dormant")), zero_active=ratio((l, h), ("zero_out", "active")),
-            zero_dormant_ci=ci[(l, h)][("zero_out", "dormant")], zero_active_ci=ci[(l, h)][("zero_out", "active")],
-        )
-        for (l, h), s in sums.items()
-    )
-    return NoopCheck(results, loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, n_boot,
-                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices))
+        (pd_, pd_ci), (pa, pa_ci), (zd, zd_ci), (za, za_ci) = (
+            pq("move_to_first_dormant"), pq("move_to_first_active"), pq("zero_out_dormant"), pq("zero_out_active"))
+        md, ma = per_prompt[lh][("move_to_first", "dormant", "mode")], per_prompt[lh][("move_to_first", "active", "mode")]
+        n_look = float(looks[lh][-1])  # active queries, as counted in the clean run
+        results.append(NoopResult(
+            layer=l, head=h, n_dormant=int(md[1].sum()), n_active=int(ma[1].sum()),
+            delta_loss_dormant=float(md[0].sum()) / n_tokens, delta_loss_active=float(ma[0].sum()) / n_tokens,
+            per_query_dormant=pd_, per_query_active=pa, per_query_dormant_ci=pd_ci, per_query_active_ci=pa_ci,
+            n_prompts_dormant=int((md[1] > 0).sum()), n_prompts_active=int((ma[1] > 0).sum()),
+            zero_dormant=zd, zero_active=za, zero_dormant_ci=zd_ci, zero_active_ci=za_ci, checks=c,
+            active_looks=None if n_look == 0 else {
+                "n_queries": int(n_look), **{k: float(v) for k, v in zip(LOOKS, looks[lh][:-1] / n_look)}},
+        ))
+    return NoopCheck(tuple(results), loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, 0,
+                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices), n_intervals)
+
+
+def _summarise(sums: dict, controls: bool, level: float) -> dict:
+    """Per `<intervention>_<mode>`: counts, total and per-query effect with t
+    intervals, and the matched control with the difference from it."""
+    out = {}
+    for how in INTERVENTIONS:
+        for mode in MODES:
+            d, q = sums[(how, mode, "mode")]
+            n = len(d)
+            entry = {"n_queries": int(q.sum()), "n_prompts": int((q > 0).sum()),
+                     "total": _effect(t_interval(d, level=level, scale=float(n)) if q.sum() > 0 else None),
+                     "per_query": _effect(ratio_t_interval(d, q, level=level)), "matched_control": None}
+            if controls:
+                dc, qc = sums[(how, mode, "control")]
+                entry["matched_control"] = {
+                    "n_queries": int(qc.sum()), "n_prompts": int((qc > 0).sum()),
+                    "drawn_from": "the other mode at the nearest unused position in the same prompt, then between queries",
+                    "per_query": _effect(ratio_t_interval(dc, qc, level=level)),
+                    "difference": _effect(ratio_difference_t_interval(d, q, dc, qc, level=level)),
+                }
+            out[f"{how}_{mode}"] = entry
+    return out
+
+
+def _effect(t: dict | None) -> dict | None:
+    if t is None:
+        return None
+    lo, hi = t["ci"]
+    return {"value": t["value"], "ci": [lo, hi], "p": t["p"], "detectable": not lo <= 0.0 <= hi,
+            "p_adjusted": None, "detectable_adjusted": None}
+
+
+def _holm_in_place(checks: dict, alpha: float) -> int:
+    """Holm over every interval in `checks` (all heads): fills p_adjusted and
+    detectable_adjusted; returns the family's size."""
+    effects = []
+    for c in checks.values():
+        for entry in c.values():
+            effects += [entry["total"], entry["per_query"]]
+            if entry["matched_control"] is not None:
+                effects += [entry["matched_control"]["per_query"], entry["matched_control"]["difference"]]
+    effects = [e for e in effects if e is not None]
+    for e, p in zip(effects, holm([e["p"] for e in effects])):
+        e["p_adjusted"], e["detectable_adjusted"] = p, p < alpha
+    return len(effects)
+
+
+def matched_control(mode: Bool[Tensor, "batch pos"], other: Bool[Tensor, "batch pos"],
+                    valid: Bool[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+    """As many queries as `mode` holds in each prompt, from `other` at the
+    nearest unused position (ties: the earlier), then from the valid queries
+    in neither mask where `other` runs out; fewer where both run out."""
+    out = torch.zeros_like(mode)
+    between = valid & ~mode & ~other
+    for b in range(mode.shape[0]):
+        pools = [other[b].nonzero()[:, 0].tolist(), between[b].nonzero()[:, 0].tolist()]
+        for p in mode[b].nonzero()[:, 0].tolist():
+            pool = next((x for x in pools if x), None)
+            if pool is None:
+                break
+            j = min(range(len(pool)), key=lambda i: (abs(pool[i] - p), pool[i]))
+            out[b, pool.pop(j)] = True
+    return out
+
+
+def _mean_outputs(model: Model, batch: TokenBatch, layers: Sequence[int], batch_size: int) -> dict[int, Tensor]:
+    """Each head's mean output z over the real queries (query 0 and padding
+    excluded) of `batch`: {layer: [head_index, d_head]}."""
+    sums: dict[int, Tensor] = {}
+    count = 0.0
+    for _, part in batch.batches(batch_size):
+        valid = part.mask.clone()
+        valid[:, 0] = False
+        count += float(valid.sum())
+
+        def keep(z, hook):
+            v = valid.to(z.device)[:, :, None, None].to(z.dtype)
+            s = (z * v).sum((0, 1)).double().cpu()
+            sums[hook.layer()] = sums.get(hook.layer(), 0) + s
+
+        run(model, part.tokens, [(act_name("z", l), keep) for l in layers], stop_at_layer=max(layers) + 1)
+    return {l: (s / max(count, 1.0)).float() for l, s in sums.items()}
+
+
+def _punctuation(model: Model, tokens: Tensor) -> Tensor:
+    """[d_vocab-like] bool: token ids of `tokens` whose text is punctuation only (no tokenizer: none)."""
+    ids = torch.unique(tokens.cpu())
+    mask = torch.zeros(int(ids.max()) + 1, dtype=torch.bool)
+    if getattr(model, "tokenizer", None) is None:
+        return mask
+    text = token_text(model)
+    for i in ids.tolist():
+        t = text(i).strip()
+        mask[i] = bool(t) and all(ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in t)
+    return mask
+
+
+def _looks(pattern: Float[Tensor, "batch query_pos key_pos"], tokens: Int[Tensor, "batch pos"],
+           active: Bool[Tensor, "batch query_pos"], punct: Tensor) -> Tensor:
+    """Attention mass of the `active` queries on each place of `LOOKS` (each key
+    in the first place it fits), summed, then their count: [len(LOOKS) + 1]."""
+    B, P, _ = pattern.shape
+    q = torch.arange(P)[:, None].expand(P, P)
+    k = torch.arange(P)[None, :].expand(P, P)
+    same = tokens[:, :, None] == tokens[:, None, :]  # [batch, query, key]
+    is_punct = punct[tokens.clamp(max=len(punct) - 1)][:, None, :].expand(B, P, P)
+    places = [(k == 0).expand(B, P, P), (k == q).expand(B, P, P), (k == q - 1).expand(B, P, P),
+              (k == 1).expand(B, P, P), same & (k < q), is_punct]
+    taken = torch.zeros(B, P, P, dtype=torch.bool)
+    out = torch.zeros(len(LOOKS) + 1, dtype=torch.float64)
+    w = pattern * active[:, :, None]
+    for i, m in enumerate(places):
+        m = m & ~taken
+        out[i] = float((w * m).sum())
+        taken |= m
+    out[len(places)] = float((w * ~taken).sum())
+    out[-1] = float(active.sum())
+    return out
 
 
 def _clean_run(model: Model, tokens: Tensor, layers: Sequence[int], fwd_hooks: list

@@ -142,3 +142,32 @@ def mode_sweep(rows: Sequence[Mapping], path: str | os.PathLike, *, title: str =
     axes[1].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     return save(fig, path)
+
+
+def contrast_distribution(diffs: Sequence[float], marked: Mapping[str, float], shift: Mapping | None,
+                          path: str | os.PathLike, *, title: str = "Difference of dormant fractions, every head") -> Path:
+    """A head contrast over the whole population: the histogram of every head's
+    difference of dormant fractions (corpus A - B), the population's median
+    with its interval shaded, and the confirmed heads marked by name.
+
+    Args:
+        diffs: one difference per head.
+        marked: head label -> its difference (the confirmed heads).
+        shift: `HeadContrast.population_shift` (`median`, `ci`), or None.
+    """
+    d = np.asarray(diffs, dtype=float)
+    if d.size == 0:
+        raise ValueError("no head differences to draw")
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 1.6, 2.6), constrained_layout=True)
+    ax.hist(d, bins=np.linspace(min(-0.05, d.min()), max(0.05, d.max()), 41), color="0.6", label=f"{d.size} heads")
+    if shift is not None:
+        ax.axvspan(*shift["ci"], color="tab:blue", alpha=0.25, linewidth=0)
+        ax.axvline(shift["median"], color="tab:blue", label=f"median {shift['median']:+.3f}")
+    ax.axvline(0.0, color="black", linewidth=0.6)
+    for i, (name, x) in enumerate(marked.items()):
+        ax.axvline(x, color="tab:red", linewidth=0.8, alpha=0.7, label="confirmed" if i == 0 else None)
+        ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=6, va="top", ha="right")
+    ax.set(xlabel="dormant fraction, A - B (all prompts)", ylabel="heads")
+    ax.legend(fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    return save(fig, path)
