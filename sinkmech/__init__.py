@@ -1,20 +1,38 @@
 """sinkmech: instruments for attention sinks (Barbero et al. 2025, "Why do LLMs
-attend to the first token?") on any TransformerLens HookedTransformer."""
+attend to the first token?") on any TransformerLens HookedTransformer.
 
-from sinkmech.attention import HeadAttention, head_attention
-from sinkmech.compare import ModelComparison, compare_model
-from sinkmech.dormant.noop import noop_check
-from sinkmech.dormant.scan import HeadScan, scan_heads
-from sinkmech.interventions.ablation import AblationSetup, HeadAblation, ablation_setup, head_ablations
-from sinkmech.interventions.attribution import attribute_ablations
-from sinkmech.interventions.patching import BosPair, bos_pair, patch
-from sinkmech.loss import content_loss
-from sinkmech.models import bos_token_id, load_model
-from sinkmech.perturb import perturbation_spread
-from sinkmech.prompts import TokenBatch, as_batch, default_corpus, load_prompts, tokenize
-from sinkmech.report import build_report
-from sinkmech.sensitivity import rank_collapse, repeat_collapse, sensitivity, sensitivity_study
-from sinkmech.sinks import SinkScores, sink_scores
+The public names below are imported on first use (`from sinkmech import
+sink_scores` works as usual), so that importing a light part of the package,
+such as the command line's flag parser, never pays for torch and TransformerLens.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "load_model": "sinkmech.models", "bos_token_id": "sinkmech.models",
+    "default_corpus": "sinkmech.prompts", "load_prompts": "sinkmech.prompts", "tokenize": "sinkmech.prompts",
+    "as_batch": "sinkmech.prompts", "TokenBatch": "sinkmech.prompts",
+    "sink_scores": "sinkmech.sinks", "SinkScores": "sinkmech.sinks",
+    "content_loss": "sinkmech.loss",
+    "scan_heads": "sinkmech.dormant.scan", "HeadScan": "sinkmech.dormant.scan",
+    "noop_check": "sinkmech.dormant.noop",
+    "BosPair": "sinkmech.interventions.patching", "bos_pair": "sinkmech.interventions.patching",
+    "patch": "sinkmech.interventions.patching",
+    "head_ablations": "sinkmech.interventions.ablation", "HeadAblation": "sinkmech.interventions.ablation",
+    "ablation_setup": "sinkmech.interventions.ablation", "AblationSetup": "sinkmech.interventions.ablation",
+    "attribute_ablations": "sinkmech.interventions.attribution",
+    "perturbation_spread": "sinkmech.perturb",
+    "sensitivity": "sinkmech.sensitivity", "sensitivity_study": "sinkmech.sensitivity",
+    "rank_collapse": "sinkmech.sensitivity", "repeat_collapse": "sinkmech.sensitivity",
+    "head_attention": "sinkmech.attention", "HeadAttention": "sinkmech.attention",
+    "compare_model": "sinkmech.compare", "ModelComparison": "sinkmech.compare",
+    "build_report": "sinkmech.report",
+}
 
 __all__ = [
     "load_model", "bos_token_id", "default_corpus", "load_prompts", "tokenize", "as_batch", "TokenBatch",
@@ -23,3 +41,30 @@ __all__ = [
     "AblationSetup", "perturbation_spread", "sensitivity", "sensitivity_study", "rank_collapse", "repeat_collapse", "head_attention", "HeadAttention",
     "compare_model", "ModelComparison", "build_report",
 ]
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use and kept."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sinkmech' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """`sinkmech.sensitivity` names the function, as `from sinkmech import sensitivity`
+    always has, even after the module of the same name is imported (which sets the
+    package attribute to that module)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

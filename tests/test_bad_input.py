@@ -206,12 +206,12 @@ def cli_tiny(tiny_model, monkeypatch):
 def test_an_output_that_fails_at_the_end_does_not_lose_the_others(cli_tiny, tmp_path, monkeypatch, capsys):
     """The figure fails to save after the run: the JSON is still written, and the error names the figure."""
     from sinkmech.cli import main
-    from sinkmech.cli import sinks as cli_sinks
+    from sinkmech.figures import sinks as figures_sinks  # the command imports its figure when it draws it
 
     def broken(*a, **k):
         raise OSError("cannot write figure to x.png: disk full")
 
-    monkeypatch.setattr(cli_sinks, "sink_heatmap", broken)
+    monkeypatch.setattr(figures_sinks, "sink_heatmap", broken)
     prompts = tmp_path / "p.txt"
     prompts.write_text("some text here\nmore text there\n")
     out = tmp_path / "s.json"
@@ -222,24 +222,22 @@ def test_an_output_that_fails_at_the_end_does_not_lose_the_others(cli_tiny, tmp_
     assert "--png" in err and "disk full" in err and "every other output was written" in err
 
 
-COMMANDS = [
-    (["patch"], "save"),
-    (["ablate", "--mode", "mask_first"], "save"),
-    (["perturb", "--noise", "0.1", "--position", "1"], "save"),
-    (["massive"], "massive_figure"),
+COMMANDS = [  # each command imports its figure function from its module when it draws it
+    (["patch"], "sinkmech.figures.core.save"),
+    (["ablate", "--mode", "mask_first"], "sinkmech.figures.core.save"),
+    (["perturb", "--noise", "0.1", "--position", "1"], "sinkmech.figures.core.save"),
+    (["massive"], "sinkmech.figures.mechanisms.massive_figure"),
 ]
 
 
 @pytest.mark.parametrize("command, figure", COMMANDS)
 def test_every_command_keeps_its_json_when_the_figure_fails(cli_tiny, tmp_path, monkeypatch, capsys, command, figure):
-    import importlib
-
     from sinkmech.cli import main
 
     def broken(*a, **k):
         raise OSError("cannot write figure: disk full")
 
-    monkeypatch.setattr(importlib.import_module(f"sinkmech.cli.{command[0]}"), figure, broken)
+    monkeypatch.setattr(figure, broken)
     prompts = tmp_path / "p.txt"
     prompts.write_text("some text here\nmore text there\n")
     out = tmp_path / "r.json"

@@ -10,10 +10,7 @@ import math
 import pytest
 import torch
 
-import sinkmech.cli.length as length_cmd
 from sinkmech.backend import IS_BRIDGE
-import sinkmech.cli.massive as massive_cmd
-import sinkmech.cli.sinks as sinks_cmd
 import sinkmech.cli.stream as stream_cmd
 from conftest import TINY_BOS
 from sinkmech import models
@@ -62,18 +59,18 @@ def test_stream_needs_one_scored_token_exactly():
 
 @pytest.fixture
 def tiny_cli(tiny_model, monkeypatch):
-    """The CLI on the tiny model: token ids instead of the tokenizer's text."""
+    """The CLI on the tiny model: token ids instead of the tokenizer's text (patched where
+    they are defined: each command imports them when it runs)."""
     monkeypatch.setattr(models, "load_model", lambda spec, **kw: tiny_model)
-    monkeypatch.setattr(stream_cmd, "long_tokens", lambda model, n, bos="prepend": tokenize(
+    monkeypatch.setattr("sinkmech.streaming.long_tokens", lambda model, n, bos="prepend": tokenize(
         model, IDS[:1, :n], bos=bos, max_tokens=n, bos_token_id=TINY_BOS))
-    monkeypatch.setattr(length_cmd, "long_prompts", lambda model, n_prompts, n, bos="prepend": tokenize(
+    monkeypatch.setattr("sinkmech.eval_length.long_prompts", lambda model, n_prompts, n, bos="prepend": tokenize(
         model, IDS[:n_prompts], bos=bos, max_tokens=min(n, 60), bos_token_id=TINY_BOS))
 
     def by_ids(model, prompts, *, bos, max_tokens, **kw):
         return tokenize(model, IDS[: len(prompts)], bos=bos, max_tokens=max_tokens, bos_token_id=TINY_BOS)
 
-    monkeypatch.setattr(massive_cmd, "tokenize", by_ids)
-    monkeypatch.setattr(sinks_cmd, "tokenize", by_ids)
+    monkeypatch.setattr("sinkmech.prompts.tokenize", by_ids)
     return tiny_model
 
 

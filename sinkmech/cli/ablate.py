@@ -28,13 +28,7 @@ from sinkmech.cli.shard import (
     run_command_on_ray,
     shard_run,
 )
-from sinkmech.figures.core import heatmap_panels, save, shared_limits
-from sinkmech.hooks import head_label
-from sinkmech.interventions.ablation import head_ablations
-from sinkmech.interventions.attribution import attribute_ablations, pearson
 from sinkmech.partial import write_partial
-from sinkmech.prompts import tokenize
-from sinkmech.shards import ablate_partial
 
 
 def add_ablate_parser(sub) -> None:
@@ -46,12 +40,13 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
     p.add_argument("--top", type=positive_int, default=10, help="heads listed, by effect (default 10)")
-    p.add_argument("--prompt-batch", type=prompt_batch_arg, default=1, metavar="N|all",
-                   help="prompts per group of forward passes (default 1: each prompt's passes do not depend on the "
-                        "prompts beside it, so --shard / --ray runs equal this one to float32 rounding); 'all' is "
-                        "faster (~1.5x on 2 CPU cores; not measured on a GPU) but then shards differ from the whole run by "
-                        "float32 batch rounding (3.4e-6 relative measured on SmolLM2). Ignored by --mode mean, "
-                        "which needs every prompt at once")
+    p.add_argument("--prompt-batch", type=prompt_batch_arg, default=None, metavar="N|all",
+                   help="prompts per group of forward passes (default all: a shard's prompts in one group, the fast "
+                        "sweep; --shard / --ray runs then equal the whole run to float32 rounding, 1e-5 relative). "
+                        "1 runs each prompt on its own (1.5x slower at 4 prompts on 2 CPU cores, more with more prompts; "
+                        "not measured on a GPU), so that "
+                        "a sharded run and a whole run made with it make the same passes and agree to 1e-6. "
+                        "Ignored by --mode mean, which needs every prompt at once")
     add_metric(p)
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_ablate)
@@ -77,6 +72,10 @@ class AblateTask(AnswersTask):
     prompt_batch: int | None
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.interventions.ablation import head_ablations
+        from sinkmech.prompts import tokenize
+        from sinkmech.shards import ablate_partial
+
         model, ids = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
         result = head_ablations(model, batch, mode=self.mode, bos=self.bos, metric=self.metric, answers=ids,
@@ -87,6 +86,8 @@ class AblateTask(AnswersTask):
 
 
 def cmd_ablate(args) -> None:
+    from sinkmech.interventions.ablation import head_ablations
+
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
     if args.shard is not None or args.resume or args.ray is not None:
         if args.mode == "mean" or args.attribution:
@@ -107,8 +108,8 @@ def cmd_ablate(args) -> None:
         return
     model = load_model_arg(args)
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
-    # by default one prompt per group of passes (not for "mean", which needs them all): a prompt's effects then
-    # do not depend on the prompts beside it, so --shard / --ray runs merge to this one to float32 rounding
+    # by default every prompt in one group of passes; --prompt-batch 1 (not for "mean", which needs them all)
+    # makes a prompt's effects independent of the prompts beside it, so shards make this run's passes exactly
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8,
                            prompt_batch=None if args.mode == "mean" else args.prompt_batch, **kw)
     ablate_output(args, model, prompts, exact, kw)
@@ -131,6 +132,10 @@ def merged_ablate(part, args) -> None:
 
 def ablate_output(args, model, prompts, exact, kw) -> None:
     """The printed list, the attribution estimate when asked, and the outputs of `ablate`."""
+    from sinkmech.figures.core import heatmap_panels, save, shared_limits
+    from sinkmech.hooks import head_label
+    from sinkmech.interventions.attribution import attribute_ablations, pearson
+
     if exact.metric == "kl":
         print(f"{args.mode} ablation (bos={args.bos}): KL(clean || ablated) over content positions, nats (0 = no effect)")
     else:

@@ -21,6 +21,7 @@ Either way one line `error: ...` goes to stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import math
 import os
@@ -29,11 +30,57 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
-from sinkmech import models
-from sinkmech.models import DEFAULT_MODEL, check_device
-from sinkmech.prompts import CONDITIONS, load_prompts
+from sinkmech.model_names import DEFAULT_MODEL, MODEL_FORMS, check_device, check_model_spec
 
-MODEL_HELP = "'smollm2' (offline default), a .gguf path, or a TransformerLens model name"
+# This module is read while the flags are parsed: it imports nothing heavy
+# (torch, TransformerLens, transformers, Ray) at the top, so `--help` and a
+# rejected flag answer at once; what a command runs is imported when it runs.
+
+MODEL_HELP = MODEL_FORMS
+
+
+def source_constant(module: str, name: str):
+    """The literal value of `module.name` (a tuple, list or number, or the
+    values of a `Literal[...]`), read from the module's source without importing
+    it: a flag's choices and defaults come from where they are defined, while
+    the flags are parsed, without the imports of the module that defines them."""
+    for node in _source(module).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id == name and getattr(node, "value", None) is not None:
+            value = node.value
+            if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id == "Literal":
+                value = value.slice
+            return ast.literal_eval(value)
+    raise LookupError(f"{module} defines no literal {name}")
+
+
+def dataclass_defaults(module: str, cls: str) -> dict:
+    """The literal field defaults of dataclass `module.cls`, read like `source_constant`."""
+    for node in _source(module).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {st.target.id: ast.literal_eval(st.value) for st in node.body
+                    if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None
+                    and _is_literal(st.value)}
+    raise LookupError(f"{module} defines no class {cls}")
+
+
+def _source(module: str) -> ast.Module:
+    """The parsed source of sinkmech module `module` (found under this package's
+    folder: `find_spec` would import its parent packages)."""
+    root = Path(__file__).resolve().parents[1]
+    parts = module.split(".")
+    if parts[0] != root.name:
+        raise ValueError(f"not a sinkmech module: {module}")
+    path = root.joinpath(*parts[1:]).with_suffix(".py")
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _is_literal(node) -> bool:
+    try:
+        ast.literal_eval(node)
+    except ValueError:
+        return False
+    return True
 
 
 class UsageError(Exception):
@@ -163,9 +210,9 @@ class Distinct(argparse.Action):
 def model_name(text: str) -> str:
     """A model this machine can load ('smollm2', a packaged model, a .gguf path,
     a Hugging Face folder or a TransformerLens name), checked without loading it
-    (`sinkmech.models.check_model_spec`)."""
+    (`sinkmech.model_names.check_model_spec`)."""
     try:
-        models.check_model_spec(text)
+        check_model_spec(text)
     except (ValueError, OSError) as e:
         raise FlagValueError(f"is not loadable here: {e}") from None
     return text
@@ -228,6 +275,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def load_model_arg(args, spec: str | None = None):
     """The model named by --model (or `spec`), in --dtype on --device."""
+    from sinkmech import models
+
     return models.load_model(spec or args.model, device=getattr(args, "device", None),
                              dtype=getattr(args, "dtype", "float32"))
 
@@ -268,6 +317,8 @@ def add_metric(p: argparse.ArgumentParser) -> None:
 
 def conditions(bos: str) -> list[str]:
     """--bos prepend | none | both -> the conditions to run."""
+    from sinkmech.prompts import CONDITIONS
+
     return list(CONDITIONS) if bos == "both" else [bos]
 
 
@@ -275,6 +326,8 @@ def prompts_arg(args):
     """--prompts read now (a bad file fails before the slow model load), cut to
     the first --n-prompts when given."""
     n = getattr(args, "n_prompts", None)
+    from sinkmech.prompts import load_prompts
+
     prompts = load_prompts(args.prompts)
     return prompts if n is None else prompts[:n]
 

@@ -8,18 +8,16 @@ from __future__ import annotations
 import gc
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sinkmech.cli.common import (
     Distinct, FlagValueError, UsageError, load_model_arg, model_name, non_negative_int, output_file, positive_int, prompts_arg,
 )
-from sinkmech.compare import ModelComparison, compare_model
-from sinkmech.stats import effect_text
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record, report_findings
-from sinkmech.figures.compare import depth_curves, first_token_score_panels, spread_panels
-from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
-from sinkmech.report.context import ReportContext
-from sinkmech.report.page import build_report
+
+if TYPE_CHECKING:  # annotations only: the module is imported when the command runs
+    from sinkmech.compare import ModelComparison
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
 CONFOUNDS = ("Confounds: the default models are 4-bit GGUF checkpoints (Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct "
@@ -55,6 +53,8 @@ def add_compare_parser(sub) -> None:
 
 def table_rows(results: list[ModelComparison]) -> list[dict]:
     """One row per (model, condition): the columns of compare.md."""
+    from sinkmech.prompts import CONDITIONS
+
     rows = []
     for r in results:
         for c in CONDITIONS:
@@ -66,6 +66,9 @@ def table_rows(results: list[ModelComparison]) -> list[dict]:
 
 
 def markdown(results: list[ModelComparison]) -> str:
+    from sinkmech.prompts import CONDITIONS, CONDITION_LABELS
+    from sinkmech.stats import effect_text
+
     eps = list(results[0].conditions[CONDITIONS[0]].sink_rate)
     head = ["model", "`<bos>`"] + [f"sink rate % (eps {e})" for e in eps] + [
         "mean alpha_0", "uniform alpha_0", "loss (nats)", "spread after a 1-token swap"]
@@ -152,6 +155,9 @@ def write_report(args, model, name: str, prompts, cache: dict) -> None:
     """The report page of `model` (`sinkmech report`'s defaults), its sink scores
     and its dormant-head scan and no-op check taken from compare's passes on
     the same prompts and settings (`cache`: {"sinks", "discoveries"})."""
+    from sinkmech.report.context import ReportContext
+    from sinkmech.report.page import build_report
+
     print(f"report on {name} ...", flush=True)
     report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
                           max_tokens=args.max_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
@@ -164,6 +170,10 @@ def write_report(args, model, name: str, prompts, cache: dict) -> None:
 
 
 def cmd_compare(args) -> None:
+    from sinkmech.compare import compare_model
+    from sinkmech.figures.compare import depth_curves, first_token_score_panels, spread_panels
+    from sinkmech.prompts import CONDITIONS
+
     names = args.models if args.models is not None else default_models()
     prompts = prompts_arg(args)
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads

@@ -17,37 +17,26 @@ from pathlib import Path
 
 from sinkmech.cli.common import (
     MODEL_HELP, PNG_HELP, Distinct, UsageError, at_least, head_spec, image_file, load_model_arg, model_name,
-    output_file, positive_float, positive_int, write_results,
+    output_file, positive_float, positive_int, source_constant, write_results,
 )
 from sinkmech.cli.shard import (
     ModelTask, ShardRun, add_shard_flags, check_part_output, model_settings, model_sha256, prompts_sha256,
     run_command_on_ray, run_shard, sinkmech_version,
 )
-from sinkmech.eval_length import (
-    DEFAULT_LENGTHS, UNIFORM_MULTIPLES, ChosenHeads, check_sweep, length_costs, length_scores, long_prompt_texts,
-    long_prompts, plan_lengths, sinks_vs_length,
-)
-from sinkmech.figures.mechanisms import length_lines
-from sinkmech.hooks import head_label, parse_head
-from sinkmech.models import DEFAULT_MODEL
+from sinkmech.model_names import DEFAULT_MODEL
 from sinkmech.partial import differing_setting, read_parts, shard_span
-from sinkmech.prompts import DEFAULT_EPS, tokenize
-from sinkmech.shards_length import (
-    COSTS, SCORES, costs_partial, length_heads, length_result, prompt_rows, scores_partial, scores_shard,
-)
-from sinkmech.sinks import format_eps
 
 
 def add_length_parser(sub) -> None:
     p = sub.add_parser("length", help="sink rate and top-head mask_first cost against the evaluation length")
     p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--lengths", type=at_least(2), nargs="+", action=Distinct, default=list(DEFAULT_LENGTHS),
+    p.add_argument("--lengths", type=at_least(2), nargs="+", action=Distinct, default=list(source_constant("sinkmech.eval_length", "DEFAULT_LENGTHS")),
                    help="content lengths to measure (default 64 128 256 512 1024; longer than the context: skipped)")
     p.add_argument("--n-prompts", type=positive_int, default=8, help="texts of the Python docs, cut to each length (default 8)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each text (default prepend)")
     p.add_argument("--top", type=positive_int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
     p.add_argument("--uniform-multiples", type=positive_float, nargs="+", action=Distinct,
-                   default=list(UNIFORM_MULTIPLES), metavar="M",
+                   default=list(source_constant("sinkmech.eval_length", "UNIFORM_MULTIPLES")), metavar="M",
                    help="also count a head a sink when alpha_0 > M x H_T / T, the uniform share at that length "
                         "(default 2 4; 4 is eps 0.3 at T = 64)")
     p.add_argument("--head", type=head_spec, default=None,
@@ -64,6 +53,9 @@ def add_length_parser(sub) -> None:
 
 
 def print_length_table(sweep) -> None:
+    from sinkmech.hooks import head_label
+    from sinkmech.sinks import format_eps
+
     print()
     fixed = None if sweep.fixed_layer is None else head_label(sweep.fixed_layer, sweep.fixed_head)
     print(f"{'length':>7} " + " ".join(f"{'rate>' + format_eps(e):>9}" for e in sweep.eps)
@@ -85,6 +77,11 @@ def print_length_table(sweep) -> None:
 
 
 def cmd_length(args) -> None:
+    from sinkmech.eval_length import long_prompts, sinks_vs_length
+    from sinkmech.figures.mechanisms import length_lines
+    from sinkmech.hooks import parse_head
+    from sinkmech.prompts import DEFAULT_EPS
+
     lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
     if args.shard is not None or args.ray is not None or args.resume or args.scores is not None:
         return sharded_length(args, lengths)
@@ -119,6 +116,9 @@ class LengthTask(ModelTask):
 
     def batch(self, model, index: range):
         """The shard's prompts tokenized as `long_prompts` tokenizes the corpus, and the sha256 of all the texts."""
+        from sinkmech.eval_length import long_prompt_texts
+        from sinkmech.prompts import tokenize
+
         texts, n_tokens = long_prompt_texts(model, self.n_prompts_total, max(self.lengths))
         return tokenize(model, [texts[i] for i in index], bos=self.bos, max_tokens=n_tokens), prompts_sha256(texts)
 
@@ -132,6 +132,11 @@ class ScoresTask(LengthTask):
     head: str | None
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.eval_length import check_sweep, length_scores, plan_lengths
+        from sinkmech.hooks import parse_head
+        from sinkmech.prompts import DEFAULT_EPS
+        from sinkmech.shards_length import scores_partial
+
         fixed = None if self.head is None else parse_head(self.head, model)
         lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=self.lengths,
                                               top_k=self.top_k, eps=DEFAULT_EPS,
@@ -157,6 +162,9 @@ class CostsTask(LengthTask):
     scores_settings: dict
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.eval_length import ChosenHeads, length_costs
+        from sinkmech.shards_length import costs_partial, scores_shard
+
         batch, sha = self.batch(model, index)
         here = {**model_settings(model), "prompts_sha256": sha, "n_ctx": model.cfg.n_ctx,
                 "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "model_name": model.cfg.model_name}
@@ -194,6 +202,8 @@ def scores_task(args, lengths: list[int], settings: dict) -> ScoresTask:
 def costs_stage(args, lengths: list[int], settings: dict, scores) -> tuple[CostsTask, dict, list]:
     """Stage 2's task, its settings (the run's and the chosen heads) and its prompts
     (each one's stage-1 rows), from the merged stage-1 part `scores`."""
+    from sinkmech.shards_length import length_heads, prompt_rows
+
     heads = length_heads(scores).to_dict()
     costs_settings = {**settings, "heads": heads}
     task = task_of(CostsTask, args, lengths, costs_settings, heads=heads, scores_settings=scores.settings)
@@ -202,6 +212,8 @@ def costs_stage(args, lengths: list[int], settings: dict, scores) -> tuple[Costs
 
 def read_scores(paths, settings: dict):
     """The stage-1 parts at `paths`, merged: complete, of `length --shard`, and run with these settings."""
+    from sinkmech.shards_length import SCORES
+
     part = read_parts(paths)
     if part.kind != SCORES:
         raise UsageError(f"--scores takes the stage-1 parts of `sinkmech length --shard I/N` (without --scores); "
@@ -216,6 +228,8 @@ def read_scores(paths, settings: dict):
 
 def sharded_length(args, lengths: list[int]) -> None:
     """`--shard I/N` (stage 1, or stage 2 with --scores) or `--ray` (both stages)."""
+    from sinkmech.shards_length import COSTS, SCORES
+
     settings = length_settings(args, lengths)
     windows = list(range(args.n_prompts))  # the prompts, by number (see the note above LengthTask)
     if args.ray is not None:
@@ -246,6 +260,9 @@ def sharded_length(args, lengths: list[int]) -> None:
 
 def merged_length(part, args) -> None:
     """`sinkmech merge` for stage-2 parts: the table and --json / --png as `length` writes them."""
+    from sinkmech.figures.mechanisms import length_lines
+    from sinkmech.shards_length import length_result
+
     sweep = length_result(part)
     print_length_table(sweep)
 

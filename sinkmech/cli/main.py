@@ -17,7 +17,6 @@ import sys
 import warnings
 from pathlib import Path
 
-from sinkmech.backend import version_text
 from sinkmech.cli.ablate import add_ablate_parser
 from sinkmech.cli.common import Parser, UsageError, add_model_options, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
@@ -34,13 +33,29 @@ from sinkmech.cli.train import add_train_parser
 
 USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 
+# The parser and every flag check import nothing heavy (see sinkmech.cli.common):
+# torch, TransformerLens, transformers and Ray load when a command runs.
+
+
+class VersionAction(argparse.Action):
+    """`--version`: the versions line, built only when asked (it imports torch and TransformerLens)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from sinkmech.backend import version_text
+
+        print(version_text())
+        parser.exit()
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="sinkmech", description="Attention-sink instruments (Barbero et al. 2025) for TransformerLens models.",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
     )
-    parser.add_argument("--version", action="version", version=version_text(),
+    parser.add_argument("--version", action=VersionAction,
                         help="print sinkmech, TransformerLens, torch, the backend and the device, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,

@@ -12,11 +12,6 @@ from sinkmech.cli.common import (
     write_results,
 )
 from sinkmech.cli.shard import ModelTask, add_shard_flags, model_settings, sharded
-from sinkmech.figures.mechanisms import massive_figure
-from sinkmech.massive import RESETS, massive_dims, massive_sums, reset_massive_dims
-from sinkmech.prompts import DEFAULT_EPS, tokenize
-from sinkmech.shards import used
-from sinkmech.shards_mechanisms import massive_partial, massive_result
 
 
 def add_massive_parser(sub) -> None:
@@ -45,6 +40,10 @@ class MassiveTask(ModelTask):
     batch_size: int
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.massive import massive_sums
+        from sinkmech.prompts import tokenize
+        from sinkmech.shards_mechanisms import massive_partial
+
         if self.settings["top"] > model.cfg.d_model:
             raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {self.settings['top']}")
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
@@ -61,6 +60,10 @@ def massive_settings(args) -> dict:
 
 def merged_massive(part, args) -> None:
     """`sinkmech merge` for massive parts: the table and --json / --png as `massive --no-reset` writes them."""
+    from sinkmech.figures.mechanisms import massive_figure
+    from sinkmech.shards import used
+    from sinkmech.shards_mechanisms import massive_result
+
     s = part.settings
     md = massive_result(part, top_k=s["top"], threshold=s["threshold"], sun_min_abs=s["sun_min_abs"],
                         sun_min_ratio=s["sun_min_ratio"], model_name=s["model_name"])
@@ -71,6 +74,9 @@ def merged_massive(part, args) -> None:
 
 
 def print_massive_table(md, reset) -> None:
+    from sinkmech.massive import RESETS
+    from sinkmech.prompts import DEFAULT_EPS
+
     print()
     print("first-token residual norm / mean norm of the other positions, and the top dimensions (|h_0[d]| / median)")
     print(f"{'layer':>6} {'ratio':>8}  top dims")
@@ -94,6 +100,10 @@ def print_massive_table(md, reset) -> None:
 
 
 def cmd_massive(args) -> None:
+    from sinkmech.figures.mechanisms import massive_figure
+    from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
+    from sinkmech.prompts import tokenize
+
     prompts = prompts_arg(args)
     if (args.shard is not None or args.ray is not None) and not args.no_reset:
         raise UsageError("--shard / --ray: the reset interventions need the massive dimensions of the whole corpus "

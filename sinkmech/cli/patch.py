@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
 
 from sinkmech.cli.common import (
     add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
-    warn_short, write_results,
+    source_constant, warn_short, write_results,
 )
 from sinkmech.cli.shard import AnswersTask, add_shard_flags, model_settings, sharded
-from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
-from sinkmech.interventions.patching import HEAD_ACTS, PatchAct, PatchBy, bos_pair, patch
-from sinkmech.shards import patch_partial, patch_result, used
 
 BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 
@@ -21,9 +17,9 @@ BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 def add_patch_parser(sub) -> None:
     p = sub.add_parser("patch", help="activation patching between the <bos> and no-<bos> runs")
     add_intervention_common(p)
-    p.add_argument("--act", choices=get_args(PatchAct), default="resid_pre",
+    p.add_argument("--act", choices=source_constant("sinkmech.interventions.patching", "PatchAct"), default="resid_pre",
                    help="activation patched from one run into the other (default resid_pre)")
-    p.add_argument("--by", choices=get_args(PatchBy), default=None, help="default: layer_pos for residual activations, head for z/q/k/v")
+    p.add_argument("--by", choices=source_constant("sinkmech.interventions.patching", "PatchBy"), default=None, help="default: layer_pos for residual activations, head for z/q/k/v")
     p.add_argument("--source", choices=["prepend", "none", "both"], default="both", help="run the activations come from (patched into the other)")
     p.add_argument("--layers", type=non_negative_int, nargs="+", default=None, help="patch only these layers (default: all)")
     add_metric(p)
@@ -43,6 +39,9 @@ class PatchTask(AnswersTask):
     max_rows: int
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.interventions.patching import bos_pair, patch
+        from sinkmech.shards import patch_partial
+
         model, ids = state
         pair = bos_pair(model, prompts, max_tokens=self.max_tokens)
         results = {source: patch(model, pair, act=self.act, by=self.by, source=source, metric=self.metric, answers=ids,
@@ -56,6 +55,8 @@ class PatchTask(AnswersTask):
 
 def merged_patch(part, args) -> None:
     """`sinkmech merge` for patch parts: the lines and --json / --png as `patch` writes them."""
+    from sinkmech.shards import patch_result, used
+
     s = part.settings
     meta = {"model": s["model"], "act": s["act"], "by": s["by"], "metric": s["metric"], "n_layers": s["n_layers"],
             "n_heads": s["n_heads"], "n_prompts": len(part.prompt_index), **used(part, s["max_tokens"])}
@@ -63,6 +64,8 @@ def merged_patch(part, args) -> None:
 
 
 def cmd_patch(args) -> None:
+    from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
+
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
 
@@ -89,6 +92,8 @@ def cmd_patch(args) -> None:
 
 def patch_output(args, results: dict, meta: dict) -> None:
     """The printed lines and the outputs of `patch` (`meta`: the JSON's fields before "results")."""
+    from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
+
     for source, r in results.items():
         print(f"{BOS_LABEL[source]} -> {BOS_LABEL[r.target]}: unpatched {r.metric} {r.baseline:.4f}, "
               f"patched min {float(r.values.min()):.4f} max {float(r.values.max()):.4f}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,11 +15,9 @@ from sinkmech.cli.common import (
     non_negative_int, positive_float, positive_int, prompts_arg, write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
-from sinkmech.figures.core import heatmap_panels, save, shared_limits
-from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
-from sinkmech.prompts import CONDITION_LABELS
-from sinkmech.sensitivity import sensitivity_study
-from sinkmech.shards_mechanisms import spread_partial, spread_result
+
+if TYPE_CHECKING:  # annotations only: the module is imported when the command runs
+    from sinkmech.perturb import EmbeddingNoise, TokenSwap
 
 
 def add_perturb_parser(sub) -> None:
@@ -40,6 +39,8 @@ def add_perturb_parser(sub) -> None:
 
 
 def perturbation(args) -> TokenSwap | EmbeddingNoise:
+    from sinkmech.perturb import EmbeddingNoise, TokenSwap
+
     return TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
 
 
@@ -53,6 +54,9 @@ class SpreadTask(BosTokenTask):
     batch_size: int
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.perturb import perturbation_spread
+        from sinkmech.shards_mechanisms import spread_partial
+
         model, bos_id = state
         r = perturbation_spread(model, prompts, perturbation=self.perturbation, max_tokens=self.max_tokens,
                                 bos_token_id=bos_id, threshold=self.threshold, batch_size=self.batch_size,
@@ -63,6 +67,8 @@ class SpreadTask(BosTokenTask):
 
 def merged_perturb(part, args) -> None:
     """`sinkmech merge` for perturb parts: the table and --json / --png as `perturb` writes them."""
+    from sinkmech.shards_mechanisms import spread_result
+
     spread, png_out = spread_output(spread_result(part), part.settings["model"], args)
     write_results(args, {"model": part.settings["model"], **spread}, png_out)
 
@@ -100,6 +106,9 @@ def cmd_perturb(args) -> None:
 
 
 def _sensitivity(model, prompts, bos_id, args) -> dict:
+    from sinkmech.prompts import CONDITION_LABELS
+    from sinkmech.sensitivity import sensitivity_study
+
     st = sensitivity_study(model, prompts[: args.sensitivity_prompts], max_tokens=args.sensitivity_tokens,
                            bos_token_id=bos_id)
     d = st.to_dict()
@@ -116,6 +125,8 @@ def _sensitivity(model, prompts, bos_id, args) -> dict:
 
 def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
     """The spread study printed; its JSON part and a writer for --png."""
+    from sinkmech.perturb import perturbation_spread
+
     r = perturbation_spread(model, prompts, perturbation=perturbation(args), max_tokens=args.max_tokens,
                             bos_token_id=bos_id, threshold=args.threshold, batch_size=args.batch_size)
     return spread_output(r, args.model, args)
@@ -123,6 +134,9 @@ def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
 
 def spread_output(r, model_name: str, args) -> tuple[dict, Callable[[], None]]:
     """A spread printed; its JSON part and a writer for --png."""
+    from sinkmech.figures.core import heatmap_panels, save, shared_limits
+    from sinkmech.prompts import CONDITION_LABELS
+
     s = r.per_layer()
     print(f"{r.kind}: over later positions, mean relative change / fraction > {r.threshold:g}")
     print(f"{'layer':>6} {'<bos>':>16} {'no <bos>':>16}")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sinkmech.cli.common import BATCH_HELP, MODEL_HELP, model_name, load_model_arg, output_file, positive_int
+from sinkmech.cli.common import (
+    BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, positive_int,
+)
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
-from sinkmech.models import DEFAULT_MODEL
-from sinkmech.report.context import ReportContext
-from sinkmech.report.page import build_report
+from sinkmech.model_names import DEFAULT_MODEL
 
 
 # ReportContext settings a user can change from the command line, besides the flags above.
@@ -19,6 +19,7 @@ SECTION_SIZES = ("spread_prompts", "scan_prompts", "noop_prompts", "ablation_pro
 
 
 def add_report_parser(sub) -> None:
+    defaults = dataclass_defaults("sinkmech.report.context", "ReportContext")
     p = sub.add_parser("report", help="one-page offline report: figures, summary.json and circuitsvis views")
     p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--out", type=Path, required=True, help="output folder (index.html, summary.json, figures/)")
@@ -31,7 +32,7 @@ def add_report_parser(sub) -> None:
     p.add_argument("--view-prompts", type=positive_int, default=3, help="prompts in the head-activity views")
     sizes = p.add_argument_group("section sizes (prompt counts are capped by --n-prompts)")
     for name in SECTION_SIZES:
-        default = ReportContext.__dataclass_fields__[name].default
+        default = defaults[name]
         sizes.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=default, help=f"default {default}")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
@@ -41,6 +42,8 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args) -> None:
+    from sinkmech.report.page import build_report
+
     check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", flush=True)

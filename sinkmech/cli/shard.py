@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinkmech import models
 from sinkmech.cli.common import FlagValueError, UsageError, answers, bos_token_arg, non_negative_float, positive_int
 from sinkmech.files import json_text
 from sinkmech.partial import (
@@ -84,6 +83,8 @@ class ModelTask:
                    n_prompts_total=len(prompts), settings=settings, **fields)
 
     def load_model(self):
+        from sinkmech import models
+
         return models.load_model(self.model, device=self.device, dtype=self.dtype)
 
     def load(self):

@@ -26,13 +26,7 @@ from sinkmech.cli.common import (
     write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
-from sinkmech.figures.sinks import sink_heatmap
 from sinkmech.findings import flatten, record
-from sinkmech.hooks import head_label
-from sinkmech.key_sinks import key_sink_scores
-from sinkmech.prompts import tokenize
-from sinkmech.shards import sinks_partial
-from sinkmech.sinks import paired_contrasts, sink_scores
 
 
 def add_sinks_parser(sub) -> None:
@@ -72,6 +66,8 @@ def sinks_settings(args) -> dict:
 
 def merged_sinks(part, args) -> None:
     """`sinkmech merge` for sinks parts: the table, then --json / --png as `sinks` writes them."""
+    from sinkmech.figures.sinks import sink_heatmap
+
     from sinkmech.partial import detach
     from sinkmech.shards import sinks_result
     from sinkmech.shards_mechanisms import key_sinks_result
@@ -100,6 +96,10 @@ class SinksTask(BosTokenTask):
     batch_size: int
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.prompts import tokenize
+        from sinkmech.shards import sinks_partial
+        from sinkmech.sinks import sink_scores
+
         from sinkmech.key_sinks import key_sink_sums
         from sinkmech.partial import attach
         from sinkmech.prompts import token_text
@@ -153,6 +153,8 @@ def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> di
 def print_flagged(keys: dict) -> None:
     """Heads whose strongest key (alpha_k averaged over prompts) is not position 0,
     with the token text of their top keys."""
+    from sinkmech.hooks import head_label
+
     for c, ks in keys.items():
         flagged = ks.flagged_heads()
         print()
@@ -173,6 +175,8 @@ def print_flagged(keys: dict) -> None:
 
 
 def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
+    from sinkmech.hooks import head_label
+
     conds = list(results)
     print()
     print("sink rate (% of prompt x head pairs with score > eps)")
@@ -212,6 +216,11 @@ def check_bos_position(args) -> None:
 
 
 def cmd_sinks(args) -> None:
+    from sinkmech.figures.sinks import sink_heatmap
+    from sinkmech.key_sinks import key_sink_scores
+    from sinkmech.prompts import tokenize
+    from sinkmech.sinks import paired_contrasts, sink_scores
+
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     if args.ray is not None and args.findings is not None:
         raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")

@@ -5,11 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import get_args
 
-from sinkmech.backend import BACKEND, IS_BRIDGE
 from sinkmech.cli.common import UsageError, image_file, non_negative_int, positive_float, positive_int
-from sinkmech.prompts import CONDITIONS
 from sinkmech.train.config import PACKINGS, DataSource, TrainConfig
-from sinkmech.figures.training import training_curves
 
 
 def add_train_parser(sub) -> None:
@@ -37,6 +34,10 @@ def add_train_parser(sub) -> None:
 
 
 def cmd_train(args) -> None:
+    from sinkmech.backend import BACKEND, IS_BRIDGE
+    from sinkmech.figures.training import training_curves
+    from sinkmech.prompts import CONDITIONS
+
     if IS_BRIDGE:
         raise UsageError(f"sinkmech train builds its models as TransformerLens 3.x HookedTransformers; this "
                          f"environment has the {BACKEND} backend (TransformerLens 4): install transformer-lens<4 to train")
