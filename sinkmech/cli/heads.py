@@ -26,7 +26,8 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--top", type=positive_int, default=20, help="rows of the if-else table")
     p.add_argument("--head", type=head_spec, default=None, help="print one head's full profile, e.g. 20.4")
-    p.add_argument("--high", type=fraction, default=0.8, help="a query is dormant at first-token attention >= HIGH")
+    p.add_argument("--high", type=fraction, default=0.5, help="a query is dormant at first-token attention >= HIGH "
+                   "(default calibrated on planted heads and nulls: docs/dormant_calibration.md)")
     p.add_argument("--low", type=fraction, default=0.2, help="a query is active at first-token attention <= LOW")
     p.add_argument("--min-lift", type=finite_float, default=3.0, help="if_else needs a trigger with at least this lift")
     p.add_argument("--min-count", type=positive_int, default=5, help="... on at least this many active queries")
@@ -34,8 +35,9 @@ def add_heads_parser(sub) -> None:
                    "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
     p.add_argument("--noop", type=non_negative_int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
-    p.add_argument("--noop-prompts", type=positive_int, default=32, help="prompts used by the no-op check, held out from the "
-                   "scan (the last ones of the corpus)")
+    p.add_argument("--noop-prompts", type=positive_int, default=None, help="prompts used by the no-op check, held out from "
+                   f"the scan (the last ones of the corpus; default {NOOP_PROMPTS}, or half the prompts of a corpus of "
+                   f"{NOOP_PROMPTS} or fewer)")
     p.add_argument("--contrast", nargs="?", const=PYTHON_SOURCE, default=None, metavar="PROMPTS_B",
                    help="heads whose mode differs between --prompts (default: Python-docs prose) and PROMPTS_B "
                    f"(a prompt file; alone or '{PYTHON_SOURCE}': windows of the standard library's .py files), "
@@ -136,19 +138,34 @@ def print_head_profile(scan, layer: int, head: int) -> None:
               f"(expected {t['expected']:.1f}{rate}; selection/validation {_validation(t)})")
 
 
-def print_noop(check) -> None:
-    from sinkmech.hooks import head_label
+def _verdict(e: dict | None) -> str:
     from sinkmech.stats import effect_text
 
-    print(f"\nno-op check (clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens): loss change per intervened "
-          f"query, nats, {100 * check.ci_level:.0f}% bootstrap interval over prompts; an interval holding 0 reads "
-          "'no detectable effect'")
+    if e is None:
+        return "n/a"
+    text = effect_text(e["value"], e["ci"])
+    return f"{text} (Holm p {e['p_adjusted']:.2g}{', holds' if e['detectable_adjusted'] else ''})"
+
+
+def print_noop(check) -> None:
+    from sinkmech.hooks import head_label
+
+    print(f"\nno-op check (clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens): loss change in nats, per "
+          f"intervened query and in total, {100 * check.ci_level:.0f}% t interval over prompts; an interval holding 0 "
+          f"reads 'no detectable effect'; Holm p over all {check.n_intervals} intervals ('holds': still below "
+          f"{1 - check.ci_level:.2g}); control: the same number of the other mode's queries at the nearest positions")
     for r in check.results:
         print(f"  {head_label(r.layer, r.head)} ({r.n_dormant} dormant / {r.n_active} active queries in "
               f"{r.n_prompts_dormant} / {r.n_prompts_active} prompts)")
-        for name, (value, ci) in r.effects().items():
+        for name, e in r.checks.items():
             how, _, mode = name.rpartition("_")
-            print(f"    {how.replace('_', ' '):>14} on {mode:<8} queries: {effect_text(value, ci)}")
+            ctrl = e["matched_control"]
+            print(f"    {how.replace('_', ' '):>13} on {mode:<7}: per query {_verdict(e['per_query'])}; total "
+                  f"{_verdict(e['total'])}" + ("" if ctrl is None else
+                                               f"; minus control ({ctrl['n_queries']} q) {_verdict(ctrl['difference'])}"))
+        if r.active_looks:
+            print("    active queries look at: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in r.active_looks.items()
+                                                            if k != "n_queries"))
 
 
 PYTHON_SOURCE = "python-source"
@@ -235,6 +252,23 @@ def cmd_contrast(args) -> None:
     write_results(args, payload, png_out)
 
 
+NOOP_PROMPTS = 32  # the no-op check's held-out prompts when the corpus has room
+
+
+def noop_split(n_prompts: int, asked: int | None) -> int:
+    """The no-op check's prompt count: `asked` (--noop-prompts) when given, else
+    NOOP_PROMPTS, or half the corpus when it has NOOP_PROMPTS prompts or fewer
+    (said on stderr), so that a small corpus runs without a flag."""
+    if asked is not None:
+        return asked
+    if n_prompts > NOOP_PROMPTS:
+        return NOOP_PROMPTS
+    half = max(n_prompts // 2, 1)
+    print(f"note: {n_prompts} prompts: the scan takes the first {n_prompts - half} and the no-op check the last "
+          f"{half} (set --noop-prompts to choose)", file=sys.stderr)
+    return half
+
+
 def cmd_heads(args) -> None:
     from sinkmech.dormant.discover import split_corpus
     from sinkmech.dormant.scan import scan_heads
@@ -253,6 +287,7 @@ def cmd_heads(args) -> None:
     prompts = load_prompts(args.prompts)
     if args.n_prompts is not None:
         prompts = prompts[: args.n_prompts]
+    args.noop_prompts = noop_split(len(prompts), args.noop_prompts)
     n_noop = args.noop_prompts if (args.noop > 0 or args.head) else 0
     try:  # the no-op check runs on prompts held out from the scan
         scan_rows, noop_rows = split_corpus(len(prompts), None, n_noop)
@@ -406,6 +441,8 @@ def heads_findings(scan, check) -> dict:
         "if_else_heads": [head_label(*hd) for hd in found],
         "if_else": {head_label(l, h): {"validated_lift": scan.top_trigger(l, h).validated_lift,
                                   "trigger": scan.top_trigger(l, h).token,
+                                  "trigger_test": scan.top_trigger(l, h).trigger_test,
+                                  "trigger_p": scan.top_trigger(l, h).trigger_p,
                                   "dormant_fraction": float(scan.dormant_fraction[l, h]),
                                   "active_fraction": float(scan.active_fraction[l, h])} for l, h in found},
         "sweep": {f"{r['high']:g}_{r['low']:g}": {"high": r["high"], "low": r["low"], **r["mode_counts"],
@@ -413,7 +450,28 @@ def heads_findings(scan, check) -> dict:
                   for r in scan.sweep or ()},
     }
     if check is not None:
-        out["noop"] = {"n_prompts": len(check.prompt_indices or ()), **{
-            head_label(r.layer, r.head): {k: {"value": v, "ci": ci, "detectable": r.detectable()[k]}
-                                     for k, (v, ci) in r.effects().items()} for r in check.results}}
+        def effect(e: dict | None) -> dict | None:
+            return None if e is None else {k: e[k] for k in ("value", "ci", "p_adjusted", "detectable",
+                                                              "detectable_adjusted")}
+
+        out["noop"] = {"n_prompts": len(check.prompt_indices or ()), "n_intervals": check.n_intervals, **{
+            head_label(r.layer, r.head): {
+                **{k: {"n_queries": e["n_queries"], "n_prompts": e["n_prompts"], "per_query": effect(e["per_query"]),
+                       "total": effect(e["total"]),
+                       "control_per_query": None if e["matched_control"] is None
+                       else effect(e["matched_control"]["per_query"]),
+                       "minus_control": None if e["matched_control"] is None
+                       else effect(e["matched_control"]["difference"])}
+                   for k, e in r.checks.items()},
+                "active_looks": r.active_looks}
+            for r in check.results}}
+        out["candidates"] = {}
+        for r in check.results:
+            l, h = r.layer, r.head
+            t = scan.top_trigger(l, h)
+            out["candidates"][head_label(l, h)] = {
+                "mode": scan.mode(l, h), "dormant_fraction": float(scan.dormant_fraction[l, h]),
+                "active_fraction": float(scan.active_fraction[l, h]),
+                **({} if t is None else {"trigger": t.token, "trigger_where": t.where, "validated_lift": t.validated_lift,
+                                         "trigger_p": t.trigger_p, "p_validated": t.p_validated})}
     return out

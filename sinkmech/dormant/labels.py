@@ -43,7 +43,7 @@ class Thresholds:
     `MODE_MEANING` spells this out for readers of the JSON.
     """
 
-    high: float = 0.8
+    high: float = 0.5  # calibrated: docs/dormant_calibration.md
     low: float = 0.2
     sink_min_dormant: float = 0.9
     active_max_dormant: float = 0.1

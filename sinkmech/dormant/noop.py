@@ -155,7 +155,7 @@ def noop_check(
     max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
-    high: float = 0.8,
+    high: float = 0.5,
     low: float = 0.2,
     ci_level: float = 0.95,
     n_boot: int = 0,

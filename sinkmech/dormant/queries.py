@@ -2,7 +2,7 @@
 labels at any cut of the threshold sweep, and the labels' uncertainty (a
 bootstrap over prompts).
 
-A label that hangs on one cut (`high` 0.8, `low` 0.2) says little unless a
+A label that hangs on one cut (`high` 0.5, `low` 0.2) says little unless a
 reader can see whether it survives another; a fraction measured on a few dozen
 prompts says little without its interval. The scan keeps only what these need,
 so that a partial result of a shard stays small (`sinkmech.shards`): per
@@ -25,7 +25,7 @@ from sinkmech.dormant.labels import MODES, HeadStats, Mode, Thresholds, classify
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
 from sinkmech.hooks import head_label
 
-# (high, low) cuts of the sweep: the default 0.8 / 0.2 and looser and stricter ones
+# (high, low) cuts of the sweep: the default 0.5 / 0.2 (docs/dormant_calibration.md) and stricter and looser ones
 SWEEP_HIGH = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
 SWEEP_LOW = (0.2, 0.1, 0.05)
 # per prompt and head at the scan's cut (the bootstrap's resampling units): queries

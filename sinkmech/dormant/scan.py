@@ -37,7 +37,7 @@ def scan_heads(
     max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
-    high: float = 0.8,
+    high: float = 0.5,
     low: float = 0.2,
     sink_min_dormant: float = 0.9,
     active_max_dormant: float = 0.1,
