@@ -76,12 +76,13 @@ findings: demo
 	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first,
 	# on the demo's 80 prompts, both conditions (the paired contrast needs the run without a first token too).
 	$(BIN)/sinkmech sinks --model smollm2 --n-prompts 80 --bos both --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
-	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 16 after them.
-	$(BIN)/sinkmech heads --model smollm2 --n-prompts 80 --noop-prompts 16 --json figures/heads_smollm2.json --findings figures/findings.json
-	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 80 --noop-prompts 16 --json figures/heads_gemma3-270m.json --findings figures/findings.json
-	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models.
-	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --findings figures/findings.json
-	$(BIN)/sinkmech heads --model gemma3-270m --contrast --n-prompts 64 --json figures/contrast_gemma3-270m.json --findings figures/findings.json
+	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 64 (SmolLM2) or 32 (Gemma) after them.
+	$(BIN)/sinkmech heads --model smollm2 --n-prompts 128 --noop-prompts 64 --json figures/heads_smollm2.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 96 --noop-prompts 32 --json figures/heads_gemma3-270m.json --findings figures/findings.json
+	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models,
+	# with the within-corpus null contrasts and every head's difference drawn.
+	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --png figures/contrast_smollm2.png --findings figures/findings.json
+	$(BIN)/sinkmech heads --model gemma3-270m --contrast --n-prompts 64 --json figures/contrast_gemma3-270m.json --png figures/contrast_gemma3-270m.png --findings figures/findings.json
 	# StreamingLLM on SmolLM2 at the report's setting (window 32, 256 tokens): with its first token, with no
 	# first token at all, and with the kept keys re-numbered as StreamingLLM's cache does.
 	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --json figures/stream_smollm2.json --findings figures/findings.json
