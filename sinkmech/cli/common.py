@@ -394,7 +394,9 @@ IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 
 def _check_writable(path: Path) -> None:
     """The file at `path` can be created: it is not a folder, and its nearest
-    existing ancestor is a writable folder (missing folders are created later)."""
+    existing ancestor is a writable folder. The rule for every output of every
+    command: missing folders are created when the output is written, and said
+    now, on stderr, while the flags are read (`note_missing_folder`)."""
     if path.is_dir():
         raise FlagValueError(f"{path} is a folder; give a file name")
     parent = path.parent
@@ -404,6 +406,23 @@ def _check_writable(path: Path) -> None:
         raise FlagValueError(f"{path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise FlagValueError(f"{path}: cannot write into {parent} (permission denied)")
+    note_missing_folder(path)
+
+
+def note_missing_folder(path: Path) -> None:
+    """Say on stderr that `path`'s folder does not exist yet and will be created
+    (with its missing parents) when `path` is written."""
+    if not path.parent.exists():
+        print(f"note: the folder {path.parent} does not exist: it is created when {path.name} is written",
+              file=sys.stderr)
+
+
+def output_folder(text: str) -> Path:
+    """A folder sinkmech writes as a whole (report, compare, train --out): its
+    missing parent folders are created, as for every output (said on stderr)."""
+    path = Path(text)
+    note_missing_folder(path)
+    return path
 
 
 def write_results(args, payload=None, png=None, *, extra: Sequence = ()) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinkmech.cli.common import (
-    Distinct, FlagValueError, UsageError, load_model_arg, model_name, non_negative_int, output_file, positive_int, prompts_arg,
+    Distinct, FlagValueError, UsageError, load_model_arg, model_name, non_negative_int, output_file, output_folder, positive_int, prompts_arg,
 )
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record, report_findings
@@ -30,7 +30,8 @@ def add_compare_parser(sub) -> None:
     p = sub.add_parser("compare", help="Table 2 / Figure 2 of the paper on several models: sinks, loss, spread, dormant heads")
     p.add_argument("--models", type=model_name, nargs="+", action=Distinct, default=None,
                    help="models to compare (default: smollm2 gemma3-270m)")
-    p.add_argument("--out", type=Path, required=True, help="output folder (compare.json, compare.md, figures)")
+    p.add_argument("--out", type=output_folder, required=True,
+                   help="output folder (compare.json, compare.md, figures; missing folders are created)")
     p.add_argument("--prompts", default=None, help="prompt file (.txt, .json, .jsonl); default: 170 windows of the Python docs")
     p.add_argument("--n-prompts", type=positive_int, default=170, help="prompts for sink rates and loss (default 170)")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="content tokens per prompt (default 64)")
@@ -122,8 +123,8 @@ def markdown(results: list[ModelComparison]) -> str:
                   + ", ".join(f"{n} {m}" for m, n in d.mode_counts.items())
                   + (f"; if-else heads: {', '.join(d.if_else_heads)}" if d.if_else_heads else "; no head passes the if-else rule")
                   + f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
-                  "intervened query, nats, with 95 % bootstrap intervals over prompts (an interval holding 0: no "
-                  "detectable effect):"]
+                  "intervened query, nats, with 95 % t intervals over prompts (an interval holding 0: no "
+                  "detectable effect; Holm's correction over the check in `compare.json`, `checks`):"]
         for name, n in d.noop.items():
             c = d.candidates.get(name, {})
             trig = c.get("trigger")

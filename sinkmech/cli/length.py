@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sinkmech.cli.common import (
     MODEL_HELP, PNG_HELP, Distinct, UsageError, at_least, head_spec, image_file, load_model_arg, model_name,
-    output_file, positive_float, positive_int, source_constant, write_results,
+    output_file, positive_float, positive_int, prompts_arg, source_constant, write_results,
 )
 from sinkmech.cli.shard import (
     ModelTask, ShardRun, add_shard_flags, check_part_output, model_settings, model_sha256, prompts_sha256,
@@ -27,12 +27,21 @@ from sinkmech.model_names import DEFAULT_MODEL
 from sinkmech.partial import differing_setting, read_parts, shard_span
 
 
+DEFAULT_TEXTS = 8  # texts of the default corpus without --prompts
+
+
 def add_length_parser(sub) -> None:
     p = sub.add_parser("length", help="sink rate and top-head mask_first cost against the evaluation length")
     p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--lengths", type=at_least(2), nargs="+", action=Distinct, default=list(source_constant("sinkmech.eval_length", "DEFAULT_LENGTHS")),
                    help="content lengths to measure (default 64 128 256 512 1024; longer than the context: skipped)")
-    p.add_argument("--n-prompts", type=positive_int, default=8, help="texts of the Python docs, cut to each length (default 8)")
+    p.add_argument("--prompts", default=None,
+                   help="prompt file, read as by every command (one prompt per line, .jsonl/.ndjson or .json); "
+                        "each prompt is cut to each length, and a length beyond the shortest prompt is skipped (said "
+                        "so); default: windows of the Python docs")
+    p.add_argument("--n-prompts", type=positive_int, default=None,
+                   help=f"use the first N prompts (default: {DEFAULT_TEXTS} texts of the Python docs, or every prompt "
+                        "of --prompts)")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each text (default prepend)")
     p.add_argument("--top", type=positive_int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
     p.add_argument("--uniform-multiples", type=positive_float, nargs="+", action=Distinct,
@@ -80,16 +89,24 @@ def cmd_length(args) -> None:
     from sinkmech.eval_length import long_prompts, sinks_vs_length
     from sinkmech.figures.mechanisms import length_lines
     from sinkmech.hooks import parse_head
-    from sinkmech.prompts import DEFAULT_EPS
+    from sinkmech.prompts import DEFAULT_EPS, tokenize
 
     lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
     if args.shard is not None or args.ray is not None or args.resume or args.scores is not None:
+        if args.prompts is not None:
+            raise UsageError("length --prompts runs in one process: --shard, --ray and --scores cut the default "
+                             "corpus (drop --prompts, or drop the sharding flags)")
+        args.n_prompts = args.n_prompts or DEFAULT_TEXTS
         return sharded_length(args, lengths)
+    texts = prompts_arg(args) if args.prompts is not None else None  # a bad file fails before the model load
     model = load_model_arg(args)
     if args.top > model.cfg.n_layers * model.cfg.n_heads:
         raise UsageError(f"--top must be <= {model.cfg.n_layers * model.cfg.n_heads} (the model's heads), got {args.top}")
     fixed = None if args.head is None else parse_head(args.head, model)
-    batch = long_prompts(model, args.n_prompts, max(lengths), bos=args.bos)
+    if texts is None:
+        batch = long_prompts(model, args.n_prompts or DEFAULT_TEXTS, max(lengths), bos=args.bos)
+    else:  # each prompt's first max(lengths) content tokens (cut to the context, room kept for <bos>)
+        batch = tokenize(model, texts, bos=args.bos, max_tokens=min(max(lengths), model.cfg.n_ctx - 1))
     sweep = sinks_vs_length(model, batch, lengths=lengths, top_k=args.top, eps=DEFAULT_EPS,
                             uniform_multiples=args.uniform_multiples, fixed_head=fixed, batch_size=args.batch_size)
     print_length_table(sweep)

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="sinkmech", description="Attention-sink instruments (Barbero et al. 2025) for TransformerLens models.",
         formatter_class=argparse.RawDescriptionHelpFormatter,  # --version on one line
+        epilog="Outputs (--json, --png, --findings, --out): a folder in the path that does not exist is created "
+               "when the output is written,\nsaid on stderr when the flags are read.",
     )
     parser.add_argument("--version", action=VersionAction,
                         help="print sinkmech, TransformerLens, torch, the backend and the device, then exit")

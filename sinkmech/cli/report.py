@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, positive_int,
+    BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, output_folder, positive_int,
 )
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
@@ -22,7 +22,8 @@ def add_report_parser(sub) -> None:
     defaults = dataclass_defaults("sinkmech.report.context", "ReportContext")
     p = sub.add_parser("report", help="one-page offline report: figures, summary.json and circuitsvis views")
     p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--out", type=Path, required=True, help="output folder (index.html, summary.json, figures/)")
+    p.add_argument("--out", type=output_folder, required=True,
+                   help="output folder (index.html, summary.json, figures/; missing folders are created)")
     p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: the Python docs corpus")
     p.add_argument("--n-prompts", type=positive_int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="content tokens per prompt (default 64)")
