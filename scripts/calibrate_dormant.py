@@ -5,7 +5,7 @@ an if-else head (rests on `<bos>`, wakes on one token), the positional null
 (mode follows position) and the prompt-following null (whole prompts active
 or dormant, whatever the token), each scaled by a strength factor f that
 softens its attention (f = 1: first-token attention ~0 or ~1; f = 0.2: graded,
-0.6-0.9 on resting queries), beside the four random heads of layer 1. The
+about 0.45-0.8 on resting queries), beside the four random heads of layer 1. The
 prompt-following head reads its prompt's marker at the attended key, a real
 key trigger; what it must never get is the token that merely shares its
 prompts (TRIGGER at the query), so its labels are counted apart with the

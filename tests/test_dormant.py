@@ -95,7 +95,7 @@ def test_noop_check_on_planted_heads(planted):
     assert abs(r.per_query_dormant) < 1e-4
     assert abs(r.per_query_active) > 100 * abs(r.per_query_dormant)
     assert json.loads(check.to_json())["heads"][0]["n_active"] == r.n_active
-    # bootstrap intervals over prompts: around the estimate; the dormant one tight at ~0 (a true no-op),
+    # t intervals over prompts: around the estimate; the dormant one tight at ~0 (a true no-op),
     # the active one wide (the random model's active cost varies by prompt)
     (dlo, dhi), (alo, ahi) = r.per_query_dormant_ci, r.per_query_active_ci
     assert dlo <= r.per_query_dormant <= dhi and alo <= r.per_query_active <= ahi

@@ -134,11 +134,22 @@ def dormant_section(ctx: ReportContext) -> Section:
          for name, e in entries.items()])
     th = scan.thresholds
     noop_results = noop.results if noop is not None else ()
+    def cell(e: dict | None) -> str:  # per-query effect, and whether it survives Holm over the check
+        if e is None:
+            return "n/a"
+        return effect_text(e["value"], e["ci"]) + ("" if not e["detectable"] else
+                                                   " (holds after Holm)" if e["detectable_adjusted"] else " (not after Holm)")
+
+    checks = [f"{i}_{m}" for i in ("move_to_first", "zero_out", "mean_ablate") for m in ("dormant", "active")]
     noop_table = table_html(
-        ["head", "mode", "dormant queries", "active queries", "move to first, dormant", "move to first, active",
-         "zero out, dormant", "zero out, active"],
+        ["head", "mode", "dormant queries", "active queries", *(c.replace("_", " ") for c in checks),
+         "active minus matched control (zero out)", "active queries look at"],
         [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active,
-          *(effect_text(v, ci) for v, ci in r.effects().values())] for r in noop_results])
+          *(cell(r.checks[c]["per_query"]) for c in checks),
+          cell((r.checks["zero_out_active"]["matched_control"] or {}).get("difference")),
+          ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in (r.active_looks or {}).items() if k != "n_queries")
+          or "n/a"]
+         for r in noop_results])
     sweep_figs = ctx.figure("dormant_sweep", lambda p: mode_sweep(
         scan.sweep, p, title=f"Head modes at other (high, low) cuts ({scan.n_prompts} prompts)")) if scan.sweep else []
     sweep_table = table_html(["high", "low", "sink", "active", "mixed", "if_else", "if_else heads"],
@@ -175,17 +186,22 @@ def dormant_section(ctx: ReportContext) -> Section:
         f"at <= {th.low:g}. Labels: " + html.escape(", ".join(f"{v} {k}" for k, v in counts.items())) + f". {verdict}</p>"
         + table + f"<p>Triggers are chosen on the even-numbered prompts ({len(scan.trigger_split()[0])}) and judged on the "
         f"odd-numbered ones ({len(scan.trigger_split()[1])}): the if-else label needs the chosen trigger to reach lift "
-        f"{th.min_lift:g} there on >= {th.min_count} active queries in >= {th.min_prompts} prompts, with a Poisson "
+        f"{th.min_lift:g} there on >= {th.min_count} active queries in >= {th.min_prompts} prompts, and its excess over "
+        "each prompt's own activity must pass a one-sided t test with the prompt as the unit at "
         f"p <= {th.alpha:g} / {scan.n_layers * scan.n_heads} heads (last column). What each label means: "
         + html.escape("; ".join(f"{k}: {v}" for k, v in mode_meaning(th).items())) + ".</p>"
         + (f"<p>No-op check on {len(disc.noop_prompts)} prompts held out from the scan (prompts "
            f"{disc.noop_prompts[0]}-{disc.noop_prompts[-1]}; the scan used 0-{disc.scan_prompts[-1]}), for every if-else "
-           f"head and the {ctx.n_heads} closest candidates besides. Two interventions, each on the head's dormant and "
+           f"head and the {ctx.n_heads} closest candidates besides. Three interventions, each on the head's dormant and "
            "on its active queries: <i>move to first</i> puts all of its attention on the first token (on dormant "
            "queries, already >= high there, it can only change a little), <i>zero out</i> (Guo et al.) sets its "
-           "output to 0. Next-token loss change in nats per intervened query, with a "
-           f"{100 * noop.ci_level:.0f}% bootstrap interval over prompts; an interval that holds zero reads "
-           f"\"no detectable effect\" (clean loss {noop.loss_clean:.3f}).</p>" + noop_table
+           "output to 0, <i>mean ablate</i> sets it to its mean output over these prompts (zero is off the "
+           "distribution later layers saw). Next-token loss change in nats per intervened query, with a "
+           f"{100 * noop.ci_level:.0f}% t interval over prompts; an interval that holds zero reads "
+           f"\"no detectable effect\", and one that excludes it says whether it still does after Holm's correction "
+           f"over all {noop.n_intervals} intervals of the check (clean loss {noop.loss_clean:.3f}). The matched "
+           "control zeroes as many of the head's dormant queries at the nearest positions; the last column is where "
+           "the active queries' attention goes. Totals per mode are in summary.json.</p>" + noop_table
            if noop is not None else "<p>No no-op check: too few prompts to hold some out from the scan.</p>")
         + "<p>Threshold sweep: every head relabelled at other (high, low) cuts, every other threshold as above, "
         "so a reader sees whether a label survives another cut.</p>" + sweep_table
