@@ -12,7 +12,9 @@ CLI go through this module and never ask which one it is. What they use:
 - weights `W_O` [layer head_index d_head d_model] and `W_V` (key/value heads
   not expanded), `b_V` (zeros when the model has no value bias), the attention
   scale of each layer;
-- the unembedding with the final norm (`unembed`);
+- the model's own readout of the last block's output: final norm, unembedding
+  and whatever the architecture adds after it (`unembed`);
+- learned sink logits, for models whose softmax has them (`learned_sinks`);
 - a forward pass that starts at a layer from a residual stream and stops
   after one (`forward`);
 - a tokenizer; sinkmech always places `<bos>` itself (see `sinkmech.prompts`).
@@ -45,7 +47,8 @@ except ImportError:  # TransformerLens 4.x removed it (its ImportError carries a
 IS_BRIDGE = BACKEND == "TransformerBridge"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "writable_hooks", "unembed", "W_O", "W_V", "b_V", "attn_scale",
+__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "writable_hooks", "unembed", "learned_sinks", "has_learned_sinks",
+           "NO_LEARNED_SINKS", "W_O", "W_V", "b_V", "attn_scale",
            "versions", "version_text", "move"]
 
 
@@ -143,24 +146,113 @@ def _resid_mid_writer(layer: int, fn: Callable) -> list[tuple[str, Callable]]:
 
 
 def unembed(model: Model, resid: Tensor) -> Tensor:
-    """Logits from the last block's output: the final norm (when the model has
-    one) and the unembedding, as the model's own forward pass applies them
-    (Gemma's final logit soft-cap, when set, too)."""
+    """Logits from the last block's output [*rows d_model] -> [*rows d_vocab], by
+    the model's own code: everything its forward pass does after the last block.
+
+    On the Bridge that is the final norm the Hugging Face model calls, then the
+    causal LM's own forward from its base model's output on: the unembedding and
+    whatever the architecture adds (Gemma's soft-cap, Granite's division by
+    `logits_scaling`, Cohere's `logit_scale`, ...), never a copy of it (see
+    `_model_readout`). On TransformerLens 3.9 it is HookedTransformer's own final
+    norm, unembedding and output soft-cap (`cfg.output_logits_soft_cap`).
+    """
+    if IS_BRIDGE:
+        return _model_readout(model, resid)
     if getattr(model, "ln_final", None) is not None:
         resid = model.ln_final(resid)
-    if IS_BRIDGE:
-        logits = model.unembed(resid)
-    else:
-        # TransformerLens 3.9's Unembed.forward copies W_U.T into a new contiguous
-        # tensor on every call (113 MB for SmolLM2, 670 MB for Gemma 3); the
-        # sweeps unembed a few positions at a time, so that copy was 3/4 of a
-        # report's ablation section. The same product, on the weights in place.
-        u = model.unembed
-        logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
+    # TransformerLens 3.9's Unembed.forward copies W_U.T into a new contiguous
+    # tensor on every call (113 MB for SmolLM2, 670 MB for Gemma 3); the
+    # sweeps unembed a few positions at a time, so that copy was 3/4 of a
+    # report's ablation section. The same product, on the weights in place.
+    u = model.unembed
+    logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
     cap = getattr(model.cfg, "output_logits_soft_cap", None)
     if cap is not None and cap > 0:
         logits = cap * torch.tanh(logits / cap)
     return logits
+
+
+class _Hidden:
+    """What the stand-in base model returns: the hidden states (first item, and
+    `last_hidden_state`); any other output a causal LM's forward reads (caches,
+    attentions, router logits) is None."""
+
+    def __init__(self, hidden: Tensor) -> None:
+        self.last_hidden_state = hidden
+
+    def __getitem__(self, i):
+        return (self.last_hidden_state,)[i]
+
+    def __getattr__(self, name: str):
+        return None
+
+
+class _GivenOutput(torch.nn.Module):
+    """Stands in for a causal LM's base model (its embeddings, blocks and final
+    norm) and returns the hidden states it was given, so that the causal LM's own
+    forward runs only what comes after them."""
+
+    def __init__(self, hidden: Tensor) -> None:
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, *args, **kwargs) -> _Hidden:
+        return _Hidden(self.hidden)
+
+
+def _model_readout(model: Model, resid: Tensor) -> Tensor:
+    """The Bridge's logits from the last block's output: the model's final norm
+    (the module its base model calls last; the Bridge's `ln_final` wraps it),
+    then the Hugging Face causal LM's own forward with its base model replaced,
+    for this call, by one that returns the normed residual. Rows are flattened
+    into one sequence (the readout acts on each position alone)."""
+    hf = model.original_model
+    prefix = hf.base_model_prefix
+    base = getattr(hf, prefix)
+    shape = resid.shape
+    if getattr(model, "ln_final", None) is not None:
+        resid = model.ln_final(resid)
+    hidden = resid.reshape(1, -1, shape[-1])
+    ids = torch.zeros(hidden.shape[:2], dtype=torch.long, device=hidden.device)
+    setattr(hf, prefix, _GivenOutput(hidden))
+    try:
+        logits = hf(input_ids=ids, use_cache=False).logits
+    finally:
+        setattr(hf, prefix, base)
+    return logits.reshape(*shape[:-1], logits.shape[-1])
+
+
+def learned_sinks(model: Model) -> Tensor | None:
+    """Learned sink logits [layer head_index], or None for a model without them.
+
+    gpt-oss adds one learned logit per head to every softmax row as an extra
+    column with no value: the row's weights over the real keys then sum to
+    1 minus the sink's share (both backends drop that column from
+    `hook_pattern`). A layer without sinks in a model with some reads -inf (no share).
+    """
+    if IS_BRIDGE:
+        found = [getattr(getattr(b.attn, "original_component", None), "sinks", None) for b in model.blocks]
+    elif getattr(model.cfg, "use_attention_sinks", False):
+        found = [getattr(b.attn, "sinks", None) for b in model.blocks]
+    else:
+        return None
+    if all(s is None for s in found):
+        return None
+    H = model.cfg.n_heads
+    return torch.stack([torch.full((H,), float("-inf")) if s is None else s.detach().float().cpu().reshape(H)
+                        for s in found])
+
+
+def has_learned_sinks(model: Model) -> bool:
+    """Whether the model's softmax has learned sink logits (`learned_sinks`)."""
+    if IS_BRIDGE:
+        return any(getattr(getattr(b.attn, "original_component", None), "sinks", None) is not None
+                   for b in model.blocks)
+    return bool(getattr(model.cfg, "use_attention_sinks", False))
+
+
+NO_LEARNED_SINKS = ("has no learned sink logits (only gpt-oss-style models, whose softmax has a learned "
+                    "per-head sink column, do)")
 
 
 def W_O(model: Model, layer: int | None = None) -> Tensor:

@@ -67,6 +67,8 @@ def sinks_partial(results: dict[str, SinkScores], settings: dict, *, prompt_inde
             rows[f"{c}.{k}"] = getattr(r, k).cpu().numpy()
         if r.prompt_loss is not None:
             rows[f"{c}.prompt_loss"] = r.prompt_loss.double().cpu().numpy()
+        if r.learned_sink_scores is not None:
+            rows[f"{c}.learned_sink_scores"] = r.learned_sink_scores.cpu().numpy()
         sums[f"{c}.loss_sum"] = [0.0 if r.loss_sum is None else r.loss_sum]
         sums[f"{c}.loss_count"] = [float(r.loss_count)]
         sums[f"{c}.context_cut"] = [0.0 if r.context_limit is None else 1.0]
@@ -94,6 +96,8 @@ def sinks_result(part: Partial) -> dict[str, SinkScores]:
             loss_sum=loss_sum if s["loss"] else None, loss_count=loss_count,
             prompt_loss=(torch.from_numpy(np.ascontiguousarray(part.rows[f"{c}.prompt_loss"]))
                          if f"{c}.prompt_loss" in part.rows else None),
+            learned_sink_scores=(torch.from_numpy(np.ascontiguousarray(part.rows[f"{c}.learned_sink_scores"]))
+                                 if f"{c}.learned_sink_scores" in part.rows else None),
         )
     return out
 

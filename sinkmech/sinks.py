@@ -1,7 +1,9 @@
 """Sink scores and sink rates per head (Gu et al. 2025, reused by Barbero et al. 2025).
 
 alpha_0 of a head on a prompt is the mean over all T query positions of the
-attention on the first key (1/T <= alpha_0 <= 1). The sink rate at epsilon is
+attention on the first key (1/T <= alpha_0 <= 1; for a model with learned
+sink logits, gpt-oss, 0 < alpha_0 <= 1, and the learned sink's own share is
+`learned_sink_scores`: see docs/learned_sinks.md). The sink rate at epsilon is
 the percentage of (prompt, head) pairs with alpha_0 > epsilon. In the same
 pass: value-vector norms and residual-stream norms at the first token versus
 the rest (the sink's small value and massive activation).
@@ -18,7 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model
+from sinkmech.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
@@ -50,6 +52,9 @@ class SinkScores(Result):
     # (prompt, layer, head) the mean attention on that key over the queries at and after it
     bos_position: int | None = None
     bos_scores: Float[Tensor, "prompt layer head_index"] | None = None
+    # models with learned sink logits (gpt-oss): per (prompt, layer, head) the mean over
+    # real queries of the learned sink's share (1 - the row's sum over real keys); None otherwise
+    learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -197,6 +202,10 @@ class SinkScores(Result):
                 "bos_scores": einops.reduce(self.bos_scores, "prompt layer head_index -> layer head_index",
                                             "mean").tolist(),
             }),
+            **({} if self.learned_sink_scores is None else {
+                "learned_sink_scores": einops.reduce(self.learned_sink_scores,
+                                                     "prompt layer head_index -> layer head_index", "mean").tolist(),
+            }),
         }
 
     def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
@@ -260,12 +269,44 @@ def first_key_score(
         lengths: real positions per prompt (`<bos>` included when prepended).
 
     Returns:
-        alpha_0 in float32, in [1/T, 1] for a prompt of T positions.
+        alpha_0 in float32, in [1/T, 1] for a prompt of T positions (in (0, 1]
+        for a model with learned sink logits: the sink takes its share of query 0 too).
     """
     pos = torch.arange(pattern.shape[-2], device=pattern.device)
     valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()  # [batch, query_pos]
     first = einops.einsum(pattern[..., 0].float(), valid, "b h q, b q -> b h")
     return first / lengths.to(pattern.device)[:, None].float()
+
+
+def check_rows(pattern: Float[Tensor, "batch head_index query_pos key_pos"], valid: Float[Tensor, "batch query_pos"],
+               layer: int, *, learned: bool = False) -> None:
+    """`FloatingPointError` unless every real query's attention row is finite and
+    sums to 1 (TransformerLens turns NaN scores into zero rows), or, with learned
+    sink logits, to a share in (0, 1] (the rest is on the sink). The tolerance
+    admits bfloat16 rounding (eps 8e-3) and no zero row."""
+    tol = max(1e-3, 8 * torch.finfo(pattern.dtype).eps)
+    sums = pattern.float().sum(-1)  # [batch, head, query]
+    real = valid[:, None, :].expand_as(sums) > 0
+    if learned:
+        bad = ~torch.isfinite(sums) | (sums <= 0) | (sums > 1.0 + tol)
+        what = "attention rows do not sum to a share in (0, 1] beside the learned sink"
+    else:
+        bad = ~((sums - 1.0).abs() <= tol)
+        what = "attention rows do not sum to 1"
+    if (bad & real).any():
+        raise FloatingPointError(f"layer {layer}: {what} (NaN or inf in the attention scores)")
+
+
+def learned_sink_score(
+    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"]
+) -> Float[Tensor, "batch head_index"]:
+    """The learned sink's mass (gpt-oss): per prompt and head, the mean over all
+    real queries of 1 - the row's sum over the real keys, the share the softmax
+    gave the learned sink logit. In [0, 1); alpha_0 + this mass <= 1 per query."""
+    pos = torch.arange(pattern.shape[-2], device=pattern.device)
+    valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()
+    sink = 1.0 - pattern.float().sum(-1)  # [batch, head, query]
+    return einops.einsum(sink, valid, "b h q, b q -> b h") / lengths.to(pattern.device)[:, None].float()
 
 
 def move_bos(batch: TokenBatch, position: int) -> TokenBatch:
@@ -363,6 +404,7 @@ def sink_scores(
     }
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
     bos_scores = torch.zeros(P, L, H) if bos_position is not None else None
+    learned = torch.zeros(P, L, H) if has_learned_sinks(model) else None
     loss_sum, loss_n = 0.0, 0
     prompt_loss = torch.zeros(P, dtype=torch.float64)
     for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
@@ -373,17 +415,11 @@ def sink_scores(
         rest[:, 0] = 0.0
 
         def pattern_hook(pattern, hook):
-            # TransformerLens turns NaN attention into zero rows; catch them here.
-            # a zero row (NaN scores) is caught; bfloat16 rounding (eps 8e-3) is not
-            tol = max(1e-3, 8 * torch.finfo(pattern.dtype).eps)
+            check_rows(pattern, valid, hook.layer(), learned=learned is not None)
             pattern = pattern.float()  # reductions in float32 whatever the model's dtype
-            row_sums = pattern.sum(-1)  # [batch, head, query]
-            if ((row_sums - 1.0).abs() * valid[:, None, :] > tol).any():
-                raise FloatingPointError(
-                    f"layer {hook.layer()}: attention rows do not sum to 1 "
-                    "(NaN or inf in the attention scores)"
-                )
             out["scores"][rows, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
+            if learned is not None:
+                learned[rows, hook.layer()] = learned_sink_score(pattern, part.lengths).cpu()
             if bos_scores is not None:
                 bos_scores[rows, hook.layer()] = moved_key_score(pattern, part.lengths, bos_position).cpu()
 
@@ -433,4 +469,5 @@ def sink_scores(
         prompt_loss=prompt_loss if loss else None,
         bos_position=bos_position,
         bos_scores=bos_scores,
+        learned_sink_scores=learned,
     )
