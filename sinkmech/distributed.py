@@ -7,11 +7,20 @@ so `--resume` can skip it) and merges them. A worker that dies is restarted by
 Ray and its shard retried (`max_restarts`, `max_task_retries`); a shard that
 still fails ends the run with an error that names it, never a merged result
 that silently lacks prompts. Needs `pip install "sinkmech[ray]"`.
+
+A cluster that does not answer never hangs a run: an address is probed (a TCP
+connection to its port) and `ray.init` waited on for at most `timeout` seconds
+(`ClusterUnreachable`); a cluster whose head stops answering mid-run ends it
+with the shards already finished (`ClusterLost`), which `--resume` keeps. A
+loopback address keeps Ray on loopback (the driver's own address too).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -21,6 +30,9 @@ from tqdm.auto import tqdm
 from sinkmech.partial import Partial, merge
 
 OBJECT_STORE_BYTES = 200 * 1024**2  # a local cluster's object store: parts are small
+RAY_TIMEOUT_S = 60.0  # how long a cluster may take to answer (`--ray-timeout`)
+POLL_S = 5.0  # while shards run: how often the head is checked when no part has arrived
+LOOPBACK = "127.0.0.1"
 
 
 @runtime_checkable
@@ -47,6 +59,85 @@ class ShardFailed(RuntimeError):
     """A shard failed even after Ray's retries."""
 
 
+class ClusterUnreachable(RuntimeError):
+    """No Ray cluster answered at the address within the timeout."""
+
+
+class ClusterLost(RuntimeError):
+    """The cluster's head stopped answering mid-run; `done` holds the shard
+    numbers whose parts arrived (and were handed to `on_part`) before it did."""
+
+    def __init__(self, message: str, done: Sequence[int], n_shards: int) -> None:
+        super().__init__(message)
+        self.done, self.n_shards = tuple(done), n_shards
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a "host:port" or "ray://host:port" address; None for
+    "auto" and anything else Ray resolves itself."""
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def answers(host: str, port: int, timeout: float) -> bool:
+    """Whether something accepts a TCP connection at host:port within `timeout` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=max(timeout, 0.05)):
+            return True
+    except OSError:
+        return False
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def wait_for_address(address: str, timeout: float) -> None:
+    """Return once `address` (host:port) accepts a connection, trying every
+    second; `ClusterUnreachable` naming it after `timeout` seconds."""
+    hp = host_port(address)
+    if hp is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if answers(*hp, timeout=min(2.0, left)):
+            return
+        if time.monotonic() + 1.0 >= deadline:
+            raise ClusterUnreachable(
+                f"no Ray cluster answers at {address}: nothing accepted a connection on {hp[0]}:{hp[1]} within "
+                f"{timeout:g} s (start one with `ray start --head`, check the address, or raise --ray-timeout)")
+        time.sleep(1.0)
+
+
+def init_within(ray, timeout: float, where: str, **kwargs) -> None:
+    """`ray.init(**kwargs)` run in a thread and waited on for `timeout` seconds
+    (Ray itself retries an address that does not answer for minutes); the errors
+    name `where`, the address."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            ray.init(**kwargs)
+            outcome["ok"] = True
+        except BaseException as e:  # handed to the caller's thread below
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(max(timeout, 0.0))
+    if "error" in outcome:
+        e = outcome["error"]
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ClusterUnreachable(f"could not connect to the Ray cluster at {where}: {reason}") from None
+    if "ok" not in outcome:
+        raise ClusterUnreachable(f"the Ray cluster at {where} did not answer within {timeout:g} s "
+                                 "(check the address, or raise --ray-timeout)")
+
+
 def require_ray():
     try:
         import ray
@@ -55,10 +146,11 @@ def require_ray():
     return ray
 
 
-def start_ray(address: str | None, workers: int):
+def start_ray(address: str | None, workers: int, *, timeout: float = RAY_TIMEOUT_S):
     """Connect to the cluster at `address` ("auto" or host:port), or start a small
-    local one (`workers` CPUs, a 200 MB object store) whose workers import this
-    very sinkmech."""
+    local one (`workers` CPUs, a 200 MB object store, on loopback) whose workers
+    import this very sinkmech. An address that does not answer within `timeout`
+    seconds raises `ClusterUnreachable` naming it."""
     ray = require_ray()
     if ray.is_initialized():
         return ray
@@ -68,10 +160,25 @@ def start_ray(address: str | None, workers: int):
         root = str(Path(sinkmech.__file__).resolve().parent.parent)
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         ray.init(num_cpus=workers, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    else:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+                 log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}},
+                 _node_ip_address=LOOPBACK)
+        return ray
+    start = time.monotonic()
+    wait_for_address(address, timeout)
+    hp = host_port(address)
+    here = {"_node_ip_address": LOOPBACK} if hp is not None and is_loopback(hp[0]) else {}
+    init_within(ray, timeout - (time.monotonic() - start), address, address=address, log_to_driver=False,
+                configure_logging=False, **here)
     return ray
+
+
+def head_answers(ray) -> bool:
+    """Whether the connected cluster's head (its GCS) still accepts a connection."""
+    try:
+        hp = host_port(ray.get_runtime_context().gcs_address)
+    except Exception:  # no address to probe: assume it answers, Ray will say otherwise
+        return True
+    return hp is None or answers(*hp, timeout=2.0)
 
 
 def run_on_ray(
@@ -86,6 +193,7 @@ def run_on_ray(
     on_part: Callable[[int, Partial], None] | None = None,
     max_retries: int = 2,
     progress: bool = True,
+    timeout: float = RAY_TIMEOUT_S,
 ) -> Partial:
     """Run `task` on every shard not in `done` with `workers` Ray actors and merge.
 
@@ -96,9 +204,17 @@ def run_on_ray(
         on_part: called with (shard number, part) as each part arrives (the CLI
             writes it there).
         max_retries: Ray's restarts of a dead worker and retries of its shard.
+        timeout: seconds the cluster at `address` may take to answer
+            (`ClusterUnreachable` after them).
 
     Returns:
         The merged part (complete: every shard).
+
+    Raises:
+        ShardFailed: a shard failed after Ray's retries.
+        ClusterUnreachable: no cluster answered at `address` in time.
+        ClusterLost: the head stopped answering mid-run (`.done`: the shards
+            whose parts arrived, `done` included).
     """
     ray = require_ray()
     if workers < 1:
@@ -107,7 +223,7 @@ def run_on_ray(
     todo = [i for i in range(1, len(spans) + 1) if i not in done]
     parts = dict(done)
     if todo:
-        start_ray(address, workers)
+        start_ray(address, workers, timeout=timeout)
 
         Worker = ray.remote(max_restarts=max_retries, max_task_retries=max_retries)(ShardWorker)
         actors = [Worker.options(num_cpus=1, num_gpus=num_gpus_per_worker).remote(task)
@@ -122,16 +238,40 @@ def run_on_ray(
 
         bar = tqdm(total=sum(len(s) for s in spans), initial=sum(len(spans[i - 1]) for i in done),
                    desc="prompts", unit="prompt", disable=not progress)
+        lost = None
+
+        def head_gone() -> ClusterLost | None:
+            """The error to end the run with when the head no longer answers."""
+            if head_answers(ray):
+                return None
+            where = f" at {address}" if address not in (None, "local") else ""
+            return ClusterLost(f"the Ray cluster{where} stopped answering after {len(parts)} of {len(spans)} shards",
+                               sorted(parts), len(spans))
+
         try:
             for actor in actors:
                 if todo:
                     submit(actor)
             while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                try:
+                    ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+                except Exception:
+                    lost = head_gone()
+                    if lost is not None:
+                        raise lost from None
+                    raise
+                if not ready:  # nothing finished for a while: is the head still there?
+                    lost = head_gone()
+                    if lost is not None:
+                        raise lost
+                    continue
                 i, actor = pending.pop(ready[0])
                 try:
                     part = ray.get(ready[0])
                 except ray.exceptions.RayError as e:  # the worker's error, or its death: name the shard
+                    lost = head_gone()
+                    if lost is not None:
+                        raise lost from None
                     reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                     raise ShardFailed(f"shard {i}/{len(spans)} (prompts {spans[i - 1].start}.."
                                       f"{spans[i - 1].stop - 1}) failed after Ray's retries: {reason}") from None
@@ -143,8 +283,9 @@ def run_on_ray(
                     submit(actor)
         finally:
             bar.close()
-            for actor in actors:
-                ray.kill(actor)
+            if lost is None:  # a lost cluster cannot be asked to stop its actors
+                for actor in actors:
+                    ray.kill(actor)
     merged = merge([parts[i] for i in sorted(parts)], [f"shard {i}" for i in sorted(parts)])
     merged.check_complete()
     return merged

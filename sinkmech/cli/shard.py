@@ -15,7 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sinkmech.cli.common import FlagValueError, UsageError, answers, bos_token_arg, non_negative_float, positive_int
+from sinkmech.cli.common import (
+    FlagValueError, UsageError, answers, bos_token_arg, non_negative_float, positive_float, positive_int,
+)
 from sinkmech.files import json_text
 from sinkmech.partial import (
     SUFFIX,
@@ -37,6 +39,9 @@ def add_shard_flags(p: argparse.ArgumentParser, *, ray: bool = False) -> None:
         p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                        help="run the shards on a Ray cluster (ADDRESS, or 'auto'; a local one when no address is "
                             "given); needs `pip install \"sinkmech[ray]\"`")
+        p.add_argument("--ray-timeout", type=positive_float, default=60.0, metavar="SECONDS",
+                       help="with --ray ADDRESS: end the run with an error when no cluster answers there within this "
+                            "many seconds (default 60)")
         p.add_argument("--workers", type=positive_int, default=2, help="with --ray: model workers (one model each; default 2)")
         p.add_argument("--num-gpus-per-worker", type=non_negative_float, default=0.0, help="with --ray: GPUs per worker (default 0)")
         p.add_argument("--shards", type=positive_int, default=None,
@@ -221,7 +226,7 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage:
     `task` on `--workers` Ray actors; each part written to JSON.shards/ (or, for a
     command run in stages, JSON.shards/STAGE/) as it arrives (`--resume` skips the
     parts already there); returns the merged part."""
-    from sinkmech.distributed import require_ray, run_on_ray
+    from sinkmech.distributed import ClusterLost, require_ray, run_on_ray
     from sinkmech.partial import write_partial
 
     try:
@@ -247,9 +252,23 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage:
                 if already_done(path(i), ShardRun(i, n, spans[i - 1], len(prompts), settings), kind)}
         if done:
             print(f"resume: {len(done)} of {n} shards already in {folder}", file=sys.stderr)
-    return run_on_ray(task, prompts, spans, address=None if args.ray == "local" else args.ray, workers=args.workers,
-                      num_gpus_per_worker=args.num_gpus_per_worker, done=done,
-                      on_part=(lambda i, part: write_partial(path(i), part)) if folder is not None else None)
+    try:
+        return run_on_ray(task, prompts, spans, address=None if args.ray == "local" else args.ray,
+                          workers=args.workers, num_gpus_per_worker=args.num_gpus_per_worker, done=done,
+                          on_part=(lambda i, part: write_partial(path(i), part)) if folder is not None else None,
+                          timeout=args.ray_timeout)
+    except ClusterLost as e:
+        raise RuntimeError(lost_message(e, folder)) from None
+
+
+def lost_message(e, folder: Path | None) -> str:
+    """What a run whose cluster stopped answering says: which shards are on disk
+    and how `--resume` picks up the rest."""
+    if folder is None:
+        return f"{e}; nothing was kept (give --json OUT to keep finished shards in OUT.shards/ for --resume)"
+    kept = ", ".join(map(str, e.done)) if e.done else "none"
+    return (f"{e}; shards written to {folder}: {kept} (of {e.n_shards}); run the same command with --resume, "
+            f"on a cluster that answers, to compute the other {e.n_shards - len(e.done)}")
 
 
 def run_shard(args, prompts, run: ShardRun, task, kind: str) -> None:
