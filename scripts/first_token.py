@@ -14,6 +14,7 @@ against `<bos>` first, with 95 % bootstrap intervals over prompts.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--position-models", nargs="*", default=None,
                    help="models to run --positions on (default: all of --models)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--out", type=Path, required=True, help="JSON output")
+    p.add_argument("--out", type=Path, required=True, help="JSON output (other models' results in it stay)")
     p.add_argument("--findings", type=Path, default=None,
                    help="merge into this findings file under <model>.first_token and <model>.bos_position")
     args = p.parse_args(argv)
@@ -98,19 +99,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --positions must lie in [1, {args.max_tokens})", file=sys.stderr)
         return 2
     position_models = args.models if args.position_models is None else args.position_models
-    results = {}
-    for name in args.models:
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        results[name] = measure(name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
-                                positions=args.positions if name in position_models else [],
-                                batch_size=args.batch_size)
+    results = json.loads(args.out.read_text()) if args.out.exists() else {}  # other models' results stay
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json_text(results))
-    if args.findings is not None:
-        for name, r in results.items():
+    for name in args.models:  # each model written as soon as it is done
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        r = results[name] = measure(name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
+                                    positions=args.positions if name in position_models else [],
+                                    batch_size=args.batch_size)
+        args.out.write_text(json_text(results))
+        if args.findings is not None:
             for key in ("first_token", "bos_position"):
                 if key in r:
                     record(args.findings, flatten(f"{name}.{key}", r[key]), replace_prefix=f"{name}.{key}")
+    results = {k: v for k, v in results.items() if k in args.models}
     for name, r in results.items():
         for k, e in r["first_token"].items():
             vs = e.get("vs_bos", {})

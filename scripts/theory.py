@@ -1,14 +1,19 @@
-"""The paper's theory measured on the offline models, at a CPU-sized setting:
-(1) does the path-weight bound rank sensitivity (Spearman correlation of
-||d h_j^(L) / d h_i^(0)|| with the path weight, `sinkmech.sensitivity`) with
-and without `<bos>`, and (2) is attention smoother without `<bos>`
-(normalised attention entropy of content queries, `sinkmech.perturb`)?
-Barbero et al. 2025 predict both effects on a model trained with a fixed
-`<bos>` (Gemma 3); SmolLM2 (no fixed `<bos>`) is the control.
+"""The paper's theory measured on the offline models, on CPU: (1) does the
+path-weight bound rank sensitivity (`sinkmech.bound_ranking`: Spearman
+correlation of ||d h_j^(L) / d h_i^(0)||_F with the path weight over all
+causal pairs, content pairs and off-diagonal pairs, against a null that
+shuffles the path weights among pairs at the same distance), with and without
+`<bos>`; and (2) is attention smoother without `<bos>` (normalised attention
+entropy of content queries, `sinkmech.perturb`)? This is an original test of
+the bound's ranking, not Barbero et al. 2025's method. Gemma 3 (trained with a
+fixed `<bos>`) is the model of interest; SmolLM2 (no fixed `<bos>`) the control.
 
-Every number goes into a JSON file and, with --findings, into the findings
-file under `<model>.theory`, each mean with a 95 % bootstrap interval over
-prompts (the with/without difference paired by prompt).
+The Jacobian norms come from the forward-mode Hutchinson estimator (`--probes`
+probes per position; `--estimator exact` for jacrev), checked against the
+exact Jacobian on short prompts first (`validation` in the JSON). Intervals:
+t intervals over prompts; paired differences also carry a sign-flip
+permutation p-value. Every number goes into --out and, with --findings, into
+the findings file under `<model>.theory`.
 
     python scripts/theory.py --out figures/theory.json --findings figures/findings.json
 """
@@ -23,19 +28,11 @@ from pathlib import Path
 import torch
 
 from sinkmech import models
+from sinkmech.bound_ranking import bound_ranking, sign_flip_p, t_interval, validate_estimator
 from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
 from sinkmech.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, default_corpus, tokenize
-from sinkmech.sensitivity import sensitivity_study
-from sinkmech.stats import prompt_curve
-
-
-def bootstrap_mean(x: torch.Tensor, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> dict:
-    """Mean of per-prompt values with a percentile bootstrap interval over prompts (`sinkmech.stats`)."""
-    x = x.double()[~x.isnan()]
-    mean, lo, hi = prompt_curve(x[:, None], n_boot=n_boot, level=level, seed=seed)[0]
-    return {"mean": mean, "ci": [lo, hi], "n": len(x)}
 
 
 def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tensor:
@@ -51,52 +48,86 @@ def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tens
     return out
 
 
-def measure(name: str, *, n_prompts: int, max_tokens: int, entropy_prompts: int, entropy_tokens: int) -> dict:
+def measure(name: str, args) -> dict:
     model = models.load_model(name)
     prompts = default_corpus()
-    st = sensitivity_study(model, prompts[:n_prompts], max_tokens=max_tokens, progress=True)
-    ent = entropy_per_prompt(model, prompts[:entropy_prompts], entropy_tokens)
-    out: dict = {"setting": {"sensitivity_prompts": n_prompts, "sensitivity_tokens": max_tokens,
-                             "entropy_prompts": entropy_prompts, "entropy_tokens": entropy_tokens,
-                             "n_layers": model.cfg.n_layers}}
-    for key, rho in (("spearman", st.spearman), ("spearman_off_diagonal", st.spearman_off_diagonal)):
-        out[key] = {c: bootstrap_mean(rho[i]) for i, c in enumerate(CONDITIONS)}
-        out[key]["none_minus_prepend"] = bootstrap_mean(rho[1] - rho[0])
-    out["normalized_entropy"] = {c: bootstrap_mean(ent[i]) for i, c in enumerate(CONDITIONS)}
-    out["normalized_entropy"]["none_minus_prepend"] = bootstrap_mean(ent[1] - ent[0])
+    t0 = time.perf_counter()
+    out: dict = {"n_prompts": args.prompts, "n_tokens": args.tokens, "estimator": args.estimator,
+                 "n_probes": args.probes if args.estimator == "hutchinson" else None, "n_layers": model.cfg.n_layers}
+    if args.estimator == "hutchinson":  # validation prompts come after the study's
+        held = prompts[args.prompts : args.prompts + args.validate_prompts]
+        out["validation"] = validate_estimator(model, held, max_tokens=args.validate_tokens, n_probes=args.probes,
+                                               chunk_size=args.chunk_size)
+    out["validation_seconds"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    br = bound_ranking(model, prompts[: args.prompts], max_tokens=args.tokens, estimator=args.estimator,
+                       n_probes=args.probes, n_shuffles=args.shuffles, chunk_size=args.chunk_size)
+    out |= {k: v for k, v in br.to_dict().items() if k not in ("n_prompts", "n_tokens", "estimator", "n_probes")}
+    out["bound_seconds"] = round(time.perf_counter() - t0, 1)
+    ent = entropy_per_prompt(model, prompts[: args.entropy_prompts], args.entropy_tokens)
+    out["entropy_setting"] = {"prompts": args.entropy_prompts, "tokens": args.entropy_tokens}
+    out["normalized_entropy"] = {c: t_interval(ent[i]) for i, c in enumerate(CONDITIONS)}
+    out["normalized_entropy"]["none_minus_prepend"] = t_interval(ent[1] - ent[0]) | {
+        "sign_flip_p": sign_flip_p(ent[1] - ent[0])}
     del model
     return out
+
+
+def cell(v: dict) -> str:
+    ci = v.get("ci")
+    return f"{v['mean']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"{v['mean']:+.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["gemma3-270m", "smollm2"])
-    p.add_argument("--prompts", type=int, default=4, help="prompts for the Jacobians (one per prompt and condition)")
-    p.add_argument("--tokens", type=int, default=10, help="content tokens per prompt for the Jacobians")
-    p.add_argument("--entropy-prompts", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=32, help="prompts for the Jacobians (one per prompt and condition)")
+    p.add_argument("--tokens", type=int, default=32, help="content tokens per prompt for the Jacobians")
+    p.add_argument("--estimator", choices=["hutchinson", "exact"], default="hutchinson")
+    p.add_argument("--probes", type=int, default=2, help="Hutchinson probes per input position")
+    p.add_argument("--shuffles", type=int, default=100, help="shuffles of the distance null per prompt")
+    p.add_argument("--validate-prompts", type=int, default=1, help="prompts for the check against the exact Jacobian")
+    p.add_argument("--validate-tokens", type=int, default=3, help="content tokens per validation prompt")
+    p.add_argument("--chunk-size", type=int, default=32, help="tangents pushed at once")
+    p.add_argument("--entropy-prompts", type=int, default=32)
     p.add_argument("--entropy-tokens", type=int, default=48)
-    p.add_argument("--out", type=Path, required=True, help="JSON output")
+    p.add_argument("--out", type=Path, required=True, help="JSON output (rewritten after each model)")
     p.add_argument("--findings", type=Path, default=None, help="merge into this findings file under <model>.theory")
     args = p.parse_args(argv)
-    if min(args.prompts, args.tokens, args.entropy_prompts, args.entropy_tokens) < 2:
-        print("error: --prompts, --tokens, --entropy-prompts and --entropy-tokens must be >= 2", file=sys.stderr)
+    if min(args.prompts, args.tokens, args.entropy_prompts, args.entropy_tokens, args.validate_tokens) < 2 or min(
+            args.probes, args.shuffles, args.chunk_size, args.validate_prompts) < 1:
+        print("error: prompt and token counts must be >= 2 (--validate-prompts >= 1); --probes, --shuffles and "
+              "--chunk-size >= 1",
+              file=sys.stderr)
         return 2
     t0, results = time.perf_counter(), {}
-    for name in args.models:
-        print(f"{name} ...", file=sys.stderr, flush=True)
-        results[name] = measure(name, n_prompts=args.prompts, max_tokens=args.tokens,
-                                entropy_prompts=args.entropy_prompts, entropy_tokens=args.entropy_tokens)
-    results["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.models:  # each model written (and recorded) as soon as it is done
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        t1 = time.perf_counter()
+        results[name] = measure(name, args)
+        results[name]["seconds"] = round(time.perf_counter() - t1, 1)
+        args.out.write_text(json_text({**results, "seconds": round(time.perf_counter() - t0, 1)}))
+        if args.findings is not None:
+            kept = {k: v for k, v in results[name].items() if k != "per_prompt"}
+            record(args.findings, flatten(f"{name}.theory", kept), replace_prefix=f"{name}.theory")
+    results["seconds"] = round(time.perf_counter() - t0, 1)
     args.out.write_text(json_text(results))
-    if args.findings is not None:
-        for name in args.models:
-            record(args.findings, flatten(f"{name}.theory", results[name]), replace_prefix=f"{name}.theory")
     for name in args.models:
         r = results[name]
-        for key in ("spearman", "spearman_off_diagonal", "normalized_entropy"):
-            cells = ", ".join(f"{c} {v['mean']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]" for c, v in r[key].items())
-            print(f"{name} {key}: {cells}")
+        if "validation" in r:
+            v = r["validation"]
+            print(f"{name} estimator check ({v['n_probes']} probes): relative error median "
+                  f"{v['relative_error']['median']:.3f}, max {v['relative_error']['max']:.3f}; Spearman with exact "
+                  f"{v['spearman_estimate_vs_exact']['mean']:.3f}")
+        for s in ("all", "content", "off_diagonal"):
+            c = r[s]
+            print(f"{name} {s}: with {cell(c['prepend'])} (minus null {cell(c['prepend']['minus_null'])}), "
+                  f"without {cell(c['none'])} (minus null {cell(c['none']['minus_null'])}); "
+                  f"paired {cell(c['none_minus_prepend'])} p {c['none_minus_prepend']['sign_flip_p']:.4f}")
+        e = r["normalized_entropy"]
+        print(f"{name} normalised entropy: with {cell(e['prepend'])}, without {cell(e['none'])}, "
+              f"paired {cell(e['none_minus_prepend'])}")
     print(f"wrote {args.out} in {results['seconds']} s")
     return 0
 
