@@ -17,7 +17,9 @@ explicitly, so `cfg.default_prepend_bos` is never consulted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+import time
 import importlib
 import importlib.util
 import os
@@ -96,10 +98,85 @@ def load_model(
     """
     dtype = check_dtype(dtype)
     device = check_device(device)
+    warn_slow_cpu_dtype(dtype, device)  # before anything is cast
     # TransformerLens prints "Moving model to device" on stdout: stdout is for results.
     with contextlib.redirect_stdout(sys.stderr):
         model = _load(spec, device, n_ctx, cache, dtype)
     return move(model, dtype=dtype)
+
+
+# Half-precision on a CPU: without native instructions (x86: AVX-512 BF16 / FP16
+# or AMX; Arm: the bf16 / fp16 extensions) torch emulates bfloat16 and float16
+# matmuls, tens of times slower than float32 (scripts/bench_dtype.py measures a
+# whole forward pass on both offline models).
+
+CPU_FLAGS = {  # dtype name -> /proc/cpuinfo flags, any of which means native support
+    "bfloat16": ("avx512_bf16", "amx_bf16", "bf16"),
+    "float16": ("avx512_fp16", "amx_fp16", "fphp", "asimdhp"),
+}
+SLOWDOWN_SIZE = 256  # the side of the square matmul timed for the warning (a few ms in float32)
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (None where there is none to read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return flags
+
+
+def native_cpu_dtype(dtype: torch.dtype) -> bool | None:
+    """Whether this CPU computes `dtype` natively (float32: always); None when it
+    cannot be told (no /proc/cpuinfo)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in CPU_FLAGS:
+        return True
+    flags = cpu_flags()
+    if flags is None:
+        return None
+    return any(f in flags for f in CPU_FLAGS[name])
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_slowdown(dtype: torch.dtype, size: int = SLOWDOWN_SIZE, repeats: int = 3) -> float:
+    """How many times slower a `size` x `size` matmul runs on this CPU in `dtype`
+    than in float32 (the best of `repeats` runs of each, after a warm-up)."""
+    def best(dt) -> float:
+        a = torch.randn(size, size, generator=torch.Generator().manual_seed(0)).to(dt)
+        a @ a  # warm-up
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    return best(dtype) / best(torch.float32)
+
+
+def warn_slow_cpu_dtype(dtype: torch.dtype, device: str) -> None:
+    """One warning, with the slowdown measured here and now, when a model is about
+    to be cast to bfloat16 or float16 on a CPU that does not compute them
+    natively (or, where the CPU's flags cannot be read, when the measurement
+    finds it more than 2x slower)."""
+    if not str(device).startswith("cpu") or dtype == torch.float32:
+        return
+    native = native_cpu_dtype(dtype)
+    if native:
+        return
+    ratio = cpu_slowdown(dtype)
+    if native is None and ratio <= 2.0:
+        return
+    name = str(dtype).removeprefix("torch.")
+    warnings.warn(f"--dtype {name} on a CPU without native {name} support: a {SLOWDOWN_SIZE}x{SLOWDOWN_SIZE} matmul "
+                  f"runs {ratio:.0f}x slower here than in float32 (measured now); use float32 on this CPU "
+                  f"(--dtype float32, the default)", stacklevel=3)
 
 
 def check_dtype(dtype: str | torch.dtype) -> torch.dtype:
