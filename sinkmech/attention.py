@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sinkmech.backend import Model
+from sinkmech.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, check_head, head_label, parse_head, run
 from sinkmech.prompts import CONDITIONS, TokenStr, token_text, tokenize
 from sinkmech.results import Result
@@ -117,3 +117,15 @@ def head_attention(
         patterns[bos] = torch.stack([found[l][h] for l, h in parsed])
         labels[bos] = tuple(token_str(int(t)) for t in batch.tokens[0].tolist())
     return HeadAttention(tuple(parsed), patterns["prepend"], patterns["none"], labels["prepend"], labels["none"])
+
+
+def sink_mass(model: Model, pattern: Float[Tensor, "batch head_index query_pos key_pos"]
+              ) -> Float[Tensor, "batch head_index query_pos"]:
+    """Each query's attention on its sinks: key 0, plus, for a model with learned
+    sink logits (gpt-oss), the learned sink's share (1 - the row's sum over the
+    real keys). For any other model exactly `pattern[..., 0]`. What `heads`
+    compares with its dormant cut `high` (and its active cut `low`)."""
+    first = pattern[..., 0]
+    if not has_learned_sinks(model):
+        return first
+    return first + (1.0 - pattern.sum(-1))

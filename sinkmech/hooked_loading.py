@@ -22,13 +22,28 @@ import torch
 from sinkmech.backend import Model
 from sinkmech.gguf import SUPPORTED_ARCHITECTURES, GGUFError, check_gguf_file, gguf_metadata, read_gguf
 
+BRIDGE_LOADS = ("the TransformerBridge backend loads it: TransformerLens 4 (`make setup-tl4`, "
+                "then .venv-tl4/bin/sinkmech)")
+
+
+def _architecture(folder: Path) -> str:
+    """The folder's `architectures` entry, as its config.json names it."""
+    import json
+
+    try:
+        names = json.loads((folder / "config.json").read_text()).get("architectures") or ["unnamed architecture"]
+        return str(names[0])
+    except (OSError, ValueError, AttributeError):
+        return "unreadable config.json"
+
+
 def hooked_from_hf_folder(folder: Path, n_ctx: int) -> Model:
     """HookedTransformer from a local Hugging Face folder (TransformerLens 3.9
     derives the config from the folder's config.json)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformer_lens import HookedTransformer
 
-    from sinkmech.bridge_loading import check_hf_folder
+    from sinkmech.bridge_loading import _quiet_logging, check_hf_folder
 
     from transformer_lens import HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import convert_hf_model_config, get_pretrained_state_dict
@@ -41,10 +56,12 @@ def hooked_from_hf_folder(folder: Path, n_ctx: int) -> Model:
     link.symlink_to(folder.resolve(), target_is_directory=True)
     name = str(link)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        hf = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
         # from_pretrained_no_processing wants an official name; its two halves take a folder.
+        # The config first: an architecture TransformerLens 3.9 lacks is refused before the weights load.
         cfg = convert_hf_model_config(name)
+        with _quiet_logging():
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            hf = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
         cfg.update(n_ctx=min(n_ctx, cfg["n_ctx"]), device="cpu", dtype=torch.float32, default_prepend_bos=False,
                    tokenizer_prepends_bos=False, model_name=folder.name)
         with warnings.catch_warnings():
@@ -54,8 +71,8 @@ def hooked_from_hf_folder(folder: Path, n_ctx: int) -> Model:
             model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                               fold_value_biases=False, refactor_factored_attn_matrices=False)
     except Exception as e:
-        raise ValueError(f"TransformerLens 3.9 cannot load {folder}: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise ValueError(f"TransformerLens 3.9 cannot load {folder} ({_architecture(folder)}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); {BRIDGE_LOADS}") from e
     finally:
         link.unlink()
         link.parent.rmdir()

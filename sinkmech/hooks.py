@@ -118,6 +118,23 @@ def all_to_first_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None
     return hook
 
 
+def drop_sink_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = None) -> Callable:
+    """On `pattern`: the head's learned sink logit removed (gpt-oss): each row,
+    whose weights over the real keys sum to 1 minus the sink's share, is
+    renormalised over the real keys. That is the softmax with the sink logit at
+    -inf, exactly: every real weight is exp(s_j) / (Z + exp(sink)), and dividing
+    by their sum leaves exp(s_j) / Z."""
+
+    def hook(pattern: Float[Tensor, "batch head_index query_pos key_pos"], hook):
+        sel = _select(queries, pattern)
+        out = pattern.clone()
+        rows = out[:, head]
+        out[:, head] = torch.where(sel[..., None], rows / rows.sum(-1, keepdim=True), rows)
+        return out
+
+    return hook
+
+
 def zero_head_hook(head: int, queries: Bool[Tensor, "batch query_pos"] | None = None) -> Callable:
     """On `z`: the head's output is zeroed."""
 

@@ -34,9 +34,11 @@ from sinkmech.partial import write_partial
 def add_ablate_parser(sub) -> None:
     p = sub.add_parser("ablate", help="per-head sink ablations over every (layer, head)")
     add_intervention_common(p)
-    p.add_argument("--mode", choices=["mask_first", "all_to_first", "zero", "mean"], default="mask_first",
-                   help="mask_first (default; the report's ablation): the head may not attend to position 0; "
-                        "all_to_first: it attends only there; zero / mean: its output replaced by 0 / its mean output")
+    p.add_argument("--mode", choices=["mask_first", "all_to_first", "zero", "mean", "drop_sink"], default="mask_first",
+                   help="mask_first (default; the report's ablation): the head may not attend to position 0 (a learned "
+                        "sink logit, gpt-oss's, stays in); "
+                        "all_to_first: it attends only there; zero / mean: its output replaced by 0 / its mean output; "
+                        "drop_sink (models with learned sink logits only): the head's sink logit removed")
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
     p.add_argument("--top", type=positive_int, default=10, help="heads listed, by effect (default 10)")

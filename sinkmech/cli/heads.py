@@ -27,6 +27,7 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--top", type=positive_int, default=20, help="rows of the if-else table")
     p.add_argument("--head", type=head_spec, default=None, help="print one head's full profile, e.g. 20.4")
     p.add_argument("--high", type=fraction, default=0.5, help="a query is dormant at first-token attention >= HIGH "
+                   "(with learned sink logits, gpt-oss: key 0 plus the learned sink's share) "
                    "(default calibrated on planted heads and nulls: docs/dormant_calibration.md)")
     p.add_argument("--low", type=fraction, default=0.2, help="a query is active at first-token attention <= LOW")
     p.add_argument("--min-lift", type=finite_float, default=3.0, help="if_else needs a trigger with at least this lift")

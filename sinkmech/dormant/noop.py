@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sinkmech.attention import sink_mass
 from sinkmech.backend import Model
 from sinkmech.hooks import (
     act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
@@ -218,10 +219,10 @@ def noop_check(
 
         def keep(pattern, hook):
             l = hook.layer()
-            first[l] = pattern[..., 0].clone()  # [batch, head, query]
+            first[l] = sink_mass(model, pattern).clone()  # [batch, head, query]: key 0 (+ a learned sink)
             for lh in heads:
                 if lh[0] == l:
-                    active = (pattern[:, lh[1], :, 0] <= low) & valid_q.to(pattern.device)
+                    active = (first[l][:, lh[1]] <= low) & valid_q.to(pattern.device)
                     looks[lh] += _looks(pattern[:, lh[1]].float().cpu(), part.tokens.cpu(), active.cpu(), punct)
 
         clean, starts = _clean_run(model, part.tokens, layers, [(act_name("pattern", l), keep) for l in layers])

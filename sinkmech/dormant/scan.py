@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sinkmech.attention import sink_mass
 from sinkmech.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
@@ -180,7 +181,7 @@ class _Accumulator:
     def _reduce_layer(self, l, part, valid_q, mask, z, cur, prompt_ids) -> None:
         th, s, bd = self.th, self.sums, self.band
         pattern = cur["pattern"].float()  # [b, h, q, k]
-        f = pattern[..., 0]  # [b, h, q]
+        f = sink_mass(self.model, pattern)  # [b, h, q]: key 0, plus a learned sink's share
         vq = valid_q[:, None, :].float()
         dormant = (f >= th.high) & valid_q[:, None, :]
         active = (f <= th.low) & valid_q[:, None, :]

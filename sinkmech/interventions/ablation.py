@@ -3,9 +3,11 @@
 Switching one head's sink off tests the paper's claim that the sink is the
 head's no-op (Barbero et al. 2025, Sec. 3; Guo et al. 2024 for dormant heads).
 Modes: `mask_first` (the head cannot attend to the first key; its row
-renormalises over the others), `all_to_first` (all attention on the first key:
-fully dormant), `zero` (output zeroed), `mean` (output replaced by its mean over
-the prompts' real positions). The effect is a metric of the ablated run
+renormalises over the others; a learned sink logit, gpt-oss's, stays in),
+`all_to_first` (all attention on the first key: fully dormant), `zero` (output
+zeroed), `mean` (output replaced by its mean over the prompts' real positions),
+`drop_sink` (a model with learned sink logits only: the head's sink logit
+removed, its softmax over the real keys alone). The effect is a metric of the ablated run
 against the clean run (default mean KL over content positions). `attribute`
 estimates all heads from one batched forward and backward pass.
 """
@@ -20,9 +22,10 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model
+from sinkmech.backend import NO_LEARNED_SINKS, Model, has_learned_sinks
 from sinkmech.hooks import (
-    act_name, all_to_first_hook, cached_run, check_head, mask_first_hook, mean_head_hook, row_queries, zero_head_hook,
+    act_name, all_to_first_hook, cached_run, check_head, drop_sink_hook, mask_first_hook, mean_head_hook, row_queries,
+    zero_head_hook,
 )
 from sinkmech.interventions.metrics import (
     Bound, Custom, LogitDiff, Logits, Metric, MetricSpec, content_mask, one_copy, resolve_metric,
@@ -31,15 +34,19 @@ from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
 from sinkmech.results import Result
 
-AblationMode = Literal["mask_first", "all_to_first", "zero", "mean"]
-MODES: tuple[str, ...] = ("mask_first", "all_to_first", "zero", "mean")
+AblationMode = Literal["mask_first", "all_to_first", "zero", "mean", "drop_sink"]
+MODES: tuple[str, ...] = ("mask_first", "all_to_first", "zero", "mean")  # for every model
+SINK_MODES: tuple[str, ...] = ("drop_sink",)  # for models with learned sink logits (gpt-oss)
 # Which activation each mode rewrites (hooks.py holds the rewrites themselves).
-MODE_ACT = {"mask_first": "attn_scores", "all_to_first": "pattern", "zero": "z", "mean": "z"}
+MODE_ACT = {"mask_first": "attn_scores", "all_to_first": "pattern", "zero": "z", "mean": "z", "drop_sink": "pattern"}
 
 
-def check_mode(mode: str) -> AblationMode:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+def check_mode(mode: str, model: Model | None = None) -> AblationMode:
+    """`mode` checked; with `model`, drop_sink is refused for a model without learned sink logits."""
+    if mode not in MODES + SINK_MODES:
+        raise ValueError(f"mode must be one of {MODES + SINK_MODES}, got {mode!r}")
+    if mode == "drop_sink" and model is not None and not has_learned_sinks(model):
+        raise ValueError(f"mode drop_sink: {model.cfg.model_name or 'the model'} {NO_LEARNED_SINKS}")
     return mode  # type: ignore[return-value]
 
 
@@ -146,7 +153,7 @@ def _grouped_ablations(model, tokens, prompt_batch: int, *, mode, bos, metric, a
     """`head_ablations` over groups of `prompt_batch` prompts, combined by weight."""
     if isinstance(prompt_batch, bool) or not isinstance(prompt_batch, int) or prompt_batch < 1:
         raise ValueError(f"prompt_batch must be a positive integer, got {prompt_batch!r}")
-    check_mode(mode)
+    check_mode(mode, model)
     if mode == "mean":
         raise ValueError("prompt_batch: the mean ablation needs every prompt at once (the mean output); "
                          "use mask_first, all_to_first or zero")
@@ -199,7 +206,7 @@ def ablation_setup(
         tokens: a TokenBatch, or prompts.
         mode, metric, answers, layers, heads: as in `head_ablations`.
     """
-    check_mode(mode)
+    check_mode(mode, model)
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
     layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
     heads = tuple(range(model.cfg.n_heads)) if heads is None else tuple(heads)
@@ -227,6 +234,8 @@ def ablation_hooks(mode: AblationMode, layer: int, head: int, means: Tensor | No
             return [(name, all_to_first_hook(head, q))]
         if mode == "zero":
             return [(name, zero_head_hook(head, q))]
+        if mode == "drop_sink":
+            return [(name, drop_sink_hook(head, q))]
         return [(name, mean_head_hook(head, means[layer, head], q))]
 
     return make
@@ -254,7 +263,9 @@ def head_ablations(
     Args:
         tokens: a ready TokenBatch, or prompts tokenized once (see `tokenize`;
             `bos` defaults to "prepend", a TokenBatch keeps its own).
-        mode: "mask_first", "all_to_first", "zero" or "mean".
+        mode: "mask_first", "all_to_first", "zero", "mean" or, for a model with
+            learned sink logits (gpt-oss), "drop_sink". mask_first leaves a
+            learned sink logit in: the row renormalises over it and keys 1 .. t.
         metric: "kl" (mean KL(clean || ablated) over content positions),
             "logit_diff" (with `answers`), or f(logits, reference, mask).
         layers, heads: a sub-grid to sweep (default: all).

@@ -40,8 +40,12 @@ def ablated_z(
     if mode == "all_to_first":
         return v[:, :1].expand_as(z)
     p = pattern.clone()
-    p[:, :, 1:, 0] = 0.0  # query 0 keeps its only key, as in hooks.mask_first_hook
-    p = p / p.sum(-1, keepdim=True)
+    if mode == "drop_sink":  # rows over the real keys alone, as in hooks.drop_sink_hook
+        p = p / p.sum(-1, keepdim=True)
+    else:  # mask_first: query 0 keeps its only key, as in hooks.mask_first_hook
+        left = 1.0 - p[:, :, 1:, :1]  # what key 0 leaves: keys 1 .. t and a learned sink's share
+        p[:, :, 1:, 0] = 0.0
+        p[:, :, 1:] = p[:, :, 1:] / left
     return torch.einsum("bhqk,bkhd->bqhd", p, v)
 
 
