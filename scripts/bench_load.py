@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from sinkmech.backend import BACKEND
+from sinkmech.files import json_text, write_text
 from sinkmech.model_cache import ModelCache
 from sinkmech.models import load_model
 
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print(f"{spec:>12} ({BACKEND}): cold {row['cold_s']:6.1f} s  warm {row['warm_s']:5.1f} s  ratio {row['ratio']:5.1f}x", flush=True)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "bench_load.json").write_text(json.dumps(rows, indent=1))
+        write_text(args.out / "bench_load.json", json_text(rows, indent=1))
     return rows
 
 

@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sinkmech.files import json_text, write_text
+
 BASELINE = """
 import sys, torch
 from sinkmech.models import load_model
@@ -41,16 +43,17 @@ with torch.no_grad():
 
 
 SECTIONS_CHILD = """
-import json, sys, tempfile, time
+import sys, tempfile, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from bench_report_memory import proc_status_gib, reset_peak
+from sinkmech.files import json_text
 from sinkmech.models import load_model
 from sinkmech.report.page import build_report
 from sinkmech.report.sections import SECTIONS
 
 def row(**r):
-    print("ROW " + json.dumps(r), flush=True)
+    print("ROW " + json_text(r, indent=None), flush=True)
 
 t0 = time.perf_counter()
 m = load_model(sys.argv[1], dtype=sys.argv[5])
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['report_peak_gb'] / first['report_peak_gb']:.2f}x; load + one forward: "
                   f"{r['baseline_peak_gb'] / first['baseline_peak_gb']:.2f}x")
     if args.json:
-        args.json.write_text(json.dumps(runs[0] if len(runs) == 1 else {"runs": runs}, indent=1))
+        write_text(args.json, json_text(runs[0] if len(runs) == 1 else {"runs": runs}, indent=1))
     return 0
 
 

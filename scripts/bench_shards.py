@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's sinkmech
 from benchtime import interleaved_medians
+from sinkmech.files import json_text
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
         corpus = load_prompts(None)
         if args.prompts > len(corpus):
             p.error(f"--prompts: the default corpus has {len(corpus)} prompts")
-        (tmp / "prompts.json").write_text(json.dumps(corpus[: args.prompts]))
+        (tmp / "prompts.json").write_text(json_text(corpus[: args.prompts], indent=None))
         common = ["--model", args.model, "--prompts", str(tmp / "prompts.json"), "--max-tokens", str(args.max_tokens)]
         base = [sys.executable, "-m", "sinkmech.cli", "sinks", *common, "--bos", "both"]
 
@@ -86,7 +87,7 @@ def heads_part_sizes(common: list[str], n: int, tmp: Path, env: dict) -> dict:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         sizes[k] = path.stat().st_size / 1024**2
         rows = json.loads(path.read_text())["rows"]
-        sizes[f"rows_{k}"] = len(json.dumps(rows, separators=(",", ":"))) / 1024**2
+        sizes[f"rows_{k}"] = len(json_text(rows, compact=True)) / 1024**2
     per_prompt = (sizes[n] - sizes[n // 2]) / (n - n // 2)
     print(f"  heads part: {sizes[n // 2]:.1f} MiB for {n // 2} prompts, {sizes[n]:.1f} MiB for {n} "
           f"(per-prompt rows {sizes[f'rows_{n}']:.1f} MiB); growth {1024 * per_prompt:.0f} KiB per prompt -> "

@@ -14,7 +14,6 @@ Writes bench_train.json under --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -23,11 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from sinkmech.train.run import TrainConfig, TrainData, build_model, train  # noqa: E402
-from train_sinks import PRESETS  # noqa: E402
+from sinkmech.files import json_text, write_text
+from sinkmech.train.presets import PRESETS
+from sinkmech.train.run import TrainConfig, TrainData, build_model, train
 
 
 def time_data(cfg: TrainConfig, steps: int) -> float:
@@ -114,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
           f"intra_doc {result['ratio_train_intra_doc_to_plain']:.2f} "
           f"(data is {100 * result['data_share_of_train_step']:.0f} % of a causal training step)")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_train.json").write_text(json.dumps(result, indent=1))
+    write_text(out / "bench_train.json", json_text(result, indent=1))
     print(f"wrote {out / 'bench_train.json'}")
     return 0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from sinkmech.backend import BACKEND, IS_BRIDGE
 if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
     pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
                 allow_module_level=True)
+from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.run import (
     TrainConfig,
@@ -25,6 +25,7 @@ from sinkmech.train.run import (
     train,
 )
 from sinkmech.train.model import packing_hooks
+from sinkmech.train.presets import RECIPES
 from sinkmech.train.data import (
     BigramBackcopy,
     BigramBackcopyStream,
@@ -56,12 +57,9 @@ def check_backcopy_rule(tokens: torch.Tensor, spec: BigramBackcopy) -> int:
     return n_checked
 
 
-def _script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "train_sinks.py"
-    spec = importlib.util.spec_from_file_location("train_sinks", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def study(argv: list[str]) -> int:
+    """`sinkmech train study ...`: the studies that scripts/train_sinks.py launches."""
+    return main(["train", "study", *argv])
 
 
 def test_short_run_loss_falls_and_log_is_written(tmp_path):
@@ -214,15 +212,14 @@ def test_stream_documents_drop_bos_and_short_documents():
 
 
 def test_experiment_scripts_write_their_contracts(tmp_path):
-    mod = _script()
     out = tmp_path / "fig"
     common = ["--quiet", "--threads", "1", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]
     small = ["--set", "val_windows=2", "eval_prompts=2"]
-    assert mod.main(["packing", "--preset", "cpu", "--steps", "2", *small, *common]) == 0
+    assert study(["packing", "--preset", "cpu", "--steps", "2", *small, *common]) == 0
     rows = json.loads((out / "packing.json").read_text())
     assert len(rows) == 8
     assert {(r["packing"], r["fixed_bos"], r["inference_bos"]) for r in rows} == {
-        (p, f, b) for p, f in mod.RECIPES for b in (True, False)}
+        (p, f, b) for p, f in RECIPES for b in (True, False)}
     for r in rows:
         assert set(r["sink_rate"]) == {"0.3", "0.8"}
         for key in ("val_loss", "max_head_score", "mean_head_score", "uniform_score", "loss_gap"):
@@ -233,7 +230,7 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     assert em["run"] == "causal-fixedbos-T128" and em["steps"] == [2]
     assert (out / "emergence.png").stat().st_size > 0
     # positional: standard is reused from the packing run (same config), the others train.
-    assert mod.main(["positional", "--preset", "cpu", "--steps", "2", *small, *common]) == 0
+    assert study(["positional", "--preset", "cpu", "--steps", "2", *small, *common]) == 0
     rows = json.loads((out / "positional.json").read_text())
     assert [(r["positional"], r["inference_bos"]) for r in rows] == [
         (p, b) for p in ("standard", "rotary", "none") for b in (True, False)]
@@ -244,13 +241,13 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     assert rows[0]["reused_from"] == "packing/causal-fixedbos-T128" and "reused_from" not in rows[2]
     assert rows[0]["val_loss"] == json.loads((out / "packing.json").read_text())[2]["val_loss"]
     # modes: where attention goes, read back from the positional runs' logs
-    assert mod.main(["modes", "--out", str(out)]) == 0
+    assert study(["modes", "--out", str(out)]) == 0
     modes = json.loads((out / "modes.json").read_text())
     assert [(r["positional"], r["inference_bos"]) for r in modes] == [(r["positional"], r["inference_bos"]) for r in rows]
     assert all(0 <= r["other_first"][0][0] <= 1 and r["n_trigger"] > 0 for r in modes)
     # The gpu preset's model (tens of millions of parameters) runs on CPU for two
     # steps, at one short context with a one-window batch to stay fast.
-    assert mod.main(["context-length", "--preset", "gpu", "--steps", "2", "--lengths", "64", "128",
+    assert study(["context-length", "--preset", "gpu", "--steps", "2", "--context-length", "64", "128",
                      *small, "tokens_per_step=128", *common]) == 0
     rows = json.loads((out / "context_length.json").read_text())
     assert sorted({r["context_length"] for r in rows}) == [64, 128]
@@ -261,9 +258,9 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     assert (out / "context_length.png").stat().st_size > 0
     (out / "context_length.png").unlink()
     (out / "emergence.png").unlink()
-    assert mod.main(["replot", "--out", str(out)]) == 0  # figures redrawn from the JSON alone
+    assert study(["replot", "--out", str(out)]) == 0  # figures redrawn from the JSON alone
     assert (out / "context_length.png").stat().st_size > 0 and (out / "emergence.png").stat().st_size > 0
-    assert mod.main(["findings", "--out", str(out)]) == 0
+    assert study(["findings", "--out", str(out)]) == 0
     flat = json.loads((out / "findings_train.json").read_text())
     assert flat["train.table2.intra_doc.nofixedbos.none.sink_rate.0.3"] == rows_packing_rate(out)
     assert flat["train.context_length.score_tokens"] == 63 and "train.positional.none.prepend.val_loss" in flat
@@ -272,13 +269,13 @@ def test_experiment_scripts_write_their_contracts(tmp_path):
     for r in other:
         r["seed"], r["val_loss"] = 1, r["val_loss"] + 1.0
     (out / "seed1_packing.json").write_text(json.dumps(other))
-    assert mod.main(["findings", "--out", str(out)]) == 0
+    assert study(["findings", "--out", str(out)]) == 0
     flat = json.loads((out / "findings_train.json").read_text())
     assert flat["train.table2_seeds.n_seeds"] == 2 and flat["train.table2_seeds.seeds"] == "0,1"
     loss = flat["train.table2.causal.fixedbos.prepend.val_loss"]
     assert flat["train.table2_seeds.causal.fixedbos.prepend.val_loss.min"] == loss
     assert flat["train.table2_seeds.causal.fixedbos.prepend.val_loss.max"] == pytest.approx(loss + 1.0)
-    assert mod.main(["packing", "--set", "packing=sideways", *common]) == 2
+    assert study(["packing", "--set", "packing=sideways", *common]) == 2
 
 
 def rows_packing_rate(out: Path) -> float:
@@ -314,7 +311,7 @@ def test_config_literals_are_the_checked_choices():
 
 def test_run_names_match_the_committed_logs():
     logs = Path(__file__).resolve().parents[1] / "figures" / "train" / "logs"
-    names = {TrainConfig(packing=p, fixed_bos=f, context_length=128).run_name for p, f in _script().RECIPES}
+    names = {TrainConfig(packing=p, fixed_bos=f, context_length=128).run_name for p, f in RECIPES}
     # seedN_ (more seeds of Table 2) and explore_ logs sit beside the preset runs
     assert names == {p.stem for p in (logs / "packing").glob("*.json") if not p.stem.startswith(("seed", "explore_"))}
     assert build_model(TrainConfig(fixed_bos=False), "cpu").cfg.model_name == "text-causal-nofixedbos-T128"

@@ -4,10 +4,8 @@ and parallel runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,22 +16,23 @@ from sinkmech.backend import BACKEND, IS_BRIDGE
 if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
     pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
                 allow_module_level=True)
+from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.data import corpus_documents, python_docs, text_streams
+from sinkmech.train.findings import text_findings, text_seed_findings, text_step_findings
 from sinkmech.train.intervals import T975, seed_interval, slope, t975
 from sinkmech.train.modes import attention_breakdown, mode_attention, trigger_classes
+from sinkmech.train.parallel import same_config
 from sinkmech.train.run import TrainConfig, TrainData, build_model, load_checkpoint, save_checkpoint, train
+from sinkmech.train.summary import layer_rates
 
 TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=2, d_model=32, n_heads=2,
             eval_prompts=4, val_windows=4, threads=1, warmup=2, positional="rotary")
 
 
-def _script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "train_sinks.py"
-    spec = importlib.util.spec_from_file_location("train_sinks", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def study(argv: list[str]) -> int:
+    """`sinkmech train study ...`: the studies that scripts/train_sinks.py launches."""
+    return main(["train", "study", *argv])
 
 
 def _tokens(cfg: TrainConfig, bos: bool = True) -> torch.Tensor:
@@ -186,10 +185,9 @@ def test_eval_record_has_layer_rates_and_attention_per_class(tmp_path):
 
 
 def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
-    mod = _script()
     small = ["--steps", "3", "--quiet", "--set", "val_windows=2", "eval_prompts=4"]
     common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
-    assert mod.main(["mask-self", "--seeds", "0", "1", "--jobs", "2", *small, *common]) == 0
+    assert study(["mask-self", "--seeds", "0", "1", "--jobs", "2", *small, *common]) == 0
     rows = json.loads((tmp_path / "fig" / "mask_self.json").read_text())
     assert [(r["seed"], r["inference_bos"]) for r in rows] == [(0, True), (0, False), (1, True), (1, False)]
     assert all(r["mask_self"] is True and r["positional"] == "rotary" for r in rows)
@@ -198,43 +196,42 @@ def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
                 "d_model", "data", "seed", "context_length", "packing", "steps", "val_loss"} <= set(r)
     # --jobs 2 trains exactly what one process trains
     serial = tmp_path / "serial"
-    assert mod.main(["mask-self", "--seeds", "1", *small, "--out", str(serial), "--runs-dir", str(tmp_path / "r2")]) == 0
+    assert study(["mask-self", "--seeds", "1", *small, "--out", str(serial), "--runs-dir", str(tmp_path / "r2")]) == 0
     assert json.loads((serial / "mask_self.json").read_text())[0]["val_loss"] == rows[2]["val_loss"]
     stale = tmp_path / "fig" / "depth_at_step.json"  # an earlier sweep whose deep runs stopped early
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("[]")
-    assert mod.main(["depth", "--depths", "1", "2", "--seeds", "0", "1", "--positionals", "rotary", *small,
+    assert study(["depth", "--layers", "1", "2", "--seeds", "0", "1", "--positionals", "rotary", *small,
                      *common]) == 0
     assert not stale.exists()  # every depth ran the same steps: the early-stop reading is gone
     depth = json.loads((tmp_path / "fig" / "depth.json").read_text())
     assert sorted({(r["n_layers"], r["seed"]) for r in depth}) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert all(len(r["layer_sink_rate"]["0.3"]) == r["n_layers"] and "mask_self" not in r for r in depth)
-    assert mod.main(["modes", *common[:2]]) == 0
+    assert study(["modes", *common[:2]]) == 0
     modes = json.loads((tmp_path / "fig" / "modes.json").read_text())
     assert {r["experiment"] for r in modes} == {"mask_self", "depth"}
     assert all(r["other_self"] == [[0.0]] for r in modes if r.get("mask_self"))
-    assert mod.main(["findings", *common[:2]]) == 0
+    assert study(["findings", *common[:2]]) == 0
     flat = json.loads((tmp_path / "fig" / "findings_train.json").read_text())
     gaps = [r2["val_loss"] - r1["val_loss"] for r1, r2 in zip(depth[0::2], depth[1::2]) if r1["n_layers"] == 2]
     assert flat["train.depth.rotary.L2.loss_gap.mean"] == pytest.approx(sum(gaps) / 2)
     assert flat["train.depth.rotary.L2.n_seeds"] == 2 and "train.depth.rotary.L2.prepend.layer_sink_rate.L1.0.3.hi" in flat
     assert "train.modes.mask_self.rotary-maskself-seed1.prepend.L0H0.other_entropy" in flat
-    assert mod.main(["depth", "--depths", "0", *small, *common]) == 2  # a bad depth: one clear error
+    assert study(["depth", "--layers", "0", *small, *common]) == 2  # a bad depth: one clear error
 
 
 def test_logs_that_predate_a_field_are_reused_only_for_its_default():
-    mod = _script()
     cfg = TrainConfig(**TINY)
     old = {k: v for k, v in cfg.to_dict().items() if k not in ("mask_self", "text_corpus")}
-    assert mod.same_config({"config": old}, cfg)
-    assert not mod.same_config({"config": old}, TrainConfig(mask_self=True, **TINY))
-    assert not mod.same_config({"config": {**old, "n_layers": 3}}, cfg)
-    assert not mod.same_config({"config": {**old, "no_such_field": 1}}, cfg)
+    assert same_config({"config": old}, cfg)
+    assert not same_config({"config": old}, TrainConfig(mask_self=True, **TINY))
+    assert not same_config({"config": {**old, "n_layers": 3}}, cfg)
+    assert not same_config({"config": {**old, "no_such_field": 1}}, cfg)
     rate = {"sink_rate": {"0.3": 40.0, "0.8": 0.0}}
-    assert mod.layer_rates(rate, 1) == {"layer_sink_rate": {"0.3": [40.0], "0.8": [0.0]}}
-    assert mod.layer_rates(rate, 2) == {}  # a 2-layer rate of 40 % cannot be split after the fact
+    assert layer_rates(rate, 1) == {"layer_sink_rate": {"0.3": [40.0], "0.8": [0.0]}}
+    assert layer_rates(rate, 2) == {}  # a 2-layer rate of 40 % cannot be split after the fact
     none = {"sink_rate": {"0.3": 0.0, "0.8": 0.0}}  # ... but 0 % means 0 % in every layer
-    assert mod.layer_rates(none, 2) == {"layer_sink_rate": {"0.3": [0.0, 0.0], "0.8": [0.0, 0.0]}}
+    assert layer_rates(none, 2) == {"layer_sink_rate": {"0.3": [0.0, 0.0], "0.8": [0.0, 0.0]}}
 
 
 def test_context_length_seeds_plot_reads_the_findings(tmp_path):
@@ -251,33 +248,32 @@ def test_context_length_seeds_plot_reads_the_findings(tmp_path):
 
 
 def test_text_experiment_rows_and_half_heads_flags(tmp_path):
-    mod = _script()
     common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
     small = ["--steps", "2", "--quiet", "--set", "text_corpus=docs", "text_limit_bytes=400000", "context_length=32",
              "tokens_per_step=64", "d_model=16", "eval_prompts=2", "val_windows=2"]
-    assert mod.main(["text", "--weight-decays", "0.1", "--fixed-bos", "yes", "no", *small, *common]) == 0
+    assert study(["text", "--weight-decays", "0.1", "--fixed-bos", "yes", "no", *small, *common]) == 0
     rows = json.loads((tmp_path / "fig" / "text.json").read_text())
     assert [(r["fixed_bos"], r["inference_bos"]) for r in rows] == [(True, True), (True, False), (False, True),
                                                                      (False, False)]
     assert {r["data"] for r in rows} == {"text"} and {r["n_layers"] for r in rows} == {2}
-    assert mod.main(["findings", *common[:2]]) == 0
+    assert study(["findings", *common[:2]]) == 0
     flat = json.loads((tmp_path / "fig" / "findings_train.json").read_text())
     run = rows[0]["run"]
     reached = rows[0]["sink_rate"]["0.3"] >= 50 and rows[1]["sink_rate"]["0.3"] <= rows[0]["sink_rate"]["0.3"] / 2
     assert flat[f"train.text.{run}.half_heads_sink_and_halved_without_bos"] is reached
     assert flat[f"train.text.{run}.loss_gap"] == pytest.approx(rows[1]["val_loss"] - rows[0]["val_loss"])
     # A second call adds its runs to text.json and keeps the earlier ones.
-    assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, *common]) == 0
+    assert study(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, *common]) == 0
     assert len(json.loads((tmp_path / "fig" / "text.json").read_text())) == 6
     # A run off the preset's width or learning rate is named for it and keeps its own row.
-    assert mod.main(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, "lr=0.006", *common]) == 0
+    assert study(["text", "--weight-decays", "0", "--fixed-bos", "yes", *small, "lr=0.006", *common]) == 0
     rows = json.loads((tmp_path / "fig" / "text.json").read_text())
     named = [r for r in rows if r["run"] == "text-L2H4-wd0-fixedbos-s0-d16-lr0.006-2steps"]
     assert len(rows) == 8 and len(named) == 2
     assert named[0]["lr"] == 0.006 and named[0]["d_model"] == 16
     # A later seed of a recipe sits beside its earlier seeds (in text.json and so in the figure),
     # not at the end, and each run's with-<bos> row comes before its without-<bos> twin.
-    assert mod.main(["text", "--weight-decays", "0.1", "--fixed-bos", "yes", "--seed", "1", *small, *common]) == 0
+    assert study(["text", "--weight-decays", "0.1", "--fixed-bos", "yes", "--seed", "1", *small, *common]) == 0
     rows = json.loads((tmp_path / "fig" / "text.json").read_text())
     runs = list(dict.fromkeys(r["run"] for r in rows))
     assert runs.index("text-L2H4-wd0.1-fixedbos-s1-d16-2steps") == runs.index("text-L2H4-wd0.1-fixedbos-s0-d16-2steps") + 1
@@ -288,7 +284,6 @@ def test_text_experiment_rows_and_half_heads_flags(tmp_path):
 @pytest.mark.parametrize(("with_bos", "without", "reached"), [(60.0, 30.0, True), (60.0, 31.0, False),
                                                                (40.0, 0.0, False)])
 def test_the_half_heads_target_needs_half_the_heads_and_half_the_rate_gone(with_bos, without, reached):
-    mod = _script()
 
     def row(inference_bos: bool, rate: float) -> dict:
         return {"run": "r", "seed": 0, "inference_bos": inference_bos, "sink_rate": {"0.3": rate, "0.8": 0.0},
@@ -297,14 +292,13 @@ def test_the_half_heads_target_needs_half_the_heads_and_half_the_rate_gone(with_
                 "tokens_per_step": 4096, "uniform_score": 0.07}
 
     flat: dict = {}
-    mod.text_findings(flat, [row(True, with_bos), row(False, without)])
+    text_findings(flat, [row(True, with_bos), row(False, without)])
     assert flat["train.text.r.half_heads_sink_and_halved_without_bos"] is reached and flat["train.text.closest_run"] == "r"
 
 
 def test_text_seed_findings_pool_a_recipe_over_its_seeds_only():
     """Runs that differ only in their seed are pooled (mean and t interval over seeds); a recipe
     with one seed, or another weight decay, is not."""
-    mod = _script()
 
     def pair(run: str, seed: int, gap: float, score: float) -> list[dict]:
         common = {"run": run, "seed": seed, "sink_rate": {"0.3": 10.0 * seed}, "max_head_score": score}
@@ -314,7 +308,7 @@ def test_text_seed_findings_pool_a_recipe_over_its_seeds_only():
     rows = [*pair("text-L4H4-wd0.1-fixedbos-s0", 0, 0.06, 0.8), *pair("text-L4H4-wd0.1-fixedbos-s1", 1, 0.10, 0.6),
             *pair("text-L4H4-wd0.5-fixedbos-s0", 0, 0.5, 0.9), *pair("text-L4H4-wd0.1-fixedbos-s2-4000steps", 2, 1, 1)]
     flat: dict = {}
-    mod.text_seed_findings(flat, rows)
+    text_seed_findings(flat, rows)
     base = "train.text.seeds.text-L4H4-wd0.1-fixedbos"
     assert flat[f"{base}.seeds"] == "0,1" and flat[f"{base}.loss_gap.n"] == 2
     assert flat[f"{base}.loss_gap.mean"] == pytest.approx(0.08)
@@ -329,7 +323,6 @@ def test_text_seed_findings_pool_a_recipe_over_its_seeds_only():
 def test_text_step_findings_read_each_run_log_and_find_the_first_sink_step(tmp_path):
     """The trajectory comes from the log: a run whose head passes 0.3 at step 20 gets
     first_sink_step 20; a run that never passes it gets none; a missing log is an error."""
-    mod = _script()
 
     def log(name: str, scores: list[float]) -> None:
         evals = [{"step": 10 * (i + 1), "conditions": {"prepend": {"sink_rate": {"0.3": 25.0 * (s > 0.3)},
@@ -341,10 +334,10 @@ def test_text_step_findings_read_each_run_log_and_find_the_first_sink_step(tmp_p
     log("null", [0.1, 0.2, 0.29])
     rows = [{"run": n, "inference_bos": b} for n in ("sink", "null") for b in (True, False)]
     flat: dict = {}
-    mod.text_step_findings(flat, tmp_path, "", rows)
+    text_step_findings(flat, tmp_path, "", rows)
     assert flat["train.text.sink.first_sink_step"] == 20 and "train.text.null.first_sink_step" not in flat
     assert flat["train.text.sink.at_step.30.prepend.max_head_score"] == 0.6
     assert flat["train.text.sink.at_step.20.prepend.sink_rate.0.3"] == 25.0
     assert flat["train.text.null.at_step.30.prepend.sink_rate.0.3"] == 0.0
     with pytest.raises(ValueError, match="no .*gone.json"):
-        mod.text_step_findings({}, tmp_path, "", [{"run": "gone", "inference_bos": True}])
+        text_step_findings({}, tmp_path, "", [{"run": "gone", "inference_bos": True}])
