@@ -194,7 +194,7 @@ def print_contrast(c) -> None:
           f"the population shift ({c.n_boot} bootstrap resamples)")
     s = c.population_shift
     if s is not None:
-        print(f"population shift: median over {s['n_heads_positive'] + s['n_heads_negative']} heads of the difference "
+        print(f"population shift: median over every head of the difference "
               f"{s['median']:+.3f} [{s['ci'][0]:+.3f}, {s['ci'][1]:+.3f}] (all prompts; held out: "
               f"{s['median_validated']:+.3f}); {s['n_heads_positive']} heads up, {s['n_heads_negative']} down")
     for n in (*c.null_contrasts, *([c.at_null_size] if c.at_null_size else [])):

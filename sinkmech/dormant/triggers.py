@@ -42,9 +42,10 @@ queries of prompt i / sum of r(p) over its queries, expected_i = c_i x sum of
 r(p) over the token's occurrences there, what the head would do if within
 the prompt it ignored tokens; for "key": the position-adjusted count above,
 restricted to the prompt). The one-sided Student t test of mean(e_i) > 0
-over the prompts where the token occurs gives `trigger_p`. Only a scan with
-per-query records has it; a scan merged from shards falls back to the
-Poisson tail and says so (`trigger_test` "query_poisson").
+over the prompts where the token occurs gives `trigger_p`. It needs the
+scan's per-query records (a one-pass scan and merged shard parts keep them);
+a scan rebuilt from sums alone falls back to the Poisson tail and says so
+(`trigger_test` "query_poisson").
 """
 
 from __future__ import annotations
