@@ -216,7 +216,7 @@ def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
     gaps = [r2["val_loss"] - r1["val_loss"] for r1, r2 in zip(depth[0::2], depth[1::2]) if r1["n_layers"] == 2]
     assert flat["train.depth.rotary.L2.loss_gap.mean"] == pytest.approx(sum(gaps) / 2)
     assert flat["train.depth.rotary.L2.n_seeds"] == 2 and "train.depth.rotary.L2.prepend.layer_sink_rate.L1.0.3.hi" in flat
-    assert "train.modes.mask_self.rotary-maskself-seed1.prepend.L0H0.other_entropy" in flat
+    assert "train.modes.mask_self.rotary-maskself-seed1.prepend.L0.H0.other_entropy" in flat
     assert study(["depth", "--layers", "0", *small, *common]) == 2  # a bad depth: one clear error
 
 

@@ -1,7 +1,8 @@
 """The training studies' key numbers as one flat dict of named values
 (`findings_train.json`), read from the JSON the studies wrote under `out`:
 per run and inference condition, and over seeds the mean with its 95 % t
-interval (`sinkmech.train.intervals`); studies not run are absent."""
+interval (`sinkmech.train.intervals`); studies not run are absent. Heads are
+named as everywhere in sinkmech (`sinkmech.hooks.head_label`: `L0.H1`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
+from sinkmech.hooks import head_label
 from sinkmech.train.intervals import seed_interval, slope
 from sinkmech.train.parallel import read_json
 from sinkmech.train.presets import recipe_name
@@ -51,7 +53,7 @@ def findings(out: Path, prefix: str = "") -> dict:
             for l, heads in enumerate(r["trigger_first"]):
                 for h in range(len(heads)):
                     for k in stats:
-                        flat[f"train.{tag}.{model}.{cond}.L{l}H{h}.{k}"] = r[k][l][h]
+                        flat[f"train.{tag}.{model}.{cond}.{head_label(l, h)}.{k}"] = r[k][l][h]
     path = out / f"{prefix}explore_positional.json"  # exploratory variants, named by their depth and width
     if path.exists():
         add_rows("explore", read_json(path),
@@ -111,7 +113,7 @@ def findings(out: Path, prefix: str = "") -> dict:
         for r in rows:  # the sink's small value (Guo et al. 2024), per head
             for l, heads in enumerate(r.get("value_norm_first", [])):
                 for h, v in enumerate(heads):
-                    base = f"train.mask_self.rotary.seed{r['seed']}.{_cond(r)}.L{l}H{h}"
+                    base = f"train.mask_self.rotary.seed{r['seed']}.{_cond(r)}.{head_label(l, h)}"
                     flat[f"{base}.value_norm_first"] = v
                     flat[f"{base}.value_norm_rest"] = r["value_norm_rest"][l][h]
     for tag in ("depth", "depth_at_step"):

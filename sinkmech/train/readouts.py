@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
+from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITIONS
 from sinkmech.train.config import TrainConfig, run_name
 from sinkmech.train.parallel import read_json
@@ -62,7 +63,7 @@ def modes(out: Path, prefix: str = "") -> list[dict]:
             for h in range(r["n_heads"]):
                 t = [r[f"trigger_{k}"][l][h] for k in ("first", "self", "prev", "rest")]
                 o = [r[f"other_{k}"][l][h] for k in ("first", "self", "prev", "rest", "entropy")]
-                print(f"{r['run'] + f' L{l}H{h}':>28} {str(r['inference_bos']):>5}  "
+                print(f"{r['run'] + ' ' + head_label(l, h):>28} {str(r['inference_bos']):>5}  "
                       + " ".join(f"{v:.3f}" for v in t) + " | " + " ".join(f"{v:.3f}" for v in o))
     print(f"wrote {out / (prefix + 'modes.json')}")
     return rows
