@@ -60,6 +60,14 @@ def test_the_probe_sees_heavy_imports():
     """The check above can fail: `--version` does import torch (it prints its version)."""
     got = probe(["--version"])
     assert got["code"] == 0 and "torch" in got["heavy"] and "torch" in got["stdout"]
+    assert "transformer_lens" not in got["heavy"]
+
+
+def test_version_prints_the_backends_own_line():
+    from sinkmech.backend import version_text
+    from sinkmech.cli.main import version_line
+
+    assert version_line() == version_text()
 
 
 def test_importing_the_package_is_light_and_keeps_its_public_names():

@@ -37,16 +37,34 @@ USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 # torch, TransformerLens, transformers and Ray load when a command runs.
 
 
+def version_line() -> str:
+    """What `--version` prints: `sinkmech.backend.version_text()`'s line, from the
+    packages' metadata and torch alone (TransformerLens is not imported for it)."""
+    import importlib.metadata
+
+    import torch
+
+    from sinkmech.model_names import is_bridge_installed
+
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"sinkmech {version('sinkmech')} (TransformerLens {version('transformer-lens')}, torch {torch.__version__}, "
+            f"backend {'TransformerBridge' if is_bridge_installed() else 'HookedTransformer'}, "
+            f"device {'cuda' if torch.cuda.is_available() else 'cpu'})")
+
+
 class VersionAction(argparse.Action):
-    """`--version`: the versions line, built only when asked (it imports torch and TransformerLens)."""
+    """`--version`: the versions line, built only when asked (it imports torch)."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from sinkmech.backend import version_text
-
-        print(version_text())
+        print(version_line())
         parser.exit()
 
 
