@@ -15,7 +15,7 @@ the planted if-else heads recovered and the null heads labelled if_else.
 The counts and the chosen cut are written to `--json`
 (`figures/dormant_calibration.json`); `docs/dormant_calibration.md` reads them.
 
-    python scripts/calibrate_dormant.py --json figures/dormant_calibration.json
+    python scripts/calibrate_dormant.py --json figures/dormant_calibration.json --findings figures/findings.json
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--n-prompts", type=int, default=64)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--findings", type=Path, default=None, help="merge the counts per cut and the chosen cut into this "
+                   "findings file, under dormant_calibration")
     args = p.parse_args(argv)
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the planted heads live with the tests
     import torch
@@ -99,6 +101,14 @@ def main(argv: list[str] | None = None) -> dict:
           f"{sorted({t for c in counts.values() for t in c['prompt_triggers']})}")
     if args.json is not None:
         args.json.write_text(json_text(out))
+    if args.findings is not None:
+        from sinkmech.findings import flatten, record
+
+        quotable = {"chosen": out["chosen"], "seeds": args.seeds, "n_prompts": args.n_prompts,
+                    "n_planted": len(runs), "strengths": list(STRENGTHS),
+                    "cuts": {k: {x: c[x] for x in ("high", "low", "if_else_recovered", "null_if_else", "random_if_else",
+                                                   "prompt_if_else")} for k, c in counts.items()}}
+        record(args.findings, flatten("dormant_calibration", quotable), replace_prefix="dormant_calibration")
     return out
 
 

@@ -164,3 +164,26 @@ def test_noop_check_reports_totals_controls_mean_ablation_holm_and_where_active_
     smallest = min(effects, key=lambda e: e["p"])
     assert smallest["p_adjusted"] == pytest.approx(min(1.0, smallest["p"] * len(effects)))
     assert json.loads(check.to_json())["heads"][0]["checks"]["zero_out_active"]["per_query"]["p_adjusted"] is not None
+
+
+def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_the_rule(tmp_path):
+    """scripts/calibrate_dormant.py on one seed: the positional null and the
+    random heads are if_else at no cut, the full-strength planted head at every
+    cut, the prompt-following head only on its marker key, never on the token
+    that shares its prompts; the chosen cut is the rule's (most planted heads,
+    no null; ties to the larger high, then the larger low)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "calibrate_dormant.py"
+    spec = importlib.util.spec_from_file_location("calibrate_dormant", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--seeds", "1", "--n-prompts", "32", "--json", str(tmp_path / "c.json")])
+    cuts = list(out["cuts"].values())
+    assert all(c["null_if_else"] == 0 and c["random_if_else"] == 0 for c in cuts)
+    assert all(c["recovered_by_strength"]["1"] == 1 for c in cuts)
+    assert all(c["prompt_triggers"] in ([], [f"[{MARKER}]"]) for c in cuts)
+    best = max(cuts, key=lambda c: (c["if_else_recovered"], c["high"], c["low"]))
+    assert out["chosen"] == {"high": best["high"], "low": best["low"]}
+    assert json.loads((tmp_path / "c.json").read_text())["chosen"] == out["chosen"]
