@@ -47,7 +47,7 @@ except ImportError:  # TransformerLens 4.x removed it (its ImportError carries a
 IS_BRIDGE = BACKEND == "TransformerBridge"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "writable_hooks", "unembed", "learned_sinks", "has_learned_sinks",
+__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "writable_hooks", "unembed", "learned_sinks", "has_learned_sinks", "learned_sink_note",
            "NO_LEARNED_SINKS", "W_O", "W_V", "b_V", "attn_scale",
            "versions", "version_text", "move"]
 
@@ -249,6 +249,15 @@ def has_learned_sinks(model: Model) -> bool:
         return any(getattr(getattr(b.attn, "original_component", None), "sinks", None) is not None
                    for b in model.blocks)
     return bool(getattr(model.cfg, "use_attention_sinks", False))
+
+
+def learned_sink_note(model: Model, what: str) -> str | None:
+    """One line a command prints about a model with learned sink logits: that it
+    has them and what `what` (the command's own words) did with them; None for
+    any other model."""
+    if not has_learned_sinks(model):
+        return None
+    return f"note: {model.cfg.model_name or 'the model'} has learned sink logits (gpt-oss-style): {what}"
 
 
 NO_LEARNED_SINKS = ("has no learned sink logits (only gpt-oss-style models, whose softmax has a learned "

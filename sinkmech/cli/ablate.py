@@ -109,12 +109,29 @@ def cmd_ablate(args) -> None:
         print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
         return
     model = load_model_arg(args)
+    _sink_note(model, args.mode)
     kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
     # by default every prompt in one group of passes; --prompt-batch 1 (not for "mean", which needs them all)
     # makes a prompt's effects independent of the prompts beside it, so shards make this run's passes exactly
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8,
                            prompt_batch=None if args.mode == "mean" else args.prompt_batch, **kw)
     ablate_output(args, model, prompts, exact, kw)
+
+
+SINK_NOTES = {"drop_sink": "drop_sink removes each head's sink logit in turn (its attention renormalised over the real "
+                           "keys)",
+              "mask_first": "mask_first masks key 0 and leaves each head's learned sink logit in (--mode drop_sink "
+                            "removes it)",
+              "all_to_first": "all_to_first puts all of a head's attention on key 0, the learned sink's share too"}
+
+
+def _sink_note(model, mode: str) -> None:
+    """The one line on a model with learned sink logits: what `mode` does with them."""
+    from sinkmech.backend import learned_sink_note
+
+    note = learned_sink_note(model, SINK_NOTES.get(mode, f"{mode} replaces each head's output; the sink logits stay in"))
+    if note:
+        print(note, file=sys.stderr)
 
 
 def ablate_task(args, prompts, settings: dict) -> AblateTask:

@@ -311,6 +311,11 @@ def cmd_heads(args) -> None:
             return
         return heads_shard(args, scanned, shard)
     model = load_model_arg(args)
+    from sinkmech.backend import learned_sink_note
+
+    if note := learned_sink_note(model, "a query is dormant when key 0 plus the learned sink's share >= --high; the "
+                                        "no-op check's move_to_first puts all of a head's attention on key 0"):
+        print(note, file=sys.stderr)
     bos_id = bos_token_arg(model, args)
     target = parse_head(args.head, model) if args.head else None
     scan = scan_heads(model, scanned, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,

@@ -79,6 +79,7 @@ def cmd_patch(args) -> None:
     if sharded(args, prompts, "patch", task, merged_patch, **extra):
         return
     model = load_model_arg(args)
+    _sink_note(model)
     pair = bos_pair(model, prompts, max_tokens=args.max_tokens)
     warn_short(pair.without_bos, args.max_tokens)
     results = {}
@@ -88,6 +89,17 @@ def cmd_patch(args) -> None:
     meta = {"model": args.model, "act": args.act, "by": by, "metric": args.metric, "n_layers": model.cfg.n_layers,
             "n_heads": model.cfg.n_heads, "n_prompts": len(pair.with_bos), **pair.without_bos.used(args.max_tokens)}
     patch_output(args, results, meta)
+
+
+def _sink_note(model) -> None:
+    import sys
+
+    from sinkmech.backend import learned_sink_note
+
+    note = learned_sink_note(model, "patching moves activations between the two runs; the sink logits are parameters, "
+                                    "the same in both, and stay in")
+    if note:
+        print(note, file=sys.stderr)
 
 
 def patch_output(args, results: dict, meta: dict) -> None:

@@ -191,6 +191,12 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
     per_layer = {c: results[c].per_layer() for c in conds}
     for l in range(next(iter(results.values())).n_layers):
         print(f"{l:>6} " + " ".join(f"{float(per_layer[c][l]):>10.3f}" for c in conds))
+    if all(results[c].learned_sink_scores is not None for c in conds):  # gpt-oss-style learned sink logits
+        print()
+        print("mean learned-sink mass per layer (the softmax's share on the learned sink logit, beside alpha_0 on key 0)")
+        sink = {c: results[c].learned_sink_scores.mean((0, 2)) for c in conds}
+        for l in range(next(iter(results.values())).n_layers):
+            print(f"{l:>6} " + " ".join(f"{float(sink[c][l]):>10.3f}" for c in conds))
     for c in conds:
         r = results[c]
         print()

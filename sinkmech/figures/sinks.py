@@ -25,6 +25,11 @@ def sink_heatmap(results: dict, path: str | os.PathLike, *, model_name: str = ""
          r.mean_scores().numpy())
         for k, r in results.items()
     ]
+    # learned sink logits (gpt-oss): the sink's own share beside alpha_0, on the same scale
+    panels += [(f"{CONDITION_LABELS.get(k, k)}\nlearned sink mass: mean {float(r.learned_sink_scores.mean()):.2f}",
+                r.learned_sink_scores.mean(0).numpy())
+               for k, r in results.items() if r.learned_sink_scores is not None]
+    learned = len(panels) > len(results)
     first = next(iter(results.values()))
     fig = heatmap_panels(
         panels,
@@ -32,7 +37,7 @@ def sink_heatmap(results: dict, path: str | os.PathLike, *, model_name: str = ""
               f"\n{first.n_prompts} prompts, {first.token_count()}",
         xlabel="head",
         ylabel="layer",
-        cbar_label="mean first-token score $\\alpha_0$",
+        cbar_label="mean $\\alpha_0$ / learned sink mass" if learned else "mean first-token score $\\alpha_0$",
         vmin=0.0,
         vmax=1.0,
     )
