@@ -49,7 +49,7 @@ def add_ablate_parser(sub) -> None:
                         "not measured on a GPU), so that "
                         "a sharded run and a whole run made with it make the same passes and agree to 1e-6. "
                         "Ignored by --mode mean, which needs every prompt at once")
-    add_metric(p)
+    add_metric(p, loss=True)
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_ablate)
 
@@ -91,6 +91,8 @@ def cmd_ablate(args) -> None:
     from sinkmech.interventions.ablation import head_ablations
 
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
+    if args.metric == "loss":
+        return ablate_loss(args, prompts)
     if args.shard is not None or args.resume or args.ray is not None:
         if args.mode == "mean" or args.attribution:
             raise UsageError("--shard / --ray: the mean ablation and --attribution need the whole corpus at once "
@@ -132,6 +134,35 @@ def _sink_note(model, mode: str) -> None:
     note = learned_sink_note(model, SINK_NOTES.get(mode, f"{mode} replaces each head's output; the sink logits stay in"))
     if note:
         print(note, file=sys.stderr)
+
+
+def ablate_loss(args, prompts) -> None:
+    """--metric loss: each head ablated alone, the change of the next-token loss on
+    content targets in nats per target (`sinkmech.bos_cost.head_loss_changes`)."""
+    from sinkmech.bos_cost import head_loss_changes
+    from sinkmech.figures.core import heatmap_panels, save, shared_limits
+    from sinkmech.hooks import head_label
+
+    if args.shard is not None or args.resume or args.ray is not None or args.attribution:
+        raise UsageError("--metric loss runs in one process without --attribution: drop --shard / --ray / --attribution")
+    if args.answers is not None:
+        raise UsageError("--answers is for --metric logit_diff")
+    model = load_model_arg(args)
+    res = head_loss_changes(model, prompts, mode=args.mode, bos=args.bos, max_tokens=args.max_tokens,
+                            batch_size=args.batch_size)
+    payload = {"model": args.model, "bos": args.bos, **res.to_dict()}
+    print(f"{args.mode} ablation (bos={args.bos}): change of the next-token loss on content targets, nats per target "
+          f"(the unablated run: {payload['clean_loss']:.4f})")
+    for l, h in res.ranking()[: args.top]:
+        print(f"  {head_label(l, h)}  {float(res.mean_changes()[l, h]):+.4f}")
+    panels = [("loss change", res.mean_changes().numpy())]
+
+    def png_out() -> None:
+        fig = heatmap_panels(panels, title=f"Per-head {args.mode} ablation (bos={args.bos}) — {args.model}",
+                             xlabel="head", ylabel="layer", cbar_label="loss change (nats)", **shared_limits(panels, True))
+        print(f"wrote {save(fig, args.png)}")
+
+    write_results(args, payload, png_out)
 
 
 def ablate_task(args, prompts, settings: dict) -> AblateTask:

@@ -310,8 +310,11 @@ def bos_token_arg(model, args) -> int | None:
     return int(ids[0])
 
 
-def add_metric(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metric", choices=["kl", "logit_diff"], default="kl", help="kl: mean KL over content positions (default)")
+def add_metric(p: argparse.ArgumentParser, *, loss: bool = False) -> None:
+    """--metric and --answers; `loss` also offers --metric loss (the content-target loss change, nats)."""
+    p.add_argument("--metric", choices=["kl", "logit_diff"] + (["loss"] if loss else []), default="kl",
+                   help="kl: mean KL over content positions (default)" + (
+                       "; loss: the change of the next-token loss on content targets, nats per target" if loss else ""))
     p.add_argument("--answers", nargs=2, metavar=("CORRECT", "INCORRECT"), default=None, help="tokens (strings) for --metric logit_diff")
 
 
