@@ -7,14 +7,20 @@ reports native bfloat16 / float16 instructions.
 
 Each model is loaded once per dtype (load time printed, not counted), then the
 dtypes' forward passes run interleaved (`benchtime.interleaved_medians`).
+`--as-avx2` reruns it with torch and oneDNN limited to AVX2
+(ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2): what a CPU without
+AVX-512 BF16 / FP16 or AMX pays, measured on one that has them.
 
     python scripts/bench_dtype.py --models smollm2 gemma3-270m --prompts 2 --tokens 32
+    python scripts/bench_dtype.py --as-avx2 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +33,7 @@ from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.sinks import sink_scores
 
 DTYPES = ("float32", "bfloat16", "float16")
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def bench_model(spec: str, n_prompts: int, n_tokens: int, repeats: int) -> dict:
@@ -46,12 +53,19 @@ def bench_model(spec: str, n_prompts: int, n_tokens: int, repeats: int) -> dict:
         return lambda: sink_scores(model, batch, batch_size=n_prompts, loss=True, progress=False)
 
     failed = {}
-    for name in DTYPES:  # one untimed pass each: a dtype whose forward overflows is reported, not timed
-        try:
-            forward(name)()
-        except (FloatingPointError, RuntimeError) as e:
-            failed[name] = f"{type(e).__name__}: {e}"
-    medians = interleaved_medians({name: forward(name) for name in DTYPES if name not in failed}, repeats)
+
+    def phase(name: str):
+        """A dtype whose forward fails (overflows) is reported, not timed."""
+        def run() -> None:
+            if name not in failed:
+                try:
+                    forward(name)()
+                except (FloatingPointError, RuntimeError) as e:
+                    failed[name] = f"{type(e).__name__}: {e}"
+        return run
+
+    medians = interleaved_medians({name: phase(name) for name in DTYPES}, repeats)
+    medians = {name: s for name, s in medians.items() if name not in failed}
     return {"load_s": load_s, "forward_s": medians, "failed": failed,
             "ratio_to_float32": {name: medians[name] / medians["float32"] for name in medians}}
 
@@ -63,16 +77,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=32, help="content tokens per prompt (default 32)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved rounds (default 2)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--as-avx2", action="store_true",
+                   help="rerun with torch and oneDNN limited to AVX2 (no native bfloat16 / float16)")
     args = p.parse_args(argv)
+    if args.as_avx2 and os.environ.get("ONEDNN_MAX_CPU_ISA") != AVX2_ENV["ONEDNN_MAX_CPU_ISA"]:
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--as-avx2"]
+        os.execve(sys.executable, [sys.executable, __file__, "--as-avx2", *rest], {**os.environ, **AVX2_ENV})
+    limited = {k: os.environ[k] for k in AVX2_ENV if k in os.environ}
     out = {
+        "limited_isa": limited,
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "native": {name: native_cpu_dtype(getattr(torch, name)) for name in DTYPES[1:]},
         "matmul_256_ratio": {name: cpu_slowdown(getattr(torch, name)) for name in DTYPES[1:]},
         "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "models": {},
     }
-    print(f"CPU: {out['cpu_capability']}, {out['threads']} threads; native bfloat16 {out['native']['bfloat16']}, "
-          f"float16 {out['native']['float16']}; 256x256 matmul vs float32: "
+    print(f"CPU: {out['cpu_capability']}, {out['threads']} threads; flags: native bfloat16 {out['native']['bfloat16']}, "
+          f"float16 {out['native']['float16']}" + (f" (torch limited: {limited})" if limited else "")
+          + "; 256x256 matmul vs float32: "
           + ", ".join(f"{k} {v:.2f}x" for k, v in out["matmul_256_ratio"].items()))
     print(f"`sinks` forward, {args.prompts} prompts x {args.tokens} tokens, median of {args.repeats}:")
     print(f"{'model':<14} " + " ".join(f"{d:>12}" for d in DTYPES) + "   ratio to float32")

@@ -14,6 +14,7 @@ from sinkmech import models
 from sinkmech.cli.main import main
 from sinkmech.eval_length import sinks_vs_length
 from sinkmech.prompts import tokenize
+from test_cli_shards import assert_same_json
 
 # Prompts written as token ids ("5 7 9 ..."): the tiny model has no tokenizer.
 LONG = " ".join(str(2 + (7 * i) % 47) for i in range(30))
@@ -88,6 +89,29 @@ def test_length_reads_prompts_like_every_command(tiny_cli, tmp_path, capsys):
     assert main(["length", "--prompts", str(prompts), "--n-prompts", "2", "--lengths", "8", "16", "--top", "1",
                  "--json", str(out)]) == 0  # the two long prompts: 16 fits
     assert [r["length"] for r in json.loads(out.read_text())["results"]] == [8, 16]
-    capsys.readouterr()
-    assert main(["length", "--prompts", str(prompts), "--shard", "1/2", "--json", str(tmp_path / "l.partial.json")]) == 2
-    assert capsys.readouterr().err.startswith("error: length --prompts runs in one process")
+
+
+def test_length_prompts_in_two_sharded_stages_merge_to_the_one_process_run(tiny_cli, tmp_path):
+    """Shard 1 holds the two long prompts (16 fits there), shard 2 the short one: the
+    merged corpus' shortest prompt skips 16, as the one-process run does."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join([LONG, MID, SHORT]) + "\n")
+    args = ["length", "--prompts", str(prompts), "--lengths", "8", "16", "--top", "2"]
+    full = tmp_path / "full.json"
+    assert main([*args, "--json", str(full)]) == 0
+    scores = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
+    costs = [tmp_path / f"c{i}.partial.json" for i in (1, 2)]
+    for i in (1, 2):
+        assert main([*args, "--shard", f"{i}/2", "--json", str(scores[i - 1])]) == 0
+    for i in (1, 2):
+        assert main([*args, "--shard", f"{i}/2", "--scores", *map(str, scores), "--json", str(costs[i - 1])]) == 0
+    merged = tmp_path / "merged.json"
+    assert main(["merge", *map(str, costs), "--json", str(merged)]) == 0
+    a, b = json.loads(full.read_text()), json.loads(merged.read_text())
+    assert [r["length"] for r in b["results"]] == [8] and b["skipped"][0]["length"] == 16
+    assert_same_json(a, b)
+    # another prompts file is another corpus: stage 2 refuses stage 1's parts
+    other = tmp_path / "q.txt"
+    other.write_text("\n".join([MID, LONG, SHORT]) + "\n")
+    assert main(["length", "--prompts", str(other), "--lengths", "8", "16", "--top", "2", "--shard", "1/2",
+                 "--scores", *map(str, scores), "--json", str(tmp_path / "x.partial.json")]) == 2

@@ -92,13 +92,10 @@ def cmd_length(args) -> None:
     from sinkmech.prompts import DEFAULT_EPS, tokenize
 
     lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
-    if args.shard is not None or args.ray is not None or args.resume or args.scores is not None:
-        if args.prompts is not None:
-            raise UsageError("length --prompts runs in one process: --shard, --ray and --scores cut the default "
-                             "corpus (drop --prompts, or drop the sharding flags)")
-        args.n_prompts = args.n_prompts or DEFAULT_TEXTS
-        return sharded_length(args, lengths)
     texts = prompts_arg(args) if args.prompts is not None else None  # a bad file fails before the model load
+    if args.shard is not None or args.ray is not None or args.resume or args.scores is not None:
+        args.n_prompts = len(texts) if texts is not None else args.n_prompts or DEFAULT_TEXTS
+        return sharded_length(args, lengths, texts)
     model = load_model_arg(args)
     if args.top > model.cfg.n_layers * model.cfg.n_heads:
         raise UsageError(f"--top must be <= {model.cfg.n_layers * model.cfg.n_heads} (the model's heads), got {args.top}")
@@ -119,9 +116,10 @@ def cmd_length(args) -> None:
     write_results(args, sweep.to_dict(), png_out)
 
 
-# The sharded forms. A shard's prompts are numbers of windows of the default
-# corpus: each worker cuts the texts itself once its model gives the context
-# (`long_prompt_texts`), then tokenizes its own, text by text as the whole list is.
+# The sharded forms. A shard's prompts are numbers of texts: of --prompts (each
+# task holds them all), or of windows of the default corpus, which each worker
+# cuts itself once its model gives the context (`long_prompt_texts`); a worker
+# tokenizes its own, text by text as the whole list is.
 
 @dataclass(frozen=True, kw_only=True)
 class LengthTask(ModelTask):
@@ -130,13 +128,17 @@ class LengthTask(ModelTask):
     lengths: tuple[int, ...]
     bos: str
     batch_size: int
+    texts: tuple | None = None  # --prompts (None: the default corpus)
 
     def batch(self, model, index: range):
-        """The shard's prompts tokenized as `long_prompts` tokenizes the corpus, and the sha256 of all the texts."""
+        """The shard's prompts tokenized as the one-process run tokenizes the corpus, and the sha256 of all the texts."""
         from sinkmech.eval_length import long_prompt_texts
         from sinkmech.prompts import tokenize
 
-        texts, n_tokens = long_prompt_texts(model, self.n_prompts_total, max(self.lengths))
+        if self.texts is not None:
+            texts, n_tokens = list(self.texts), min(max(self.lengths), model.cfg.n_ctx - 1)
+        else:
+            texts, n_tokens = long_prompt_texts(model, self.n_prompts_total, max(self.lengths))
         return tokenize(model, [texts[i] for i in index], bos=self.bos, max_tokens=n_tokens), prompts_sha256(texts)
 
 
@@ -197,33 +199,35 @@ class CostsTask(LengthTask):
                              **self.where(shard, n_shards, index))
 
 
-def length_settings(args, lengths: list[int]) -> dict:
+def length_settings(args, lengths: list[int], texts: list | None = None) -> dict:
     """What every part of one sharded `length` run shares, known before the model loads."""
+    corpus = {"corpus": "default_corpus"} if texts is None else {"corpus": "prompts",
+                                                                   "prompts_sha256": prompts_sha256(texts)}
     return {"command": "length", "model": args.model, "model_sha256": model_sha256(args.model),
-            "corpus": "default_corpus", "n_prompts": args.n_prompts, "lengths": lengths, "bos": args.bos,
+            **corpus, "n_prompts": args.n_prompts, "lengths": lengths, "bos": args.bos,
             "top_k": args.top, "uniform_multiples": [float(m) for m in args.uniform_multiples], "head": args.head,
             "sinkmech_version": sinkmech_version()}
 
 
-def task_of(cls, args, lengths: list[int], settings: dict, **fields):
+def task_of(cls, args, lengths: list[int], settings: dict, texts: list | None, **fields):
     return cls(model=args.model, device=args.device, dtype=args.dtype, max_tokens=max(lengths),
                n_prompts_total=args.n_prompts, settings=settings, lengths=tuple(lengths), bos=args.bos,
-               batch_size=args.batch_size, **fields)
+               batch_size=args.batch_size, texts=None if texts is None else tuple(texts), **fields)
 
 
-def scores_task(args, lengths: list[int], settings: dict) -> ScoresTask:
-    return task_of(ScoresTask, args, lengths, settings, top_k=args.top,
+def scores_task(args, lengths: list[int], settings: dict, texts: list | None) -> ScoresTask:
+    return task_of(ScoresTask, args, lengths, settings, texts, top_k=args.top,
                    uniform_multiples=tuple(args.uniform_multiples), head=args.head)
 
 
-def costs_stage(args, lengths: list[int], settings: dict, scores) -> tuple[CostsTask, dict, list]:
+def costs_stage(args, lengths: list[int], settings: dict, scores, texts: list | None) -> tuple[CostsTask, dict, list]:
     """Stage 2's task, its settings (the run's and the chosen heads) and its prompts
     (each one's stage-1 rows), from the merged stage-1 part `scores`."""
     from sinkmech.shards_length import length_heads, prompt_rows
 
     heads = length_heads(scores).to_dict()
     costs_settings = {**settings, "heads": heads}
-    task = task_of(CostsTask, args, lengths, costs_settings, heads=heads, scores_settings=scores.settings)
+    task = task_of(CostsTask, args, lengths, costs_settings, texts, heads=heads, scores_settings=scores.settings)
     return task, costs_settings, prompt_rows(scores)
 
 
@@ -243,18 +247,19 @@ def read_scores(paths, settings: dict):
     return part
 
 
-def sharded_length(args, lengths: list[int]) -> None:
-    """`--shard I/N` (stage 1, or stage 2 with --scores) or `--ray` (both stages)."""
+def sharded_length(args, lengths: list[int], texts: list | None = None) -> None:
+    """`--shard I/N` (stage 1, or stage 2 with --scores) or `--ray` (both stages),
+    on `texts` (--prompts) or the default corpus."""
     from sinkmech.shards_length import COSTS, SCORES
 
-    settings = length_settings(args, lengths)
+    settings = length_settings(args, lengths, texts)
     windows = list(range(args.n_prompts))  # the prompts, by number (see the note above LengthTask)
     if args.ray is not None:
         if args.scores is not None:
             raise UsageError("--ray runs both stages itself: --scores is stage 2 of --shard I/N")
-        scores = run_command_on_ray(args, windows, scores_task(args, lengths, settings), SCORES, settings,
+        scores = run_command_on_ray(args, windows, scores_task(args, lengths, settings, texts), SCORES, settings,
                                     stage="scores")
-        task, costs_settings, rows = costs_stage(args, lengths, settings, scores)
+        task, costs_settings, rows = costs_stage(args, lengths, settings, scores, texts)
         return merged_length(run_command_on_ray(args, rows, task, COSTS, costs_settings, stage="costs"), args)
     if args.shard is None:
         if args.scores is not None:
@@ -267,10 +272,10 @@ def sharded_length(args, lengths: list[int]) -> None:
         raise UsageError(str(e)) from None
     check_part_output(args)
     if args.scores is None:
-        run_shard(args, windows, ShardRun(i, n, span, args.n_prompts, settings), scores_task(args, lengths, settings),
-                  SCORES)
+        run_shard(args, windows, ShardRun(i, n, span, args.n_prompts, settings),
+                  scores_task(args, lengths, settings, texts), SCORES)
         return
-    task, costs_settings, rows = costs_stage(args, lengths, settings, read_scores(args.scores, settings))
+    task, costs_settings, rows = costs_stage(args, lengths, settings, read_scores(args.scores, settings), texts)
     print(f"stage 2: heads chosen on {args.n_prompts} prompts' scores", file=sys.stderr)
     run_shard(args, rows, ShardRun(i, n, span, args.n_prompts, costs_settings), task, COSTS)
 
