@@ -201,3 +201,55 @@ def test_tl39_refuses_in_one_line_naming_the_bridge(folders, arch, capsys):
     assert main(["sinks", "--model", str(folders[arch]), "--json", "-"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+
+
+def test_heads_counts_key_0_plus_the_learned_sink_as_dormant(folders):
+    """gpt-oss: `heads` cuts on key 0 plus the learned sink's share, from
+    transformers' own attention (every query after the first, as the scan's means)."""
+    from sinkmech.dormant.scan import scan_heads
+
+    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
+        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
+    folder = folders["gpt_oss"]
+    model = load_model(str(folder), device="cpu")
+    batch = tokenize(model, _rows(4, batch=4, n=12), bos="prepend", bos_token_id=BOS)
+    scan = scan_heads(model, batch, sweep=False, n_boot=0, progress=False)
+    with torch.no_grad():
+        attns = _hf(folder)(batch.tokens, output_attentions=True).attentions
+    mass = torch.stack([a[..., 0] + 1.0 - a.sum(-1) for a in attns], dim=1)[..., 1:]  # [prompt layer head query]
+    key_0 = torch.stack([a[..., 0] for a in attns], dim=1)[..., 1:]
+    assert (scan.first_key_attention_excl_q0 - mass.mean((0, 3))).abs().max() < 1e-5
+    assert (scan.dormant_fraction - (mass >= 0.5).double().mean((0, 3))).abs().max() < 1e-6
+    # key 0 alone would read less for every head: the comparison can fail
+    assert (scan.first_key_attention_excl_q0 - key_0.mean((0, 3))).min() > 0.01
+
+
+def test_row_check_admits_the_sink_share_and_catches_nan_inf_and_zero_rows():
+    from sinkmech.sinks import check_rows
+
+    valid = torch.ones(1, 3)
+    row = torch.tensor([0.5, 0.3, 0.1])  # sums to 0.9: the sink holds 0.1
+    pattern = row.expand(1, 2, 3, 3).clone()
+    check_rows(pattern, valid, 0, learned=True)
+    with pytest.raises(FloatingPointError, match="do not sum to 1"):
+        check_rows(pattern, valid, 0)
+    for bad in (float("nan"), float("inf"), 0.0, 0.7):  # NaN, inf, a zeroed (NaN) row, a sum above 1
+        broken = pattern.clone()
+        broken[0, 1, 2] = bad if bad != 0.0 else 0.0 * broken[0, 1, 2]
+        with pytest.raises(FloatingPointError, match="layer 0"):
+            check_rows(broken, valid, 0, learned=True)
+    padded = pattern.clone()
+    padded[0, :, 2] = float("nan")  # a padding query: never checked
+    check_rows(padded, torch.tensor([[1.0, 1.0, 0.0]]), 0, learned=True)
+
+
+def test_a_nan_sink_logit_is_caught_not_reported(folders):
+    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
+        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
+    model = load_model(str(folders["gpt_oss"]), device="cpu")
+    sinks = [p for n, p in model.named_parameters() if n.endswith("sinks")]
+    assert len(sinks) == model.cfg.n_layers
+    with torch.no_grad():
+        sinks[1][2] = float("nan")
+    with pytest.raises(FloatingPointError, match="layer 1"):
+        sink_scores(model, _rows(), bos_token_id=BOS, progress=False)
