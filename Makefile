@@ -91,8 +91,14 @@ findings: demo
 	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --json figures/stream_smollm2.json --findings figures/findings.json
 	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --bos none --json figures/stream_smollm2_nobos.json --findings figures/findings.json
 	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --reindex --json figures/stream_smollm2_reindex.json --findings figures/findings.json
-	# The paper's theory at a CPU size: Jacobian vs path bound and attention smoothness, with and without <bos>.
+	# The paper's theory on CPU: the path bound's ranking of Jacobian norms (Hutchinson estimate, 32 prompts x 32 tokens,
+	# content pairs and a same-distance null) and attention smoothness, with and without <bos>.
 	$(BIN)/python scripts/theory.py --out figures/theory.json --findings figures/findings.json
+	# Sink or token? Other first tokens in <bos>'s place, and <bos> moved after K = 1, 2, 4, 8 content tokens (Gemma;
+	# SmolLM2 the control for the substitution), each paired by prompt against <bos> first.
+	$(BIN)/python scripts/first_token.py --position-models gemma3-270m --out figures/first_token.json --findings figures/findings.json
+	# The share of Gemma's <bos> cost its sink heads carry: heads ranked by mask_first loss, top-k masked on held-out prompts.
+	$(BIN)/python scripts/bos_cost.py --models gemma3-270m --out figures/bos_cost.json --findings figures/findings.json
 
 # The report tests open the page in headless Chromium. Installed here when we
 # can (root with apt-get); otherwise stop before the tests and say how.
