@@ -143,7 +143,27 @@ def boot_bridge(folder: Path, *, device: str, dtype: torch.dtype, n_ctx: int, na
     bridge.cfg.model_name = name
     bridge.tokenizer.padding_side = "right"
     bridge.eval()
+    check_readout(bridge, folder, tol=1e-3 if dtype == torch.float32 else 0.1)
     return bridge
+
+
+def check_readout(bridge, folder: Path, *, tol: float) -> None:
+    """`ValueError` unless the model's whole forward pass and sinkmech's readout
+    of its last block's output (`sinkmech.backend.unembed`, which every loss and
+    KL uses) give the same log-probabilities on a few tokens: an architecture
+    whose logits sinkmech cannot reproduce is refused at load, never half-supported."""
+    from sinkmech.backend import forward, unembed
+
+    L = bridge.cfg.n_layers
+    ids = torch.arange(min(4, int(bridge.cfg.d_vocab)), device=bridge.cfg.device)[None]
+    with torch.no_grad():
+        whole = torch.log_softmax(bridge(ids).float(), -1)
+        ours = torch.log_softmax(unembed(bridge, forward(bridge, ids, stop_at_layer=L)).float(), -1)
+    gap = float((whole - ours).abs().max())
+    if not gap <= tol:
+        raise ValueError(f"{folder} ({bridge.cfg.architecture or 'unnamed architecture'}): the logits read from the "
+                         f"last block's output differ from the model's own forward pass by {gap:.3g} in log-probability "
+                         "(sinkmech cannot reproduce this architecture's readout)")
 
 
 def rope_theta(config) -> float | None:

@@ -253,3 +253,18 @@ def test_a_nan_sink_logit_is_caught_not_reported(folders):
         sinks[1][2] = float("nan")
     with pytest.raises(FloatingPointError, match="layer 1"):
         sink_scores(model, _rows(), bos_token_id=BOS, progress=False)
+
+
+@pytest.mark.skipif(not IS_BRIDGE, reason="the Bridge's load-time readout check (TransformerLens 4)")
+def test_a_readout_that_misses_the_model_s_own_is_refused_at_load(folders, monkeypatch):
+    """Granite divides its logits by `logits_scaling`; a readout that rebuilds
+    the final norm and unembedding by hand misses it, and the load says so."""
+    from sinkmech import backend
+
+    def by_hand(model, resid):
+        return model.unembed(model.ln_final(resid))
+
+    monkeypatch.setattr(backend, "unembed", by_hand)
+    with pytest.raises(ValueError, match="cannot reproduce this architecture's readout"):
+        load_model(str(folders["granite"]), device="cpu")
+    load_model(str(folders["llama"]), device="cpu")  # where the hand-made readout is the model's, it loads
