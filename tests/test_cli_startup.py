@@ -48,6 +48,9 @@ def test_help_and_a_bad_flag_import_nothing_heavy(tmp_path):
         (["sinks", "--batch-size", "0"], 2, "error: --batch-size must be >= 1"),
         (["merge", "--json", str(tmp_path / "x.json")], 2, "error:"),
         (["sinks", "--shard", "3/2"], 2, "error: --shard is written I/N"),
+        (["ablate", "--shard", "1/2", "--json", str(tmp_path / "a.json")], 2, "ending in .partial.json"),
+        (["perturb", "--noise", "nan"], 2, "error: --noise must be a finite number"),
+        (["sinks", "--json", "/proc/x.json"], 2, "error: --json /proc/x.json: cannot write into /proc"),
     ]
     for argv, code, text in cases:
         got = probe(argv)

@@ -26,6 +26,7 @@ import contextlib
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -409,6 +410,11 @@ def _check_writable(path: Path) -> None:
         raise FlagValueError(f"{path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise FlagValueError(f"{path}: cannot write into {parent} (permission denied)")
+    try:  # os.access answers yes to root everywhere, /proc included: try it (an unnamed file, gone at once)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise FlagValueError(f"{path}: cannot write into {parent} ({e.strerror or e})") from None
     note_missing_folder(path)
 
 

@@ -27,6 +27,7 @@ from sinkmech.cli.merge import add_merge_parser
 from sinkmech.cli.patch import add_patch_parser
 from sinkmech.cli.perturb import add_perturb_parser
 from sinkmech.cli.report import add_report_parser
+from sinkmech.cli.shard import check_shard_flags
 from sinkmech.cli.sinks import add_sinks_parser
 from sinkmech.cli.stream import add_stream_parser
 from sinkmech.cli.train import add_train_parser
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     try:
         with json_only_stdout(str(getattr(args, "json", None)) == "-"):
+            if hasattr(args, "shard"):
+                check_shard_flags(args)  # before the prompts are read (which imports torch)
             args.func(args)
     except (UsageError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -173,6 +173,18 @@ def model_settings(model) -> dict:
     return {"backend": type(model).__name__, "dtype": str(getattr(model.cfg, "dtype", None))}
 
 
+def check_shard_flags(args) -> None:
+    """The sharding flags' conflicts that need no prompts, refused before the
+    prompts are read (`main` calls it for every command with --shard)."""
+    ray = getattr(args, "ray", None)
+    if ray is not None and args.shard is not None:
+        raise UsageError("--shard runs one shard here; --ray runs them all on a cluster: give one of them")
+    if args.resume and ray is None and args.shard is None and getattr(args, "scores", None) is None:
+        raise UsageError("--resume needs --shard I/N or --ray")
+    if args.shard is not None:
+        check_part_output(args)
+
+
 def shard_run(args, prompts, **extra) -> ShardRun | None:
     """`--shard I/N` checked and resolved (None without it); checks the flags it
     cannot be combined with, before any model loads."""
