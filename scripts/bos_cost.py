@@ -24,9 +24,9 @@ from sinkmech.prompts import default_corpus
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["gemma3-270m"])
-    p.add_argument("--select", type=int, default=16, help="prompts the heads are ranked on")
-    p.add_argument("--eval", type=int, default=48, help="held-out prompts the top heads are masked on")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--select", type=int, default=8, help="prompts the heads are ranked on")
+    p.add_argument("--eval", type=int, default=32, help="held-out prompts the top heads are masked on")
+    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--ks", type=int, nargs="+", default=None, help="top-k head counts (default 1 2 4 8 16)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--out", type=Path, required=True, help="JSON output (other models' results in it stay)")
