@@ -2,10 +2,12 @@
 rejected flag are handled before torch, TransformerLens, transformers or Ray
 are imported (a behavioural check of what a fresh interpreter has imported, not
 a timing; scripts/bench_cli.py times it). Also: the constants a parser reads
-from source without importing its module equal the imported ones."""
+from source without importing its module equal the imported ones, and the
+package's public names resolve to their modules' objects."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -16,29 +18,33 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformer_lens", "transformers", "ray")
 
-# Runs the CLI's entry point in a fresh interpreter on argv, then prints which heavy
-# modules it imported and the exit status as one JSON line on stderr's last line.
+# In one fresh interpreter: the CLI's entry point on each argv in turn, and after
+# each the exit status, its output and the heavy modules imported so far, as JSON.
 PROBE = """
-import json, sys
+import contextlib, io, json, sys
 from sinkmech.cli.main import main
-argv = json.loads(sys.argv[1])
-try:
-    code = main(argv)
-except SystemExit as e:
-    code = e.code
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy})
-print(json.dumps({{"code": code, "heavy": heavy}}), file=sys.stderr)
+out = []
+for argv in json.loads(sys.argv[1]):
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy})
+    out.append({{"argv": argv, "code": code, "text": stdout.getvalue() + stderr.getvalue(), "heavy": heavy}})
+print(json.dumps(out))
 """.format(heavy=set(HEAVY))
 
 
-def probe(argv: list[str]) -> dict:
-    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], cwd=REPO, capture_output=True, text=True,
+def probe(*argvs: list[str]) -> list[dict]:
+    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
-    return {**json.loads(run.stderr.strip().splitlines()[-1]), "stdout": run.stdout, "stderr": run.stderr}
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_help_and_a_bad_flag_import_nothing_heavy(tmp_path):
-    """One fresh interpreter per case (the imports of one would hide another's)."""
+def test_help_and_bad_flags_import_nothing_heavy(tmp_path):
     cases = [
         (["--help"], 0, "sinks"),
         (["sinks", "--help"], 0, "--batch-size"),
@@ -51,19 +57,16 @@ def test_help_and_a_bad_flag_import_nothing_heavy(tmp_path):
         (["ablate", "--shard", "1/2", "--json", str(tmp_path / "a.json")], 2, "ending in .partial.json"),
         (["perturb", "--noise", "nan"], 2, "error: --noise must be a finite number"),
         (["sinks", "--json", "/proc/x.json"], 2, "error: --json /proc/x.json: cannot write into /proc"),
+        # the last: `--version` prints torch's version, so it imports torch (the probe can see it), not TransformerLens
+        (["--version"], 0, "torch"),
     ]
-    for argv, code, text in cases:
-        got = probe(argv)
-        assert got["code"] == code, (argv, got["stderr"])
-        assert text in got["stdout"] + got["stderr"], (argv, got)
-        assert got["heavy"] == [], f"{' '.join(argv)} imported {got['heavy'][:5]}"
-
-
-def test_the_probe_sees_heavy_imports():
-    """The check above can fail: `--version` does import torch (it prints its version)."""
-    got = probe(["--version"])
-    assert got["code"] == 0 and "torch" in got["heavy"] and "torch" in got["stdout"]
-    assert "transformer_lens" not in got["heavy"]
+    got = probe(*(argv for argv, _, _ in cases))
+    for (argv, code, text), g in zip(cases, got):
+        assert g["code"] == code, g
+        assert text in g["text"], g
+        if argv != ["--version"]:
+            assert g["heavy"] == [], f"{' '.join(argv)} imported {g['heavy'][:5]}"
+    assert "torch" in got[-1]["heavy"] and "transformer_lens" not in got[-1]["heavy"]
 
 
 def test_version_prints_the_backends_own_line():
@@ -73,13 +76,23 @@ def test_version_prints_the_backends_own_line():
     assert version_line() == version_text()
 
 
-def test_importing_the_package_is_light_and_keeps_its_public_names():
-    code = ("import sys, sinkmech; light = not any(m.split('.')[0] in %r for m in sys.modules); "
-            "from sinkmech import sink_scores, load_model, sensitivity; import sinkmech.sensitivity as s; "
-            "print(light, sink_scores.__module__, load_model.__module__, callable(s), sorted(sinkmech.__all__) == "
-            "sorted(sinkmech._EXPORTS))" % (HEAVY,))
+def test_importing_the_package_is_light():
+    code = "import sys, sinkmech; print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % (HEAVY,)
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.stdout.split() == ["True", "sinkmech.sinks", "sinkmech.models", "True", "True"], run.stderr
+    assert run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_the_public_names_are_their_modules_objects():
+    import sinkmech
+
+    assert sorted(sinkmech.__all__) == sorted(sinkmech._EXPORTS)
+    for name, module in sinkmech._EXPORTS.items():
+        assert getattr(sinkmech, name) is getattr(importlib.import_module(module), name), name
+    from sinkmech import sensitivity  # the function, though a module of that name exists and is imported
+
+    assert callable(sensitivity) and sinkmech.sensitivity is sensitivity
+    with pytest.raises(AttributeError):
+        sinkmech.no_such_name  # noqa: B018
 
 
 def test_constants_read_from_source_equal_the_imported_ones():
