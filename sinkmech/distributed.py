@@ -32,7 +32,10 @@ from sinkmech.partial import Partial, merge
 OBJECT_STORE_BYTES = 200 * 1024**2  # a local cluster's object store: parts are small
 RAY_TIMEOUT_S = 60.0  # how long a cluster may take to answer (`--ray-timeout`)
 POLL_S = 5.0  # while shards run: how often the head is checked when no part has arrived
-LOOPBACK = "127.0.0.1"
+# Ray takes a loopback address (and a local cluster) to the machine's interface
+# address unless it believes clusters are off (its setting for Windows and macOS,
+# which keeps every node address on 127.0.0.1): `keep_on_loopback` says so.
+RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 @runtime_checkable
@@ -113,10 +116,20 @@ def wait_for_address(address: str, timeout: float) -> None:
         time.sleep(1.0)
 
 
-def init_within(ray, timeout: float, where: str, **kwargs) -> None:
-    """`ray.init(**kwargs)` run in a thread and waited on for `timeout` seconds
-    (Ray itself retries an address that does not answer for minutes); the errors
-    name `where`, the address."""
+def keep_on_loopback(ray) -> None:
+    """Keep Ray's node addresses on 127.0.0.1 in this process and in the processes
+    it starts (a local cluster, or a driver joining a head on loopback)."""
+    os.environ[RAY_CLUSTER_SWITCH] = "0"  # read by the processes Ray starts
+    try:  # this process read the setting when it imported Ray
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    except AttributeError:
+        pass
+
+
+def init_within(ray, wait: float, where: str, *, timeout: float | None = None, **kwargs) -> None:
+    """`ray.init(**kwargs)` run in a thread and waited on for `wait` seconds (Ray
+    itself retries an address that does not answer for minutes); the errors name
+    `where`, the address, and `timeout`, the whole run's limit (default `wait`)."""
     outcome: dict = {}
 
     def run() -> None:
@@ -128,13 +141,13 @@ def init_within(ray, timeout: float, where: str, **kwargs) -> None:
 
     thread = threading.Thread(target=run, name="ray-init", daemon=True)
     thread.start()
-    thread.join(max(timeout, 0.0))
+    thread.join(max(wait, 0.0))
     if "error" in outcome:
         e = outcome["error"]
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ClusterUnreachable(f"could not connect to the Ray cluster at {where}: {reason}") from None
     if "ok" not in outcome:
-        raise ClusterUnreachable(f"the Ray cluster at {where} did not answer within {timeout:g} s "
+        raise ClusterUnreachable(f"the Ray cluster at {where} did not answer within {timeout or wait:g} s "
                                  "(check the address, or raise --ray-timeout)")
 
 
@@ -159,16 +172,17 @@ def start_ray(address: str | None, workers: int, *, timeout: float = RAY_TIMEOUT
 
         root = str(Path(sinkmech.__file__).resolve().parent.parent)
         path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        keep_on_loopback(ray)
         ray.init(num_cpus=workers, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-                 log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}},
-                 _node_ip_address=LOOPBACK)
+                 log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
         return ray
     start = time.monotonic()
     wait_for_address(address, timeout)
     hp = host_port(address)
-    here = {"_node_ip_address": LOOPBACK} if hp is not None and is_loopback(hp[0]) else {}
-    init_within(ray, timeout - (time.monotonic() - start), address, address=address, log_to_driver=False,
-                configure_logging=False, **here)
+    if hp is not None and is_loopback(hp[0]):
+        keep_on_loopback(ray)
+    init_within(ray, timeout - (time.monotonic() - start), address, timeout=timeout, address=address,
+                log_to_driver=False, configure_logging=False)
     return ray
 
 
