@@ -144,3 +144,18 @@ def test_a_head_that_dies_names_the_shards_written_and_resume_finishes(tiny_mode
                  "--resume"]) == 0
     assert "1 of 3 shards already" in capsys.readouterr().err and ray.delivered == 2
     assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()))
+
+
+@pytest.mark.slow
+def test_a_local_cluster_stays_on_loopback():
+    """Ray would otherwise put its nodes on the machine's interface address."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        distributed.start_ray(None, 1)
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+    finally:
+        ray.shutdown()
