@@ -83,7 +83,7 @@ def tiny_config(arch: str, *, n_layers: int = 2, n_heads: int = 4, d_head: int =
             tf.MixtralForCausalLM
     if arch == "gpt_oss":  # learned per-head sink logits in the softmax, windows on alternate layers
         return tf.GptOssConfig(**common, head_dim=d_head, num_local_experts=4, num_experts_per_tok=2,
-                               sliding_window=WINDOW), tf.GptOssForCausalLM
+                               sliding_window=WINDOW, rope_parameters=rope), tf.GptOssForCausalLM
     raise ValueError(f"unknown tiny architecture {arch!r}; one of {MATRIX}")
 
 
