@@ -37,6 +37,10 @@ def sink_section(ctx: ReportContext) -> Section:
         gaps.append(f"loss {effect_text(g[0], g[1:], fmt='+.3f', unit=' nats')}")
     rows.append(["mean alpha_0 over heads"] + [float(res[c].scores.mean()) for c in CONDITIONS])
     rows.append(["alpha_0 of uniform attention"] + [res[c].uniform_score() for c in CONDITIONS])
+    learned = all(res[c].learned_sink_scores is not None for c in CONDITIONS)  # gpt-oss: docs/learned_sinks.md
+    if learned:
+        rows.append(["mean learned-sink mass over heads (the softmax's share on the learned sink logit)"]
+                    + [float(res[c].learned_sink_scores.mean()) for c in CONDITIONS])
     top = {c: [[head_label(l, h), s] for l, h, s in res[c].top_heads(5)] for c in CONDITIONS}
     body = (
         f"<p>{res['prepend'].n_prompts} prompts, {res['prepend'].token_count()}. alpha_0 of a head is "
@@ -64,6 +68,8 @@ def sink_section(ctx: ReportContext) -> Section:
         "per_layer_score": {c: res[c].per_layer().tolist() for c in CONDITIONS},
         "uniform_score": {c: res[c].uniform_score() for c in CONDITIONS},
         "top_heads": top,
+        **({"learned_sink_per_layer": {c: res[c].learned_sink_scores.mean((0, 2)).tolist() for c in CONDITIONS}}
+           if learned else {}),
     }
     return Section("sinks", "Sink scores with and without <bos>", body, tuple(figs + rate_figs), summary)
 
