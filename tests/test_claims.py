@@ -121,14 +121,19 @@ def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, 
     assert d["prompt_split"]["noop_prompts"] == d["noop"]["prompt_indices"]
     assert not set(d["prompt_split"]["scan_prompts"]) & set(d["noop"]["prompt_indices"])
     text = capsys.readouterr().out
-    assert "held-out" in text and "bootstrap interval" in text and "zero out" in text
+    assert "held-out" in text and "t interval" in text and "zero out" in text and "mean ablate" in text
     # the findings: mode counts, the sweep, and every no-op effect with its interval
     f = json.loads(found.read_text())
     prefix = next(k.split(".heads.")[0] for k in f if ".heads." in k)
-    assert f[f"{prefix}.heads.n_if_else"] == len(if_else) and f[f"{prefix}.heads.sweep.0.8_0.2.if_else"] == len(if_else)
-    for l, h in checked:
-        lo, hi = f[f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.ci.0"], f[f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.ci.1"]
-        assert f[f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.detectable"] == (not lo <= 0 <= hi)
+    assert f[f"{prefix}.heads.n_if_else"] == len(if_else) and f[f"{prefix}.heads.sweep.0.5_0.2.if_else"] == len(if_else)
+    with_active = [(l, h) for l, h in checked if f.get(f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.per_query.value")
+                   is not None]
+    assert with_active
+    for l, h in with_active:
+        e = f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.per_query"
+        lo, hi = f[f"{e}.ci.0"], f[f"{e}.ci.1"]
+        assert f[f"{e}.detectable"] == (not lo <= 0 <= hi)
+        assert f[f"{e}.p_adjusted"] is not None
 
 
 def test_noop_heads_takes_all_if_else_heads_then_candidates():
