@@ -268,3 +268,24 @@ def test_a_readout_that_misses_the_model_s_own_is_refused_at_load(folders, monke
     with pytest.raises(ValueError, match="cannot reproduce this architecture's readout"):
         load_model(str(folders["granite"]), device="cpu")
     load_model(str(folders["llama"]), device="cpu")  # where the hand-made readout is the model's, it loads
+
+
+def test_gpt_oss_sink_shards_merge_to_the_unsharded_json(folders, tmp_path):
+    """`sinks --shard i/2` parts carry the learned-sink mass; `merge` gives the
+    whole run's `learned_sink_scores`."""
+    import json
+
+    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
+        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
+    args = ["sinks", "--model", str(folders["gpt_oss"]), "--prompts", _prompt_file(tmp_path, _rows(5, batch=4)),
+            "--bos", "both"]
+    whole, merged = tmp_path / "whole.json", tmp_path / "merged.json"
+    assert main([*args, "--json", str(whole)]) == 0
+    parts = [tmp_path / f"part{i}.partial.json" for i in (1, 2)]
+    for i, p in enumerate(parts, 1):
+        assert main([*args, "--shard", f"{i}/2", "--json", str(p)]) == 0
+    assert main(["merge", *map(str, parts), "--json", str(merged)]) == 0
+    a, b = json.loads(whole.read_text()), json.loads(merged.read_text())
+    for c in ("prepend", "none"):
+        x = torch.tensor(a["conditions"][c]["learned_sink_scores"])
+        assert x.min() > 0.01 and torch.allclose(torch.tensor(b["conditions"][c]["learned_sink_scores"]), x, atol=1e-6)
