@@ -354,7 +354,7 @@ def _mean_outputs(model: Model, batch: TokenBatch, layers: Sequence[int], batch_
 
         def keep(z, hook):
             v = valid.to(z.device)[:, :, None, None].to(z.dtype)
-            s = (z * v).sum((0, 1)).double().cpu()
+            s = (z.double() * v.double()).sum((0, 1)).cpu()  # float64: the same mean whatever the batching
             sums[hook.layer()] = sums.get(hook.layer(), 0) + s
 
         run(model, part.tokens, [(act_name("z", l), keep) for l in layers], stop_at_layer=max(layers) + 1)
