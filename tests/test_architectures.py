@@ -289,3 +289,25 @@ def test_gpt_oss_sink_shards_merge_to_the_unsharded_json(folders, tmp_path):
     for c in ("prepend", "none"):
         x = torch.tensor(a["conditions"][c]["learned_sink_scores"])
         assert x.min() > 0.01 and torch.allclose(torch.tensor(b["conditions"][c]["learned_sink_scores"]), x, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["mask_first", "drop_sink"])
+def test_attribution_s_ablated_output_is_the_hooked_run_s_on_gpt_oss(folders, mode):
+    """What attribution patching takes as a head's ablated output (`ablated_z`)
+    is exactly what the mode's hook makes the head write, sink share included."""
+    from sinkmech.hooks import act_name, cached_run, drop_sink_hook, expand_kv, mask_first_hook
+    from sinkmech.interventions.attribution import ablated_z
+
+    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
+        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
+    model = load_model(str(folders["gpt_oss"]), device="cpu")
+    tokens = torch.tensor(_rows(6, batch=2, n=9))
+    names = [act_name(n, LAYER) for n in ("z", "pattern", "v")]
+    _, clean = cached_run(model, tokens, names, stop_at_layer=LAYER + 1)
+    hook = (mask_first_hook if mode == "mask_first" else drop_sink_hook)(HEAD)
+    point = act_name("attn_scores" if mode == "mask_first" else "pattern", LAYER)
+    _, hooked = cached_run(model, tokens, names[:1], [(point, hook)], stop_at_layer=LAYER + 1)
+    z, pattern, v = (clean[n] for n in names)
+    ours = ablated_z(mode, z, pattern, expand_kv(model, v), None)[:, :, HEAD]
+    assert (ours - hooked[names[0]][:, :, HEAD]).abs().max() < 1e-5
+    assert (ours - z[:, :, HEAD]).abs().max() > 1e-3  # the ablation changes the head: the check can fail
