@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
+import re
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+# Imported before sinkmech: jaxtyping's import hook (pytest --jaxtyping-packages) gives the
+# cached bytecode of every module imported while a sinkmech module loads its own name, so
+# without these (and with PYTHONDONTWRITEBYTECODE) each session compiled transformers,
+# TransformerLens, pandas and sympy from source: seconds per run.
+import matplotlib.pyplot  # noqa: F401
+import transformer_lens  # noqa: F401
 
 from sinkmech.backend import BACKEND, IS_BRIDGE, Model
 
@@ -16,15 +27,127 @@ TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; 
 NEEDS_HOOKED = pytest.mark.skipif(
     IS_BRIDGE, reason=f"hand-built HookedTransformer (TransformerLens 3.x); this run's backend is {BACKEND}")
 _TINY_DIR = Path(tempfile.mkdtemp(prefix="sinkmech-tiny-"))
+_TESTS = Path(__file__).resolve().parent
 # Fixtures that load a real model: every test using one is marked `slow`
 # automatically, so `pytest -m "not slow"` never loads a real model.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
 
+# `backend` and `pure`, also set automatically: the TransformerLens 4 suite (the
+# Makefile's `-m backend`) runs only the tests that can differ between backends.
+# A test is `backend` when it can touch a model: its code, its fixtures' code or
+# the code of any tests/ helper they call names one of MODEL_WORDS (the model
+# fixtures, make_tiny, tiny_hf, load_model, training, the command line's entry
+# point, a subprocess, ...), or reads a model object; or it is marked `backend` by hand.
+# Every other test is `pure` (figures, statistics, file formats, scripts' text)
+# and runs once, on TransformerLens 3.9, where a pure test that builds a model
+# anyway fails saying so (`_pure_tests_build_no_model`): new tests need no marking.
+MODEL_WORDS = re.compile(
+    r"\b(tiny_model|smollm2|gemma\w*|make_tiny|tiny_hf|save_tiny|load_model|HookedTransformer\w*|TransformerBridge|"
+    r"from_pretrained|subprocess|run_path|sinkmech\.models|cli\.main|main|train|build_model|load_checkpoint|study)\b")
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if REAL_MODEL_FIXTURES & names:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("backend") is None:
+            item.add_marker(pytest.mark.backend if _touches_model(item) else pytest.mark.pure)
+
+
+def _touches_model(item) -> bool:
+    """Whether the test, its fixtures or the tests/ helpers they call can touch a model."""
+    funcs = [getattr(item, "function", None)]
+    for defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values():
+        funcs += [d.func for d in defs]
+    seen: set[int] = set()
+    while funcs:
+        f = funcs.pop()
+        if f is None or f is _GUARD or id(f) in seen or not _in_tests(f):
+            continue
+        seen.add(id(f))
+        if MODEL_WORDS.search(_source(f)):
+            return True
+        if isinstance(f, type):  # a helper class: its methods
+            funcs += [v for v in vars(f).values() if inspect.isfunction(v)]
+            continue
+        code = getattr(f, "__code__", None)
+        if code is None:
+            continue
+        scope = dict(getattr(f, "__globals__", {}))
+        scope.update(_local_imports(_source(f)))
+        names = _code_names(code) | set(code.co_varnames) | set(code.co_cellvars)
+        for name in names:
+            obj = scope.get(name)
+            if isinstance(obj, torch.nn.Module):  # a model built when the module was imported
+                return True
+            if inspect.ismodule(obj) and _in_tests(obj):  # helpers reached as module.attribute
+                funcs += [getattr(getattr(obj, n), "__wrapped__", getattr(obj, n)) for n in names
+                          if callable(getattr(obj, n, None))]
+            elif callable(obj):
+                funcs.append(getattr(obj, "__wrapped__", obj))
+    return False
+
+
+def _in_tests(obj) -> bool:
+    try:
+        return Path(inspect.getfile(obj)).resolve().parent == _TESTS
+    except (TypeError, OSError):
+        return False
+
+
+@functools.cache
+def _source(f) -> str:
+    try:
+        return inspect.getsource(f)
+    except (TypeError, OSError):
+        return ""
+
+
+def _local_imports(source: str) -> dict:
+    """What `from <tests module> import a, b` inside a function binds."""
+    found = {}
+    for module, what in re.findall(r"from\s+(\w+)\s+import\s+\(?([\w\s,]+)", source):
+        if not (_TESTS / f"{module}.py").exists():
+            continue
+        mod = importlib.import_module(module)
+        if _in_tests(mod):
+            for name in re.findall(r"\w+", what):
+                if hasattr(mod, name):
+                    found[name] = getattr(mod, name)
+    return found
+
+
+def _code_names(code) -> set[str]:
+    """Every global or attribute name the code (its lambdas and inner functions too) reads."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if inspect.iscode(c):
+            names |= _code_names(c)
+    return names
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_build_no_model(request, monkeypatch):
+    """A test marked `pure` is left out of the TransformerLens 4 suite: on 3.9, building a
+    model in one fails, so a test that touches a model cannot be left out by mistake."""
+    if IS_BRIDGE or request.node.get_closest_marker("pure") is None:
+        return
+
+    def refuse(*a, **k):
+        pytest.fail(f"{request.node.nodeid} builds a model but was marked `pure` (tests/conftest.py): "
+                    "name the model in it (e.g. the tiny_model fixture) or mark it @pytest.mark.backend", pytrace=False)
+
+    from transformer_lens import HookedTransformer
+
+    monkeypatch.setattr(HookedTransformer, "__init__", refuse)
+    if "transformers" in sys.modules:
+        from transformers import PreTrainedModel
+
+        monkeypatch.setattr(PreTrainedModel, "__init__", refuse)
+
+
+_GUARD = getattr(_pure_tests_build_no_model, "__wrapped__", _pure_tests_build_no_model)
 
 
 def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None) -> Model:

@@ -44,11 +44,11 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--top", type=positive_int, default=10, help="heads listed, by effect (default 10)")
     p.add_argument("--prompt-batch", type=prompt_batch_arg, default=None, metavar="N|all",
                    help="prompts per group of forward passes (default all: a shard's prompts in one group, the fast "
-                        "sweep; --shard / --ray runs then equal the whole run to float32 rounding, 1e-5 relative). "
-                        "1 runs each prompt on its own (1.5x slower at 4 prompts on 2 CPU cores, more with more prompts; "
-                        "not measured on a GPU), so that "
-                        "a sharded run and a whole run made with it make the same passes and agree to 1e-6. "
-                        "Ignored by --mode mean, which needs every prompt at once")
+                        "sweep; --shard / --ray runs then equal the whole run to float32 rounding, within 1e-5 of the "
+                        "largest effect). 1 runs each prompt on its own (1.5x slower at 4 prompts on 2 CPU cores, "
+                        "more with more prompts; not measured on a GPU), so that a sharded and a whole run made with "
+                        "it make the same passes and agree to 1e-6. Ignored by --mode mean, which needs every prompt "
+                        "at once")
     add_metric(p, loss=True)
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_ablate)
@@ -91,6 +91,8 @@ def cmd_ablate(args) -> None:
     from sinkmech.interventions.ablation import head_ablations
 
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
+    if args.mode == "drop_sink":
+        refuse_drop_sink_early(args.model)
     if args.metric == "loss":
         return ablate_loss(args, prompts)
     if args.shard is not None or args.resume or args.ray is not None:
@@ -118,6 +120,32 @@ def cmd_ablate(args) -> None:
     exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8,
                            prompt_batch=None if args.mode == "mean" else args.prompt_batch, **kw)
     ablate_output(args, model, prompts, exact, kw)
+
+
+def refuse_drop_sink_early(model: str) -> None:
+    """--mode drop_sink on a model that shows before loading that it has no learned
+    sink logits: the offline SmolLM2 and Gemma 3, and a local Hugging Face folder
+    whose safetensors headers name no `sinks` tensor. Any other model is checked
+    right after it loads (`interventions.ablation.check_mode`)."""
+    import json
+    import struct
+    from pathlib import Path
+
+    from sinkmech.model_names import DEFAULT_MODEL, PACKAGED_MODELS
+
+    why = "a model without learned sink logits (only gpt-oss-style models, whose softmax has a learned per-head " \
+          "sink column, have one to drop)"
+    if model in (DEFAULT_MODEL, *PACKAGED_MODELS):
+        raise UsageError(f"--mode drop_sink: {model} is {why}")
+    folder = Path(model)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    names = []
+    for f in files:
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            names += list(json.loads(fh.read(n)))
+    if files and not any(k.endswith(".sinks") for k in names):
+        raise UsageError(f"--mode drop_sink: {model} is {why} (no `sinks` tensor in its weights)")
 
 
 SINK_NOTES = {"drop_sink": "drop_sink removes each head's sink logit in turn (its attention renormalised over the real "
