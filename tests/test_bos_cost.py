@@ -96,5 +96,6 @@ def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     assert d["metric"] == "loss" and d["mode"] == "mask_first"
     assert torch.allclose(torch.tensor(d["effects"]), want.mean_changes().float(), atol=1e-6)
     assert "nats per target" in capsys.readouterr().out
-    assert main(["ablate", "--metric", "loss", "--prompts", str(prompts), "--shard", "1/2", "--json", str(out)]) == 2
+    part = tmp_path / "loss.partial.json"
+    assert main(["ablate", "--metric", "loss", "--prompts", str(prompts), "--shard", "1/2", "--json", str(part)]) == 2
     assert "--metric loss runs in one process" in capsys.readouterr().err
