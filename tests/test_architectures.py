@@ -166,9 +166,15 @@ def test_drop_sink_is_refused_for_a_model_without_learned_sinks(folders, tmp_pat
     with pytest.raises(ValueError, match="has no learned sink logits"):
         head_ablations(model, _rows(), mode="drop_sink", bos_token_id=BOS, progress=False)
     prompts = _prompt_file(tmp_path, _rows(batch=2))
-    assert main(["ablate", "--model", str(folders["llama"]), "--mode", "drop_sink", "--prompts", prompts]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: mode drop_sink") and "learned sink" in err[0]
+    # from the CLI before the model loads: the folder's weights hold no `sinks` tensor
+    from sinkmech import models
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+        for spec in (str(folders["llama"]), "smollm2"):
+            assert main(["ablate", "--model", spec, "--mode", "drop_sink", "--prompts", prompts]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith("error: --mode drop_sink") and "learned sink" in err[0]
 
 
 def test_gpt_oss_through_the_cli(folders, tmp_path, capsys):

@@ -140,10 +140,13 @@ def refuse_drop_sink_early(model: str) -> None:
     folder = Path(model)
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     names = []
-    for f in files:
-        with open(f, "rb") as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            names += list(json.loads(fh.read(n)))
+    try:
+        for f in files:
+            with open(f, "rb") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                names += list(json.loads(fh.read(n)))
+    except (OSError, ValueError, struct.error):
+        return  # an unreadable header: the load says what is wrong with the folder
     if files and not any(k.endswith(".sinks") for k in names):
         raise UsageError(f"--mode drop_sink: {model} is {why} (no `sinks` tensor in its weights)")
 
