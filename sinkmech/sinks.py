@@ -177,6 +177,8 @@ class SinkScores(Result):
                 "score": self.scores.flatten().cpu().numpy(),
                 "value_norm_first": self.value_norm_first.flatten().cpu().numpy(),
                 "value_norm_rest": self.value_norm_rest.flatten().cpu().numpy(),
+                **({} if self.learned_sink_scores is None else
+                   {"learned_sink_score": self.learned_sink_scores.flatten().cpu().numpy()}),
             }
         )
 

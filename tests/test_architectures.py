@@ -317,3 +317,14 @@ def test_attribution_s_ablated_output_is_the_hooked_run_s_on_gpt_oss(folders, mo
     ours = ablated_z(mode, z, pattern, expand_kv(model, v), None)[:, :, HEAD]
     assert (ours - hooked[names[0]][:, :, HEAD]).abs().max() < 1e-5
     assert (ours - z[:, :, HEAD]).abs().max() > 1e-3  # the ablation changes the head: the check can fail
+
+
+def test_learned_sink_mass_in_the_long_table(folders):
+    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
+        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
+    r = sink_scores(load_model(str(folders["gpt_oss"]), device="cpu"), _rows(), bos_token_id=BOS, progress=False)
+    df = r.to_dataframe()
+    row = df[(df["prompt"] == 2) & (df["layer"] == 1) & (df["head"] == 3)].iloc[0]
+    assert row.learned_sink_score == pytest.approx(float(r.learned_sink_scores[2, 1, 3]))
+    assert "learned_sink_score" not in sink_scores(load_model(str(folders["llama"]), device="cpu"), _rows(),
+                                                   bos_token_id=BOS, progress=False).to_dataframe()
