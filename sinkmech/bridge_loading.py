@@ -156,12 +156,17 @@ def check_readout(bridge, folder: Path, *, tol: float) -> None:
 
     L = bridge.cfg.n_layers
     ids = torch.arange(min(4, int(bridge.cfg.d_vocab)), device=bridge.cfg.device)[None]
+    name = f"{folder} ({bridge.cfg.architecture or 'unnamed architecture'})"
     with torch.no_grad():
         whole = torch.log_softmax(bridge(ids).float(), -1)
-        ours = torch.log_softmax(unembed(bridge, forward(bridge, ids, stop_at_layer=L)).float(), -1)
+        try:
+            ours = torch.log_softmax(unembed(bridge, forward(bridge, ids, stop_at_layer=L)).float(), -1)
+        except Exception as e:  # a causal LM whose forward does not fit `backend._model_readout`
+            raise ValueError(f"{name}: sinkmech cannot read the logits from the last block's output "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     gap = float((whole - ours).abs().max())
     if not gap <= tol:
-        raise ValueError(f"{folder} ({bridge.cfg.architecture or 'unnamed architecture'}): the logits read from the "
+        raise ValueError(f"{name}: the logits read from the "
                          f"last block's output differ from the model's own forward pass by {gap:.3g} in log-probability "
                          "(sinkmech cannot reproduce this architecture's readout)")
 

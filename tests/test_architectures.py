@@ -275,6 +275,13 @@ def test_a_readout_that_misses_the_model_s_own_is_refused_at_load(folders, monke
         load_model(str(folders["granite"]), device="cpu")
     load_model(str(folders["llama"]), device="cpu")  # where the hand-made readout is the model's, it loads
 
+    def unfit(model, resid):
+        raise AttributeError("'Model' has no attribute 'model'")
+
+    monkeypatch.setattr(backend, "unembed", unfit)
+    with pytest.raises(ValueError, match="cannot read the logits from the last block's output"):
+        load_model(str(folders["llama"]), device="cpu")
+
 
 def test_gpt_oss_sink_shards_merge_to_the_unsharded_json(folders, tmp_path):
     """`sinks --shard i/2` parts carry the learned-sink mass; `merge` gives the
