@@ -4,11 +4,13 @@ e.g. `"smollm2.sink_rate.prepend.0.3": 66.8`. A test checks each number in the
 README's findings sections against this file at the precision written.
 
 `record` merges a command's values into the file (other commands' values stay);
-the write is atomic, so an interrupted run never leaves a half-written file.
+the write is atomic, so an interrupted run never leaves a half-written file, and
+the read-merge-write holds a lock, so commands run side by side lose no values.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -46,6 +48,15 @@ def record(path: str | os.PathLike, values: Mapping[str, Value], *, replace_pref
             (a rerun of the same measurement never leaves stale values).
     """
     path = Path(path)
+    with cannot("write findings to", path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.parent / f".{path.name}.lock", "w")
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _merge(path, values, replace_prefix)
+
+
+def _merge(path: Path, values: Mapping[str, Value], replace_prefix: str | None) -> Path:
     old: dict = {}
     if path.exists():
         try:
@@ -56,7 +67,6 @@ def record(path: str | os.PathLike, values: Mapping[str, Value], *, replace_pref
         old = {k: v for k, v in old.items() if not (k == replace_prefix or k.startswith(replace_prefix + "."))}
     merged = dict(sorted({**old, **dict(values)}.items()))
     with cannot("write findings to", path):
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json_text(merged) + "\n")

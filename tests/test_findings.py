@@ -31,6 +31,27 @@ def test_record_merges_replaces_a_prefix_and_writes_strict_json(tmp_path):
         record(f, {"d": 1})
 
 
+def _record_many(path, worker: int) -> None:
+    for i in range(25):
+        record(path, {f"w{worker}.k{i}": i})
+
+
+def test_record_side_by_side_loses_no_values(tmp_path):
+    """Commands that write the same findings file at once (make findings runs
+    some side by side) each keep every value they recorded."""
+    import multiprocessing
+
+    f = tmp_path / "findings.json"
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_record_many, args=(f, w)) for w in range(4)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join()
+    assert all(p.exitcode == 0 for p in workers)
+    assert json.loads(f.read_text()) == {f"w{w}.k{i}": i for w in range(4) for i in range(25)}
+
+
 def findings_sections(readme: str) -> list[str]:
     """Lines between <!-- findings --> and <!-- /findings --> markers."""
     blocks = re.findall(r"<!-- findings -->(.*?)<!-- /findings -->", readme, flags=re.S)
