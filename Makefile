@@ -1,7 +1,7 @@
 # Two set-up commands: `make demo` (main job on the offline models,
 # outputs under figures/) and `make test` (both suites: TransformerLens 3.9 in
-# .venv and 4.3 in .venv-tl4, side by side). Both create their environments on
-# first use and are quick once they exist.
+# .venv and 4.3 in .venv-tl4, side by side; 4.3 runs the tests that touch a
+# model). Both create their environments on first use and are quick once they exist.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 # The default environment keeps TransformerLens 3.9 (HookedTransformer);
 # pyproject allows 3.9 to 4.x, so it is pinned here or pip would pick 4.x.
 TL3 := transformer-lens==3.9.*
-# The second environment: TransformerLens 4.3 (TransformerBridge), whole suite.
+# The second environment: TransformerLens 4.3 (TransformerBridge), the tests marked `backend`.
 VENV4 := .venv-tl4
 STAMP4 := $(VENV4)/.installed
 TL4 := transformer-lens==4.3.*
@@ -39,23 +39,31 @@ $(STAMP4): pyproject.toml
 
 setup-tl4: $(STAMP4)
 
-# The suite on TransformerLens 4 (TransformerBridge); tests that cannot
-# apply there are skipped with a reason naming the backend (pytest -rs lists them).
+# The suite on TransformerLens 4 (TransformerBridge) runs the tests marked
+# `backend`: those that can touch a model, where the backends can differ. The
+# `pure` rest (figures, statistics, file formats) runs once, in the 3.9 suite.
+# tests/conftest.py sets both markers from each test's code and fixtures: a new
+# test needs no marking. Tests that cannot apply on the Bridge are skipped with a
+# reason naming the backend (pytest -rs lists them).
 test-tl4: $(STAMP4) browser
-	$(VENV4)/bin/python -m pytest -q -rs -m "not long"
+	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long"
 
 test-tl4-fast: $(STAMP4)
-	$(VENV4)/bin/python -m pytest -q -rs -m "not slow"
+	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not slow"
 
 # Both suites side by side, TransformerLens 3.9 and 4.3 (one thread each: two
 # pytest processes fill two cores; each has its own temp folder; their logs are
-# printed when both are done). Fails if either fails. PYTEST_ARGS picks the tests.
-PYTEST_ARGS ?= -m "not long"
+# printed when both are done). Fails if either fails. MARKS picks the tests (the
+# 4.3 suite only the `backend` ones among them); PYTEST_ARGS adds pytest options.
+MARKS ?= not long
+PYTEST_ARGS ?=
+TL3_MARKS := $(if $(MARKS),-m "$(MARKS)")
+TL4_MARKS := -m "backend$(if $(MARKS), and ($(MARKS)))"
 both-suites: $(STAMP) $(STAMP4) browser
 	$(BIN)/ruff check
 	@t3=$$(mktemp -d); t4=$$(mktemp -d); start=$$(date +%s); \
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs --durations=15 --basetemp=$$t3/tmp $(PYTEST_ARGS) >$$t3/log 2>&1 & p3=$$!; \
-	OMP_NUM_THREADS=1 $(VENV4)/bin/python -m pytest -q -rs --durations=15 --basetemp=$$t4/tmp $(PYTEST_ARGS) >$$t4/log 2>&1 & p4=$$!; \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs --durations=15 --basetemp=$$t3/tmp $(TL3_MARKS) $(PYTEST_ARGS) >$$t3/log 2>&1 & p3=$$!; \
+	OMP_NUM_THREADS=1 $(VENV4)/bin/python -m pytest -q -rs --durations=15 --basetemp=$$t4/tmp $(TL4_MARKS) $(PYTEST_ARGS) >$$t4/log 2>&1 & p4=$$!; \
 	wait $$p3; r3=$$?; e3=$$(date +%s); wait $$p4; r4=$$?; e4=$$(date +%s); \
 	echo "=== TransformerLens 3.9 suite (HookedTransformer): exit $$r3, $$((e3 - start)) s"; cat $$t3/log; \
 	echo "=== TransformerLens 4.3 suite (TransformerBridge): exit $$r4, $$((e4 - start)) s"; cat $$t4/log; \
@@ -125,11 +133,12 @@ test-tl3: $(STAMP) browser
 test-long: $(STAMP) browser
 	$(BIN)/python -m pytest -q -m long
 
-# The tests that load no real model (about a minute).
+# The tests that load no real model, start no Ray cluster, train nothing and
+# spawn few processes (a minute on 2 cores).
 test-fast: $(STAMP) browser
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow"
 
 # Every test on both backends, the long ones included (about an hour on two cores).
 test-all:
-	$(MAKE) both-suites PYTEST_ARGS=
+	$(MAKE) both-suites MARKS=

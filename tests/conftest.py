@@ -21,6 +21,41 @@ import transformer_lens  # noqa: F401
 
 from sinkmech.backend import BACKEND, IS_BRIDGE, Model
 
+
+def _reuse_jaxtyping_checkers() -> None:
+    """jaxtyping's import hook decorates nested functions too, so each call of an outer
+    function decorates its inner ones again, and beartype compiles a new checker for each
+    (some 15,000 compilations, a fifth of the fast suite's time). A checker depends only on
+    the function's name and signature: build it once per signature. The checks are the same."""
+    from jaxtyping import _decorator as jd
+
+    make, apply = jd._make_fn_with_signature, jd._apply_typechecker
+    made: dict = {}
+    checked: dict = {}
+
+    def make_once(name, qualname, module, signature, output):
+        key = (name, qualname, module, signature, output)
+        try:
+            if key not in made:
+                made[key] = make(name, qualname, module, signature, output)
+        except TypeError:  # an unhashable default or annotation
+            return make(name, qualname, module, signature, output)
+        return made[key]
+
+    def apply_once(typechecker, fn):
+        key = (typechecker, fn)
+        try:
+            if key not in checked:
+                checked[key] = apply(typechecker, fn)
+        except TypeError:
+            return apply(typechecker, fn)
+        return checked[key]
+
+    jd._make_fn_with_signature, jd._apply_typechecker = make_once, apply_once
+
+
+_reuse_jaxtyping_checkers()
+
 TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; tests pass this id)
 # Tests that set a HookedTransformer's weights by hand, or test what only
 # TransformerLens 3.x has, are skipped on the Bridge with this reason.

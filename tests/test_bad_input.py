@@ -77,6 +77,7 @@ def _section(key: str, fail: BaseException | None = None):
     return make
 
 
+@pytest.mark.slow
 def test_interrupted_report_leaves_the_earlier_report_whole(tiny_model, tmp_path):
     from sinkmech.report import build_report
 
@@ -230,7 +231,11 @@ COMMANDS = [  # each command imports its figure function from its module when it
 ]
 
 
-@pytest.mark.parametrize("command, figure", COMMANDS)
+# The first command in the fast suite, the others in `make test` (slow).
+FIRST_FAST = [c if i == 0 else pytest.param(*c, marks=pytest.mark.slow) for i, c in enumerate(COMMANDS)]
+
+
+@pytest.mark.parametrize("command, figure", FIRST_FAST)
 def test_every_command_keeps_its_json_when_the_figure_fails(cli_tiny, tmp_path, monkeypatch, capsys, command, figure):
     from sinkmech.cli import main
 
@@ -248,7 +253,8 @@ def test_every_command_keeps_its_json_when_the_figure_fails(cli_tiny, tmp_path, 
     assert "--png" in err and "disk full" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", [c for c, _ in COMMANDS])
+@pytest.mark.parametrize("command", [c[0] if i == 0 else pytest.param(c[0], marks=pytest.mark.slow)
+                                     for i, c in enumerate(COMMANDS)])
 def test_every_command_keeps_its_figure_when_the_json_fails(cli_tiny, tmp_path, monkeypatch, capsys, command):
     from sinkmech.cli import common, main
 
@@ -439,6 +445,7 @@ def test_short_prompt_warning_prints_once_for_both_conditions(cli_tiny, tmp_path
 
 
 @NEEDS_HOOKED  # the cache entry it corrupts holds a HookedTransformer's weights (the Bridge caches an HF folder)
+@pytest.mark.slow
 def test_the_corrupt_cache_warning_is_one_line_without_python_source(tmp_path):
     """Run in a fresh interpreter: pytest captures warnings, so only a real
     process shows what a user sees on stderr."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 # Run in a fresh interpreter: after a long test session the allocator may hand
@@ -27,6 +29,7 @@ print(proc_status_gib("VmHWM") - base)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter that imports the benchmark script
 def test_a_reset_peak_sees_the_next_allocation_only():
     out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, check=True).stdout.split()
     above_now, grew = float(out[0]), float(out[1])

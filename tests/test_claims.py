@@ -183,6 +183,7 @@ def test_sinks_findings_carry_intervals_and_the_paired_contrast(cli_model, promp
         f[f"{p}.none.sink_rate.0.3"] - f[f"{p}.prepend.sink_rate.0.3"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_theory_script_writes_paired_intervals_and_findings(cli_model, tmp_path):
     """scripts/theory.py on the tiny model: each mean with an interval around it, the
     with/without difference paired by prompt, everything also in the findings file."""

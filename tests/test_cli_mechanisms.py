@@ -146,6 +146,7 @@ def test_sinks_keys_all_adds_key_scores_and_keeps_the_contract(tiny_cli, tmp_pat
     assert "strongest key is not position 0" in out and "excess over its uniform share" in out
 
 
+@pytest.mark.slow
 def test_massive_and_length_write_their_tables(tiny_cli, tmp_path, capsys):
     m = tmp_path / "m.json"
     # the tiny model has no massive activation: low thresholds make every dimension pass

@@ -94,7 +94,11 @@ def assert_same_json(a, b, path="$", *, tol: float = 1e-6, normwise: bool = Fals
 SINKS = ["sinks", "--max-tokens", "12", "--bos", "both", "--eps", "0.3", "0.5", "--batch-size", "2"]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+# One split of each contract in the fast suite, the others in `make test` (slow).
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("n", [pytest.param(1, marks=SLOW), pytest.param(2, marks=SLOW), 3])
 def test_sinks_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
     full = tmp_path / "full.json"
     assert main([*SINKS, "--prompts", prompts, "--json", str(full)]) == 0
@@ -178,7 +182,7 @@ HEADS = ["heads", "--max-tokens", "12", "--batch-size", "2", "--min-count", "2",
          "--noop-prompts", "4"]
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [pytest.param(2, marks=SLOW), 3])
 def test_heads_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
     full = tmp_path / "full.json"
     assert main([*HEADS, "--prompts", prompts, "--json", str(full)]) == 0
@@ -194,9 +198,12 @@ def test_heads_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, 
     assert_same_json(a, b)
 
 
-@pytest.mark.parametrize("mode", ["mask_first", "zero"])
-@pytest.mark.parametrize(("prompt_batch", "tol", "normwise"),
-                         [([], FLOAT32_RTOL, True), (["--prompt-batch", "1"], 1e-6, False)], ids=["all", "one"])
+@pytest.mark.parametrize(("mode", "prompt_batch", "tol", "normwise"), [
+    pytest.param("zero", [], FLOAT32_RTOL, True, id="all-zero"),
+    pytest.param("mask_first", [], FLOAT32_RTOL, True, id="all-mask_first", marks=SLOW),
+    pytest.param("zero", ["--prompt-batch", "1"], 1e-6, False, id="one-zero", marks=SLOW),
+    pytest.param("mask_first", ["--prompt-batch", "1"], 1e-6, False, id="one-mask_first", marks=SLOW),
+])
 def test_ablate_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, mode, prompt_batch, tol, normwise):
     """By default (every prompt of a shard in one group of passes) to float32 rounding; with
     --prompt-batch 1 on both sides the shards make the whole run's passes (1e-6)."""
@@ -214,13 +221,13 @@ def test_ablate_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path,
 
 
 def test_ablate_prompt_batch_1_is_the_same_sweep_one_prompt_at_a_time(cli_model, prompts, tmp_path, capsys):
-    """--prompt-batch 1 (each prompt in its own group of passes) and 2 give the default's numbers
-    (every prompt in one group, as --prompt-batch all) up to float32 batch rounding; a bad value is
-    refused before the model loads."""
+    """--prompt-batch 1 (each prompt in its own group of passes) gives the default's numbers (every
+    prompt in one group, as --prompt-batch all) up to float32 batch rounding; a bad value is refused
+    before the model loads."""
     args = ["ablate", "--mode", "zero", "--max-tokens", "12", "--prompts", prompts]
     every = tmp_path / "all.json"
     assert main([*args, "--json", str(every)]) == 0
-    for n in ("1", "2", "all"):
+    for n in ("1", "all"):
         one = tmp_path / f"{n}.json"
         assert main([*args, "--prompt-batch", n, "--json", str(one)]) == 0
         if n == "all":  # the default's passes

@@ -42,7 +42,8 @@ def two_stages(tmp_path, n: int, args=LENGTH, stage2_n: int | None = None) -> tu
     return scores, costs
 
 
-@pytest.mark.parametrize(("n", "stage2_n"), [(1, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize(("n", "stage2_n"), [pytest.param(1, 1, marks=pytest.mark.slow),  # one split in the fast suite
+                                             pytest.param(2, 2, marks=pytest.mark.slow), (3, 2)])
 def test_two_stage_recipe_merges_to_the_unsharded_json_and_table(cli_model, tmp_path, capsys, n, stage2_n):
     full, png = tmp_path / "full.json", tmp_path / "full.png"
     assert main([*LENGTH, "--json", str(full), "--png", str(png)]) == 0
@@ -61,6 +62,7 @@ def test_two_stage_recipe_merges_to_the_unsharded_json_and_table(cli_model, tmp_
     assert merged_png.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_a_named_head_and_resume_in_both_stages(cli_model, tmp_path, capsys):
     args = [*LENGTH[:-4], "--top", "1", "--head", "1.3", "--uniform-multiples", "1.5"]
     full = tmp_path / "full.json"
@@ -79,6 +81,7 @@ def test_a_named_head_and_resume_in_both_stages(cli_model, tmp_path, capsys):
     assert_same_json(json.loads(full.read_text()), b)
 
 
+@pytest.mark.slow
 def test_bad_stages_are_refused_with_one_line_before_any_model_loads(cli_model, tmp_path, capsys, monkeypatch):
     scores, costs = two_stages(tmp_path, 3)
     sinks = tmp_path / "sinks.partial.json"

@@ -41,7 +41,11 @@ def shards_merge_to_the_unsharded_json(args: list[str], tmp_path, n: int) -> dic
     return a
 
 
-@pytest.mark.parametrize("n", [2, 3])
+# One split of each contract in the fast suite, the others in `make test` (slow).
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("n", [pytest.param(2, marks=SLOW), 3])
 def test_massive_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
     # threshold 0.5: the tiny models' first-token norm ratios lie near 1 (0.9-1.0 on
     # the Bridge's), so an onset exists on both backends and its dims merge too
@@ -55,7 +59,8 @@ def test_massive_refuses_to_shard_the_reset(prompts, tmp_path, capsys):
     assert "--no-reset" in error_line(capsys)
 
 
-@pytest.mark.parametrize(("extra", "n"), [(["--act", "resid_pre"], 3), (["--act", "z", "--source", "prepend"], 2)])
+@pytest.mark.parametrize(("extra", "n"), [pytest.param(["--act", "resid_pre"], 3, marks=SLOW),
+                                          (["--act", "z", "--source", "prepend"], 2)])
 def test_patch_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, extra, n):
     """Per position (layer_pos: some shards lack the corpus' last positions) and per head."""
     a = shards_merge_to_the_unsharded_json(["patch", "--prompts", prompts, "--max-tokens", "16", *extra], tmp_path, n)
@@ -63,7 +68,8 @@ def test_patch_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, 
     assert max(abs(v) for r in a["results"].values() for row in r["values"] for v in row) > 1e-3
 
 
-@pytest.mark.parametrize("extra", [["--noise", "0.5", "--position", "2", "--seed", "3"], ["--swap", "cat", "dogs"]])
+@pytest.mark.parametrize("extra", [["--noise", "0.5", "--position", "2", "--seed", "3"],
+                                   pytest.param(["--swap", "cat", "dogs"], marks=SLOW)])
 def test_perturb_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, extra):
     """Noise: every shard draws the noise the whole corpus' run draws for its prompts."""
     if "--swap" in extra:  # every prompt holds the swapped word
@@ -80,7 +86,7 @@ def test_perturb_refuses_to_shard_the_sensitivity_study(prompts, tmp_path, capsy
     assert "--sensitivity" in error_line(capsys)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [pytest.param(2, marks=SLOW), 3])
 def test_sinks_keys_all_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, n):
     """The top keys name their prompt by its index in the whole corpus."""
     a = shards_merge_to_the_unsharded_json(["sinks", "--prompts", prompts, "--max-tokens", "12", "--bos", "both",

@@ -157,6 +157,7 @@ def test_depth_curves_and_sweep_figures_draw(tmp_path):
         mode_sweep([], tmp_path / "x.png")
 
 
+@pytest.mark.slow
 def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
     """`compare --report` hands compare's sink passes to the report: they are the
     passes the report would run itself (same prompts and settings), and the page's
@@ -186,6 +187,7 @@ def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
     assert max(max(v) for v in a["sinks"]["per_layer_score"].values()) > 0.1  # real scores, not zeros on both sides
 
 
+@pytest.mark.slow
 def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
     """With the report's scan and no-op sizes, `compare` and the report run the
     same discovery: the report takes compare's from the shared memo (no second

@@ -116,10 +116,16 @@ def test_shared_colour_scale_and_heatmap_grid():
     assert core.heatmap_grid(np.ones((2, 5))).shape == (2, 5)
 
 
-def test_training_curves_wrap_many_runs_onto_bands_of_three_rows(tmp_path):
+@pytest.mark.slow
+def test_training_curves_wrap_many_runs_onto_bands_of_three_rows(tmp_path, monkeypatch):
     """Seven runs at five per row draw two bands (six rows of panels), not seven narrow columns:
     the image is about as tall as wide, where one band of seven columns is three times as wide."""
+    from matplotlib.figure import Figure
+
     from sinkmech.figures.training import training_curves
+
+    real = Figure.savefig  # saved at 20 dpi: only the shape is read (at 200 dpi, 5,000-pixel images took seconds)
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: real(fig, path, **{**kw, "dpi": 20}))
 
     cond = {"max_head_score": 0.5, "mean_head_score": 0.2, "uniform_score": 0.1, "sink_rate": {"0.3": 25.0, "0.8": 0.0}}
     log = {"train_loss": [3.0, 2.5, 2.0], "evals": [{"step": s, "val_loss": {"prepend": 2.0, "none": 2.1},

@@ -96,6 +96,7 @@ def test_not_a_gguf_file(tmp_path):
         load_model(str(fake))
 
 
+@pytest.mark.slow
 def test_truncated_file(tmp_path):
     src = smollm2_path()
     cut = tmp_path / "cut.gguf"

@@ -94,11 +94,12 @@ def test_heads_and_ablate_on_ray_equal_the_single_process_run(tmp_path):
     """The two other commands with the Ray form, SmolLM2, a few short prompts. The single-process
     run takes the workers' one thread each (Ray's num_cpus=1): float32 sums split over another
     number of threads round differently (ablate at 6 tokens: 2.3e-6 absolute, 2 threads against 1,
-    measured), and ablate runs one prompt per group of passes so that shards make the same passes."""
+    measured); ablate runs a shard's prompts in one batch, so its effects agree to float32
+    rounding (within 1e-5 of the largest effect)."""
     import torch
 
     from sinkmech.cli.main import main
-    from test_cli_shards import assert_same_json
+    from test_cli_shards import FLOAT32_RTOL, assert_same_json
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(f"Note {i}: a cat sat on {i} warm mats by the door of the old mill." for i in range(5)))
@@ -113,7 +114,8 @@ def test_heads_and_ablate_on_ray_equal_the_single_process_run(tmp_path):
         finally:
             torch.set_num_threads(threads)
         assert main([*base, "--ray", "--workers", "2", "--shards", "2", "--json", str(dist)]) == 0
-        assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()))
+        tol = dict(tol=FLOAT32_RTOL, normwise=True) if base[0] == "ablate" else {}
+        assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()), **tol)
 
 
 def test_length_on_ray_equals_the_single_process_run(tmp_path, capsys):
@@ -144,7 +146,8 @@ def test_length_on_ray_equals_the_single_process_run(tmp_path, capsys):
 
 @pytest.mark.parametrize(("args", "tol"), [
     # patch: its clean runs take all of a shard's prompts in one pass whatever --batch-size, so
-    # 3 prompts against 1 round differently in float32: KLs agree to 3.4e-6 relative (measured)
+    # 3 prompts against 1 round differently in float32: KLs agree to 3.4e-6 relative (measured),
+    # within the stated 1e-5 of each array's largest value (FLOAT32_RTOL, test_cli_shards)
     (["patch", "--act", "resid_pre", "--layers", "0", "1", "2", "--max-tokens", "6", "--n-prompts", "3"], 1e-5),
     (["perturb", "--noise", "0.5", "--position", "2", "--seed", "1", "--max-tokens", "8", "--n-prompts", "3"], 1e-6),
     (["massive", "--no-reset", "--max-tokens", "8", "--n-prompts", "3"], 1e-6),
@@ -163,5 +166,5 @@ def test_patch_perturb_and_massive_on_ray_equal_the_single_process_run(tmp_path,
     single, dist = tmp_path / "single.json", tmp_path / "ray.json"
     assert main([*base, "--json", str(single)]) == 0
     assert main([*base, "--ray", "--workers", "2", "--shards", "3", "--json", str(dist)]) == 0
-    assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()), tol=tol)
+    assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()), tol=tol, normwise=args[0] == "patch")
     assert len(list((tmp_path / "ray.json.shards").iterdir())) == 3

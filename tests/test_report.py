@@ -54,6 +54,7 @@ def copied(built, tmp_path_factory):
     return dest
 
 
+@pytest.mark.slow
 def test_summary_matches_the_analysis(built, tiny_model, prompts):
     s = json.loads(built.summary_json.read_text())
     assert s == json.loads(json.dumps(built.summary))
@@ -78,6 +79,7 @@ def test_summary_matches_the_analysis(built, tiny_model, prompts):
         assert f.exists() and f.stat().st_size > 1000, f
 
 
+@pytest.mark.slow
 def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     s = built.summary["sections"]
     kw = dict(max_tokens=16, bos_token_id=TINY_BOS, progress=False)
@@ -119,6 +121,7 @@ def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     assert html.escape(repr(PLANTED[7])) in page and repr(PLANTED[7]) not in page
 
 
+@pytest.mark.slow
 def test_page_renders_offline_from_a_copied_folder(built, copied):
     dom = Dom(dump_dom(copied / "index.html"))
     # No planted token ran: a script or an onerror handler would have changed the title.
@@ -143,6 +146,7 @@ def test_page_renders_offline_from_a_copied_folder(built, copied):
     assert all(img.get("data-loaded") == "yes" for img in dom.images), dom.images
 
 
+@pytest.mark.slow
 def test_a_missing_figure_file_is_caught(built, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(built.index.parent, copy)
@@ -151,6 +155,7 @@ def test_a_missing_figure_file_is_caught(built, tmp_path):
     assert sorted(img.get("data-loaded") for img in dom.images).count("no") == 1
 
 
+@pytest.mark.slow
 def test_screenshot_is_not_blank(built, tmp_path):
     img = screenshot(built.index, tmp_path / "shot.png")
     rgb = img[..., :3]
@@ -159,6 +164,7 @@ def test_screenshot_is_not_blank(built, tmp_path):
     assert (rgb.min(axis=-1) < 0.8).mean() > 0.05  # enough non-white: figures and views drew
 
 
+@pytest.mark.slow
 def test_checks_would_catch_raw_circuitsvis_output(tmp_path):
     # Control: circuitsvis' own local_src with a planted token runs the script,
     # and its CDN form renders nothing with the network off. The checks above

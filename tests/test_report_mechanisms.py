@@ -47,6 +47,7 @@ def test_beyond_sections_close_the_default_report():
         assert name in SETTINGS and getattr(report.ReportContext, name) == small
 
 
+@pytest.mark.slow
 def test_sections_match_direct_calls(built, tiny_model, prompts):
     s = json.loads(built.summary_json.read_text())["sections"]
     assert list(s) == ["key_sinks", "massive", "value_weighted", "streaming", "length"]
@@ -86,6 +87,7 @@ def test_sections_match_direct_calls(built, tiny_model, prompts):
         float(sweep.mask_first_cost[2, 0]), abs=1e-7)
 
 
+@pytest.mark.slow
 def test_pages_and_figures(built):
     page = built.index.read_text()
     for text in ("alpha_k", "norm ratio", "Kobayashi", "last 12 keys", "cut to 4, 8, 16 content tokens"):
@@ -97,6 +99,7 @@ def test_pages_and_figures(built):
         assert f.stat().st_size > 1000, f
 
 
+@pytest.mark.slow
 def test_massive_section_resets_from_the_onset(tiny_model, prompts, tmp_path, monkeypatch):
     # A low threshold gives the tiny model an onset, so the reset runs and is reported.
     import sinkmech.report.sections_mechanisms as sb

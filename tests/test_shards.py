@@ -182,6 +182,7 @@ def assert_close_json(a, b, rel: float, path: str = "$") -> None:
         assert a == b, (path, a, b)
 
 
+@pytest.mark.slow
 def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
     """The planted if-else head (trigger token TRIGGER), the sink and the
     previous-token head: the merged scan labels them as the one-pass scan does,

@@ -84,7 +84,7 @@ def same_sweep(got, one, cost_rtol):
         torch.testing.assert_close(getattr(got, name), getattr(one, name), rtol=cost_rtol, atol=0)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_two_stage_shards_merged_in_any_order_equal_the_one_pass_sweep(model, corpus, n):
     # batch_size 1: every prompt is its own forward pass in both runs, so the rows are bitwise equal
     whole = batch_of(model, corpus, range(N_PROMPTS))

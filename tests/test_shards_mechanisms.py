@@ -103,7 +103,7 @@ def test_massive_shards_equal_the_one_pass_result(model, ragged, n):
 
 
 @pytest.mark.parametrize("noise", [False, True])
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow), 2, 3])  # 1: the fast suite keeps 2 and 3
 def test_perturbation_spread_shards_equal_the_one_pass_result(model, ragged, n, noise):
     """The noise of each prompt is the one the whole corpus' run draws for it."""
     from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread

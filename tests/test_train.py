@@ -62,6 +62,7 @@ def study(argv: list[str]) -> int:
     return main(["train", "study", *argv])
 
 
+@pytest.mark.slow
 def test_short_run_loss_falls_and_log_is_written(tmp_path):
     cfg = TrainConfig(data="text", steps=60, lr=3e-3, **TINY)
     result = train(cfg, tmp_path, progress=False)
@@ -211,6 +212,7 @@ def test_stream_documents_drop_bos_and_short_documents():
     assert stream_documents(s, bos_id=9, min_len=2, n=10) == [[1, 2, 3], [6, 7, 8]]
 
 
+@pytest.mark.slow
 def test_experiment_scripts_write_their_contracts(tmp_path):
     out = tmp_path / "fig"
     common = ["--quiet", "--threads", "1", "--out", str(out), "--runs-dir", str(tmp_path / "runs")]

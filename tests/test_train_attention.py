@@ -184,6 +184,7 @@ def test_eval_record_has_layer_rates_and_attention_per_class(tmp_path):
     assert set(att) == {"all", "counts"}
 
 
+@pytest.mark.slow
 def test_mask_self_depth_modes_findings_and_jobs(tmp_path):
     small = ["--steps", "3", "--quiet", "--set", "val_windows=2", "eval_prompts=4"]
     common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
@@ -247,6 +248,7 @@ def test_context_length_seeds_plot_reads_the_findings(tmp_path):
         context_length_seeds_plot({}, tmp_path / "d.png")
 
 
+@pytest.mark.slow
 def test_text_experiment_rows_and_half_heads_flags(tmp_path):
     common = ["--out", str(tmp_path / "fig"), "--runs-dir", str(tmp_path / "runs")]
     small = ["--steps", "2", "--quiet", "--set", "text_corpus=docs", "text_limit_bytes=400000", "context_length=32",
