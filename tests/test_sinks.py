@@ -306,3 +306,33 @@ def test_bos_position_flag_is_refused_before_the_model_loads(argv, message, monk
     assert main(["sinks", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypatch, tmp_path):
+    from conftest import make_tiny
+
+    from sinkmech.cli import main
+
+    class WordTokenizer:
+        bos_token_id, pad_token_id, padding_side = TINY_BOS, 0, "right"
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
+
+    model = make_tiny(5)
+    toy_tokenizer(monkeypatch, model, WordTokenizer())
+    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat sat on the warm mat today\na cat ran far away from the big dog\n")
+    out, findings = tmp_path / "s.json", tmp_path / "f.json"
+    assert main(["sinks", "--prompts", str(prompts), "--bos-position", "3", "--json", str(out),
+                 "--findings", str(findings)]) == 0
+    d = json.loads(out.read_text())["conditions"]
+    assert d["prepend"]["bos_position"] == 3 and "bos_position" not in d["none"]
+    want = sink_scores(model, str(prompts), bos="prepend", bos_position=3, progress=False)
+    assert torch.allclose(torch.tensor(d["prepend"]["bos_scores"]), want.bos_scores.mean(0), atol=1e-6)
+    f = json.loads(findings.read_text())
+    assert any(k.endswith("sinks.bos_default_at_3.prepend.bos_position") and v == 3 for k, v in f.items())
+    assert not any(".sinks.bos_default." in k for k in f)  # never under the <bos>-first run's names
+    # the shortest prompt has 8 content tokens: K = 8 is refused (after tokenizing, before any forward pass)
+    assert main(["sinks", "--prompts", str(prompts), "--bos-position", "8", "--max-tokens", "9"]) == 2
