@@ -1,7 +1,7 @@
 """Benchmark: the exact batched ablation sweep vs one forward per head, on SmolLM2.
 
 All measured in one run, side by side: the model load (from the converted-model
-cache), the exact sweep over all heads as `ablate` runs it by default (batched
+cache, with the imports), the exact sweep over all heads as `ablate` runs it by default (batched
 copies, restarting at each head's layer, every prompt in one group), the
 independent one-`run_with_hooks`-per-head loop, a plain forward pass, and
 attribution patching (one batched forward + backward); with --prompt-batch-one
@@ -46,21 +46,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    import torch
+    with Timer() as tload:  # what a fresh `sinkmech ablate` pays before its sweep: the imports and the load
+        import torch
 
-    from sinkmech.interventions.ablation import ablation_hooks, ablation_setup, head_ablations
-    from sinkmech.interventions.attribution import attribute_ablations, pearson
-    from sinkmech.models import load_model
-    from sinkmech.prompts import default_corpus, tokenize
-    from sinkmech.interventions.sweep import Intervention, loop, reference_logits
+        from sinkmech.interventions.ablation import ablation_hooks, ablation_setup, head_ablations
+        from sinkmech.interventions.attribution import attribute_ablations, pearson
+        from sinkmech.models import load_model
+        from sinkmech.prompts import default_corpus, tokenize
+        from sinkmech.interventions.sweep import Intervention, loop, reference_logits
 
-    with Timer() as tload:
         model = load_model(args.model)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     batch = tokenize(model, default_corpus(args.n_prompts), bos="prepend", max_tokens=args.tokens)
     n_cells = L * H
     print(f"{args.model}: {L} layers x {H} heads = {n_cells} heads; {len(batch)} prompts x {args.tokens} tokens "
-          f"(+<bos>); {args.mode}; load {tload.wall:.1f} s")
+          f"(+<bos>); {args.mode}; imports + load {tload.wall:.1f} s")
 
     run = lambda: reference_logits(model, batch.tokens, batch.offset, args.tokens)  # noqa: E731
     run()  # warm-up
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     floor = H * (L + 1) / 2
     rows = {
-        "model load (converted-model cache)": (tload.wall, tload.cpu),
+        "imports + model load (converted-model cache)": (tload.wall, tload.cpu),
         f"plain forward (min of {len(fwd)}, sampled between phases)": (fwd_wall, fwd_cpu),
         f"exact sweep, {n_cells} heads": (ts.wall, ts.cpu),
         f"loop, {len(picks)} heads measured": (tl.wall, tl.cpu),
