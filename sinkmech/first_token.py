@@ -42,6 +42,12 @@ from sinkmech.stats import prompt_curve, ratio_with_ci
 REFERENCE = "bos"  # the trained first token every other is paired against
 
 
+def _mean_ci(x: Tensor) -> list[float] | None:
+    """[mean over prompts, lo, hi] of a per-prompt value (NaN prompts dropped); None when no prompt has one."""
+    curve = prompt_curve(x[:, None].double())
+    return curve[0] if curve else None
+
+
 @dataclass(frozen=True)
 class FirstTokenRuns(Result):
     """Per prompt, for each first-token prefix (name -> token ids; `[]` is no
@@ -66,16 +72,16 @@ class FirstTokenRuns(Result):
         rates = {format_eps(e): self.prompt_sink_rate(name, e) for e in eps}
         out = {
             "token_ids": list(self.prefixes[name]),
-            "sink_rate": {k: prompt_curve(v[:, None])[0] for k, v in rates.items()},
+            "sink_rate": {k: _mean_ci(v) for k, v in rates.items()},
             "loss": ratio_with_ci(self.prompt_loss[name], self.targets.double()),
-            "spread": prompt_curve(self.spread[name][:, None].double())[0],
+            "spread": _mean_ci(self.spread[name]),
         }
         if name != reference and reference in self.prefixes:
             ref = {format_eps(e): self.prompt_sink_rate(reference, e) for e in eps}
             out[f"vs_{reference}"] = {
-                "sink_rate": {k: prompt_curve((v - ref[k])[:, None])[0] for k, v in rates.items()},
+                "sink_rate": {k: _mean_ci(v - ref[k]) for k, v in rates.items()},
                 "loss": ratio_with_ci(self.prompt_loss[name] - self.prompt_loss[reference], self.targets.double()),
-                "spread": prompt_curve((self.spread[name] - self.spread[reference])[:, None].double())[0],
+                "spread": _mean_ci(self.spread[name] - self.spread[reference]),
             }
         return out
 
@@ -216,20 +222,20 @@ def bos_position_study(
 
     out: dict = {}
     for name, r in (("bos", ref), ("none", plain)):
-        out[name] = {"sink_rate": {format_eps(e): prompt_curve(rates(r, e)[:, None])[0] for e in eps},
+        out[name] = {"sink_rate": {format_eps(e): _mean_ci(rates(r, e)) for e in eps},
                      "loss": ratio_with_ci(r.prompt_loss, targets)}
     for K in positions:
         r = sink_scores(model, first, bos_position=K, **kw)
         out[str(K)] = {
-            "sink_rate": {format_eps(e): prompt_curve(rates(r, e)[:, None])[0] for e in eps},
-            "bos_sink_rate": {format_eps(e): prompt_curve(r.prompt_bos_sink_rate(e)[:, None])[0] for e in eps},
+            "sink_rate": {format_eps(e): _mean_ci(rates(r, e)) for e in eps},
+            "bos_sink_rate": {format_eps(e): _mean_ci(r.prompt_bos_sink_rate(e)) for e in eps},
             "bos_score": float(r.bos_scores.mean()),
             "loss": ratio_with_ci(r.prompt_loss, targets),
             "vs_bos": {"loss": ratio_with_ci(r.prompt_loss - ref.prompt_loss, targets),
                        # the <bos> key at K against the <bos> key at 0
-                       "bos_sink_rate": {format_eps(e): prompt_curve((r.prompt_bos_sink_rate(e) - rates(ref, e))[:, None])[0]
+                       "bos_sink_rate": {format_eps(e): _mean_ci(r.prompt_bos_sink_rate(e) - rates(ref, e))
                                          for e in eps},
-                       "sink_rate": {format_eps(e): prompt_curve((rates(r, e) - rates(ref, e))[:, None])[0]
+                       "sink_rate": {format_eps(e): _mean_ci(rates(r, e) - rates(ref, e))
                                      for e in eps}},
             "vs_none": {"loss": ratio_with_ci(r.prompt_loss - plain.prompt_loss, targets)},
         }

@@ -176,6 +176,35 @@ def _contrast(m, rows, batch):
                         low=0.2, min_diff=0.2, level=0.95, mode_counts_a={"sink": 1}, mode_counts_b={"sink": 2})
 
 
+def _bound_ranking(m, rows, batch):
+    from sinkmech.bound_ranking import bound_ranking
+
+    return bound_ranking(m, rows[:4], max_tokens=5, n_probes=2, n_shuffles=5, bos_token_id=TINY_BOS, progress=False)
+
+
+def _first_tokens(m, rows, batch):
+    from sinkmech.first_token import first_token_study
+
+    return first_token_study(m, rows[:5], {"bos": [TINY_BOS], "none": []}, max_tokens=6, swap_position=2,
+                             progress=False)
+
+
+def _head_losses(m, rows, batch):
+    from sinkmech.bos_cost import head_loss_changes
+
+    return head_loss_changes(m, batch, progress=False)
+
+
+def _summary_row(m, rows, batch):
+    import json
+    from pathlib import Path
+
+    from sinkmech.train.summary import summary_rows
+
+    log = Path(__file__).resolve().parents[1] / "figures/train/logs/mask_self/rotary-maskself-seed0.json"
+    return summary_rows(json.loads(log.read_text()))[0]  # a committed training log
+
+
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
     "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
@@ -183,6 +212,8 @@ FACTORIES = {
     "HeadAttention": _head_attention, "HeadAblation": _ablation, "PatchResult": _patch,
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
     "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
+    "BoundRanking": _bound_ranking, "FirstTokenRuns": _first_tokens, "HeadLossChanges": _head_losses,
+    "SummaryRow": _summary_row,
 }
 
 
@@ -194,6 +225,18 @@ def test_every_result_class_is_covered_and_complete():
         for name in ("to_dict", "to_dataframe"):
             assert getattr(c, name) is not getattr(Result, name), f"{c.__name__} does not define {name}"
         assert c.to_json is Result.to_json, f"{c.__name__} writes its own JSON"
+
+
+def _poisoned_tensors(v):
+    """A dict (nested) of float tensors with NaN, +inf and -inf in each; None if it holds other things."""
+    if isinstance(v, dict):
+        out = {k: _poisoned_tensors(x) for k, x in v.items()}
+        return out if v and all(x is not None for x in out.values()) else None
+    if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() >= 3:
+        v = v.clone()
+        v.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=v.dtype)
+        return v
+    return None
 
 
 def poison(result, *, top: bool = True):
@@ -213,6 +256,8 @@ def poison(result, *, top: bool = True):
             changes[f.name] = poison(v, top=False)
         elif isinstance(v, dict) and v and all(dataclasses.is_dataclass(x) for x in v.values()):
             changes[f.name] = {k: poison(x, top=False) for k, x in v.items()}
+        elif isinstance(v, dict) and v and _poisoned_tensors(v) is not None:  # name -> tensor, nested
+            changes[f.name] = _poisoned_tensors(v)
         elif f.name == "log":  # TrainResult: the log itself
             changes[f.name] = {**v, "train_loss": [float("nan"), float("inf"), float("-inf")]}
     assert changes or not top, f"nothing to poison in {type(result).__name__}"
