@@ -198,12 +198,17 @@ def test_theory_script_writes_paired_intervals_and_findings(cli_model, tmp_path)
     assert theory.main(["--models", "tiny", "--prompts", "3", "--tokens", "5", "--entropy-prompts", "4",
                         "--entropy-tokens", "8", "--out", str(out), "--findings", str(found)]) == 0
     r = json.loads(out.read_text())["tiny"]
-    for key in ("spearman", "spearman_off_diagonal", "normalized_entropy"):
+    for key in ("all", "content", "off_diagonal", "normalized_entropy"):
         for c in ("prepend", "none", "none_minus_prepend"):
             v = r[key][c]
             assert v["ci"][0] - 1e-9 <= v["mean"] <= v["ci"][1] + 1e-9
         assert r[key]["none_minus_prepend"]["mean"] == pytest.approx(r[key]["none"]["mean"] - r[key]["prepend"]["mean"])
-    assert r["setting"]["sensitivity_prompts"] == 3 and r["normalized_entropy"]["prepend"]["n"] == 4
+        assert 0 <= r[key]["none_minus_prepend"]["sign_flip_p"] <= 1
+    for key in ("all", "content", "off_diagonal"):  # the bound against its same-distance shuffle, per condition
+        v = r[key]["prepend"]["minus_null"]
+        assert v["mean"] == pytest.approx(r[key]["prepend"]["mean"] - r[key]["prepend"]["null"]["mean"])
+    assert r["n_prompts"] == 3 and r["n_tokens"] == 5 and r["estimator"] == "hutchinson"
+    assert r["normalized_entropy"]["prepend"]["n"] == 4
     f = json.loads(found.read_text())
     assert f["tiny.theory.normalized_entropy.none.mean"] == r["normalized_entropy"]["none"]["mean"]
     assert theory.main(["--models", "tiny", "--prompts", "1", "--out", str(out)]) == 2
