@@ -218,6 +218,21 @@ def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int
     return model
 
 
+class WordTokenizer:
+    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0;
+    the text '<s>' is the one special token (id 1)."""
+
+    bos_token_id = 1
+    pad_token_id = 0
+    padding_side = "right"
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 if w == "<s>" else 2 + sum(map(ord, w)) % 48 for w in text.split()]}
+
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
+
 def toy_tokenizer(monkeypatch, model: Model, tokenizer) -> None:
     """Give `model` a toy tokenizer for one test (monkeypatch restores it). The
     Bridge checks a tokenizer's class on assignment; sinkmech only calls it."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import NEEDS_HOOKED, TINY_BOS
+from conftest import NEEDS_HOOKED, TINY_BOS, WordTokenizer
 from sinkmech.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
@@ -77,12 +77,6 @@ def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
 
     from conftest import make_tiny, toy_tokenizer
     from sinkmech.cli.main import main
-
-    class WordTokenizer:
-        bos_token_id, pad_token_id, padding_side = 1, 0, "right"
-
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
 
     model = make_tiny(7)
     toy_tokenizer(monkeypatch, model, WordTokenizer())

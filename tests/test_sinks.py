@@ -12,7 +12,7 @@ from sinkmech.backend import BACKEND, IS_BRIDGE, Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS, toy_tokenizer
+from tests.conftest import TINY_BOS, WordTokenizer, toy_tokenizer
 
 
 def planted_model() -> Model:
@@ -312,12 +312,6 @@ def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypa
     from conftest import make_tiny
 
     from sinkmech.cli import main
-
-    class WordTokenizer:
-        bos_token_id, pad_token_id, padding_side = TINY_BOS, 0, "right"
-
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
 
     model = make_tiny(5)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
