@@ -10,24 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import TINY_BOS, make_tiny, toy_tokenizer
+from conftest import TINY_BOS, WordTokenizer, make_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
-
-
-class WordTokenizer:
-    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0;
-    the text '<s>' is the one special token (id 1)."""
-
-    bos_token_id = 1
-    pad_token_id = 0
-    padding_side = "right"
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 if w == "<s>" else 2 + sum(map(ord, w)) % 48 for w in text.split()]}
-
-    def decode(self, ids):
-        return " ".join(f"w{i}" for i in ids)
 
 
 @pytest.fixture
