@@ -11,12 +11,13 @@ medians of wall seconds. Target: under 2 s for each answer.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from benchtime import interleaved_medians
+
+from sinkmech.files import json_text, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_S = 2.0
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("ratio to `import torch`: " + ", ".join(f"{k.split(' (')[0]} {medians[k] / base:.2f}x" for k in ANSWERS))
     out = {"repeats": args.repeats, "median_s": medians, "target_s": TARGET_S}
     if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_text(args.json, json_text(out, indent=2) + "\n")
     return out
 
 

@@ -18,7 +18,6 @@ AVX-512 BF16 / FP16 or AMX pays, measured on one that has them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 from benchtime import interleaved_medians
 
+from sinkmech.files import json_text, write_text
 from sinkmech.models import cpu_slowdown, load_model, native_cpu_dtype
 from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.sinks import sink_scores
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         for d, why in r["failed"].items():
             print(f"  {spec} {d}: {why}")
     if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        write_text(args.json, json_text(out, indent=2) + "\n")
     return out
 
 

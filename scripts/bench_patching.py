@@ -19,7 +19,6 @@ time is the fairer comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -148,8 +147,9 @@ def main(argv: list[str] | None = None) -> dict:
         "torch_threads": torch.get_num_threads(),
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
+        from sinkmech.files import json_text, write_text
+
+        write_text(args.json, json_text(result))
     return result
 
 
