@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny random model (fast) and the real SmolLM2 (once per session)."""
+"""Shared fixtures: a tiny random model (fast) and the real SmolLM2 (loaded once per test run)."""
 
 from __future__ import annotations
 

@@ -179,7 +179,7 @@ def test_massive_and_length_write_their_tables(tiny_cli, tmp_path, capsys):
 
 
 def test_smollm2_beyond_commands_end_to_end(smollm2, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(models, "load_model", lambda spec, **kw: smollm2)  # loaded once per session
+    monkeypatch.setattr(models, "load_model", lambda spec, **kw: smollm2)  # loaded once per test run
     s = tmp_path / "s.json"
     assert main(["stream", "--window", "8", "--keep", "0", "1", "--max-tokens", "48", "--json", str(s)]) == 0
     data = json.loads(s.read_text())

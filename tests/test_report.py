@@ -214,7 +214,7 @@ def test_bad_settings_and_folders_are_clear_errors(tiny_model, tmp_path, capsys)
 def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     import sinkmech.models
 
-    monkeypatch.setattr(sinkmech.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per session
+    monkeypatch.setattr(sinkmech.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per test run
     out = tmp_path / "rep"
     args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "8",
             "--heads", "2", "--view-tokens", "10", "--view-prompts", "1", "--beyond-prompts", "2",
