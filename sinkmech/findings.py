@@ -1,7 +1,7 @@
 """Named findings: every number the README states as a result is written here by
 the code that measured it, into one flat JSON file (`figures/findings.json`),
 e.g. `"smollm2.sink_rate.prepend.0.3": 66.8`. A test checks each number in the
-README's findings sections against this file at the precision written.
+findings sections of the README and docs/ against this file at the precision written.
 
 `record` merges a command's values into the file (other commands' values stay);
 the write is atomic, so an interrupted run never leaves a half-written file, and

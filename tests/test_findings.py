@@ -65,9 +65,10 @@ def matches(written: str, values: list[float]) -> bool:
 
 
 def test_every_readme_finding_is_in_findings_json():
-    """Numbers in the README's findings sections must be values of the findings files at
+    """Numbers in the findings sections of the README and docs/*.md must be values of the findings files at
     the precision written; lines quoting the paper (they say "paper") are exempt."""
-    readme = (ROOT / "README.md").read_text()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    readme = "\n".join(page.read_text() for page in pages)
     findings = {}
     for f in FINDINGS_FILES:
         findings.update(json.loads((ROOT / f).read_text()))
@@ -76,7 +77,9 @@ def test_every_readme_finding_is_in_findings_json():
     labels = {v for v in findings.values() if isinstance(v, str)}
     labels |= {h for k in findings for h in HEAD.findall(k)}  # heads measured, e.g. "...noop.L1.H1.per_query_active"
     lines = findings_sections(readme)
-    assert len(lines) > 10, "the README has no findings sections marked <!-- findings --> ... <!-- /findings -->"
+    assert len(lines) > 10, "the README and docs/ have no findings sections marked <!-- findings --> ... <!-- /findings -->"
+    for page in ("README.md", "docs/findings.md"):  # the headline and the rest: both hold checked findings
+        assert findings_sections((ROOT / page).read_text()), f"{page} has no findings section"
     missing = []
     for line in lines:
         if "paper" in line.lower() or line.lstrip().startswith(("![", "|---", "<!--")):
