@@ -245,10 +245,7 @@ def learned_sinks(model: Model) -> Tensor | None:
 
 def has_learned_sinks(model: Model) -> bool:
     """Whether the model's softmax has learned sink logits (`learned_sinks`)."""
-    if IS_BRIDGE:
-        return any(getattr(getattr(b.attn, "original_component", None), "sinks", None) is not None
-                   for b in model.blocks)
-    return bool(getattr(model.cfg, "use_attention_sinks", False))
+    return learned_sinks(model) is not None
 
 
 def learned_sink_note(model: Model, what: str) -> str | None:
