@@ -6,7 +6,8 @@ sink logits, gpt-oss, 0 < alpha_0 <= 1, and the learned sink's own share is
 `learned_sink_scores`: see docs/learned_sinks.md). The sink rate at epsilon is
 the percentage of (prompt, head) pairs with alpha_0 > epsilon. In the same
 pass: value-vector norms and residual-stream norms at the first token versus
-the rest (the sink's small value and massive activation).
+the rest (the sink's small value and massive activation). The per-pattern
+definitions (alpha_0, the eps and row checks, the `<bos>` move) are in `sinkmech.sink_measures`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import einops
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -25,6 +26,16 @@ from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
+from sinkmech.sink_measures import (  # noqa: F401  (re-exported: sinkmech.sinks is where callers look)
+    check_eps,
+    check_rows,
+    first_key_score,
+    learned_sink_score,
+    move_bos,
+    moved_bos_targets,
+    moved_key_score,
+    sink_rate,
+)
 from sinkmech.stats import prompt_curve, ratio_with_ci
 
 
@@ -239,115 +250,6 @@ def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | st
 def format_eps(eps: float | str) -> str:
     """Epsilon as a JSON key, written as on the command line: "0.3" stays "0.3"."""
     return eps.strip() if isinstance(eps, str) else repr(float(eps))
-
-
-# The one definition of each quantity: every analysis that scores the first key
-# or applies a sink-rate threshold calls these.
-
-
-def check_eps(eps: float | str) -> float:
-    """A sink-rate threshold as a float; `ValueError` unless 0 <= eps < 1
-    (alpha_0 lies in [1/T, 1], so eps = 1 could never be exceeded)."""
-    value = float(eps)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"epsilon must lie in [0, 1), got {eps}")
-    return value
-
-
-def sink_rate(scores: Float[Tensor, "..."], eps: float | str) -> float:
-    """Percent of the scores (alpha_0 of (prompt, head) pairs) strictly above `eps`."""
-    return 100.0 * (scores > check_eps(eps)).float().mean().item()
-
-
-def first_key_score(
-    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"]
-) -> Float[Tensor, "batch head_index"]:
-    """alpha_0 (Gu et al. 2025): per prompt and head, the mean over all real
-    query positions t = 0 .. T-1 of the attention A[t, 0] on the first key.
-    Query 0 counts (it can only attend to key 0); padding queries never do.
-
-    Args:
-        pattern: a layer's attention pattern over right-padded prompts.
-        lengths: real positions per prompt (`<bos>` included when prepended).
-
-    Returns:
-        alpha_0 in float32, in [1/T, 1] for a prompt of T positions (in (0, 1]
-        for a model with learned sink logits: the sink takes its share of query 0 too).
-    """
-    pos = torch.arange(pattern.shape[-2], device=pattern.device)
-    valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()  # [batch, query_pos]
-    first = einops.einsum(pattern[..., 0].float(), valid, "b h q, b q -> b h")
-    return first / lengths.to(pattern.device)[:, None].float()
-
-
-def check_rows(pattern: Float[Tensor, "batch head_index query_pos key_pos"], valid: Float[Tensor, "batch query_pos"],
-               layer: int, *, learned: bool = False) -> None:
-    """`FloatingPointError` unless every real query's attention row is finite and
-    sums to 1 (TransformerLens turns NaN scores into zero rows), or, with learned
-    sink logits, to a share in (0, 1] (the rest is on the sink). The tolerance
-    admits bfloat16 rounding (eps 8e-3) and no zero row."""
-    tol = max(1e-3, 8 * torch.finfo(pattern.dtype).eps)
-    sums = pattern.float().sum(-1)  # [batch, head, query]
-    real = valid[:, None, :].expand_as(sums) > 0
-    if learned:
-        bad = ~torch.isfinite(sums) | (sums <= 0) | (sums > 1.0 + tol)
-        what = "attention rows do not sum to a share in (0, 1] beside the learned sink"
-    else:
-        bad = ~((sums - 1.0).abs() <= tol)
-        what = "attention rows do not sum to 1"
-    if (bad & real).any():
-        raise FloatingPointError(f"layer {layer}: {what} (NaN or inf in the attention scores)")
-
-
-def learned_sink_score(
-    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"]
-) -> Float[Tensor, "batch head_index"]:
-    """The learned sink's mass (gpt-oss): per prompt and head, the mean over all
-    real queries of 1 - the row's sum over the real keys, the share the softmax
-    gave the learned sink logit. In [0, 1); alpha_0 + this mass <= 1 per query."""
-    pos = torch.arange(pattern.shape[-2], device=pattern.device)
-    valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()
-    sink = 1.0 - pattern.float().sum(-1)  # [batch, head, query]
-    return einops.einsum(sink, valid, "b h q, b q -> b h") / lengths.to(pattern.device)[:, None].float()
-
-
-def move_bos(batch: TokenBatch, position: int) -> TokenBatch:
-    """`<bos>` moved from position 0 to `position` K: K content tokens, then
-    `<bos>`, then the rest (same lengths, same padding). The result keeps
-    bos="prepend"; score its loss with `moved_bos_targets`, not `target_mask`."""
-    if isinstance(position, bool) or not isinstance(position, int) or position < 1:
-        raise ValueError(f"bos_position must be an integer >= 1, got {position!r}")
-    if batch.bos != "prepend":
-        raise ValueError("bos_position moves the prepended <bos>: it needs bos='prepend'")
-    short = int((batch.lengths - 1).min())
-    if position >= short:
-        raise ValueError(f"bos_position {position} is at or beyond the content length: the shortest prompt has "
-                         f"{short} content tokens (bos_position must be below it)")
-    tokens = batch.tokens.clone()
-    tokens[:, :position] = batch.tokens[:, 1 : position + 1]
-    tokens[:, position] = batch.tokens[:, 0]
-    return TokenBatch(tokens, batch.lengths, batch.bos, batch.bos_token_id, batch.context_limit)
-
-
-def moved_bos_targets(batch: TokenBatch, position: int) -> Bool[Tensor, "batch pos"]:
-    """The loss mask for `<bos>` at `position` K: the same content targets 1 .. n-1
-    as `target_mask` with `<bos>` first. Position p predicts token p + 1; the
-    content token before `<bos>` (position K-1) would predict `<bos>`, which is
-    never a target, and `<bos>` predicts content token K."""
-    pos = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
-    return (pos[None, :] < batch.lengths[:, None] - 1) & (pos[None, :] != position - 1)
-
-
-def moved_key_score(
-    pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"], position: int
-) -> Float[Tensor, "batch head_index"]:
-    """Per prompt and head: the mean over the real queries t = K .. T-1 (those
-    that can see key K) of the attention A[t, K] on key `position` K."""
-    pos = torch.arange(pattern.shape[-2], device=pattern.device)
-    n = lengths.to(pattern.device)
-    valid = ((pos[None, :] >= position) & (pos[None, :] < n[:, None])).float()  # [batch, query_pos]
-    total = einops.einsum(pattern[..., position].float(), valid, "b h q, b q -> b h")
-    return total / (n - position)[:, None].float()
 
 
 def sink_scores(
