@@ -33,16 +33,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.backend import Model
+from sinkmech.jacobian import _check_layers, jacobian_norms, jacobian_norms_hutchinson
 from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
 from sinkmech.results import Result
-from sinkmech.sensitivity import (
-    _check_layers,
-    attention_patterns,
-    jacobian_norms,
-    jacobian_norms_hutchinson,
-    path_weights,
-    spearman,
-)
+from sinkmech.sensitivity import attention_patterns, path_weights, spearman
 
 Estimator = Literal["exact", "hutchinson"]
 PAIR_SETS = ("all", "content", "off_diagonal")
