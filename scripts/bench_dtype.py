@@ -28,7 +28,7 @@ import torch
 from benchtime import interleaved_medians
 
 from sinkmech.files import json_text, write_text
-from sinkmech.models import cpu_slowdown, load_model, native_cpu_dtype
+from sinkmech.loading.models import cpu_slowdown, load_model, native_cpu_dtype
 from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.sinks import sink_scores
 

@@ -1,4 +1,4 @@
-"""Why sinkmech keeps its own llama-family GGUF dequantizer (`sinkmech.gguf`)
+"""Why sinkmech keeps its own llama-family GGUF dequantizer (`sinkmech.loading.gguf`)
 on TransformerLens 3.9: it against the general path, side by side in one run.
 
 Own: GGUF -> `read_gguf` -> HookedTransformer. General: transformers' GGUF
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from sinkmech.bridge_loading import read_gguf_transformers, save_hf_folder
-from sinkmech.hooked_loading import _llama_from_gguf, hooked_from_hf_folder
-from sinkmech.models import smollm2_path
+from sinkmech.loading.bridge import read_gguf_transformers, save_hf_folder
+from sinkmech.loading.hooked import _llama_from_gguf, hooked_from_hf_folder
+from sinkmech.loading.models import smollm2_path
 from sinkmech.prompts import default_corpus
 
 

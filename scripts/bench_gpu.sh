@@ -60,7 +60,7 @@ for model in smollm2 gemma3-270m; do
     $PY - "$model" "$dtype" <<'EOF' | tee -a "$OUT/sweep_vs_loop.txt"
 import sys, time, torch
 from sinkmech.interventions.ablation import head_ablations
-from sinkmech.models import load_model
+from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus
 model = load_model(sys.argv[1], device="cuda", dtype=sys.argv[2])
 prompts = default_corpus()[:16]

@@ -19,7 +19,7 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     from sinkmech.dormant.scan import scan_heads
-    from sinkmech.models import load_model
+    from sinkmech.loading.models import load_model
     from sinkmech.prompts import default_corpus, tokenize
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -13,8 +13,8 @@ import torch
 
 from benchtime import interleaved_medians
 from sinkmech.hooks import run
-from sinkmech.key_sinks import key_sink_scores
-from sinkmech.models import load_model
+from sinkmech.measures.key_sinks import key_sink_scores
+from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
 
 

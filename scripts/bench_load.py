@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from sinkmech.backend import BACKEND
+from sinkmech.loading.backend import BACKEND
 from sinkmech.files import json_text, write_text
-from sinkmech.model_cache import ModelCache
-from sinkmech.models import load_model
+from sinkmech.loading.cache import ModelCache
+from sinkmech.loading.models import load_model
 
 DEFAULT_MODELS = ("smollm2", "gemma3-270m")
 

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     from sinkmech.dormant.noop import noop_check
     from sinkmech.files import json_text
     from sinkmech.hooks import parse_head
-    from sinkmech.models import load_model
+    from sinkmech.loading.models import load_model
     from sinkmech.prompts import load_prompts, tokenize
 
     model = load_model(args.model)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         from sinkmech.interventions.ablation import ablation_hooks, ablation_setup, head_ablations
         from sinkmech.interventions.attribution import attribute_ablations, pearson
-        from sinkmech.models import load_model
+        from sinkmech.loading.models import load_model
         from sinkmech.prompts import default_corpus, tokenize
         from sinkmech.interventions.sweep import Intervention, loop, reference_logits
 

@@ -33,7 +33,7 @@ from sinkmech.files import json_text, write_text
 
 BASELINE = """
 import sys, torch
-from sinkmech.models import load_model
+from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
 m = load_model(sys.argv[1], dtype=sys.argv[2])
 batch = tokenize(m, default_corpus(16), bos="prepend", max_tokens=64)
@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from bench_report_memory import proc_status_gib, reset_peak
 from sinkmech.files import json_text
-from sinkmech.models import load_model
+from sinkmech.loading.models import load_model
 from sinkmech.report.page import build_report
 from sinkmech.report.sections import SECTIONS
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from sinkmech.hooks import run
-from sinkmech.models import load_model
+from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.sinks import sink_scores
 

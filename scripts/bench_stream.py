@@ -13,8 +13,8 @@ import torch
 
 from benchtime import interleaved_medians
 from sinkmech.hooks import run
-from sinkmech.models import load_model
-from sinkmech.streaming import long_tokens, stream_perplexity
+from sinkmech.loading.models import load_model
+from sinkmech.context.stream import long_tokens, stream_perplexity
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -12,10 +12,10 @@ import argparse
 import time
 
 
-from sinkmech import models
-from sinkmech.bound_ranking import pair_mask
+from sinkmech.loading import models
+from sinkmech.theory.bound_ranking import pair_mask
 from sinkmech.prompts import default_corpus, tokenize
-from sinkmech.sensitivity import attention_patterns, jacobian_norms, jacobian_norms_hutchinson, path_weights, spearman
+from sinkmech.theory.sensitivity import attention_patterns, jacobian_norms, jacobian_norms_hutchinson, path_weights, spearman
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""How much of the `<bos>` cost do the sink heads carry (`sinkmech.bos_cost`)?
+"""How much of the `<bos>` cost do the sink heads carry (`sinkmech.controls.bos_cost`)?
 Each head's `mask_first` loss change on content targets, ranked on the first
 --select prompts; on the next --eval prompts (held out), the first key masked
 in the top 1, 2, 4, 8, 16 heads at once, against removing `<bos>`.
@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from sinkmech import models
-from sinkmech.bos_cost import bos_cost
+from sinkmech.loading import models
+from sinkmech.controls.bos_cost import bos_cost
 from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
 from sinkmech.prompts import default_corpus

@@ -1,10 +1,10 @@
 """The paper's theory measured on the offline models, on CPU: (1) does the
-path-weight bound rank sensitivity (`sinkmech.bound_ranking`: Spearman
+path-weight bound rank sensitivity (`sinkmech.theory.bound_ranking`: Spearman
 correlation of ||d h_j^(L) / d h_i^(0)||_F with the path weight over all
 causal pairs, content pairs and off-diagonal pairs, against a null that
 shuffles the path weights among pairs at the same distance), with and without
 `<bos>`; and (2) is attention smoother without `<bos>` (normalised attention
-entropy of content queries, `sinkmech.perturb`)? This is an original test of
+entropy of content queries, `sinkmech.interventions.perturb`)? This is an original test of
 the bound's ranking, not Barbero et al. 2025's method. Gemma 3 (trained with a
 fixed `<bos>`) is the model of interest; SmolLM2 (no fixed `<bos>`) the control.
 
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from sinkmech import models
-from sinkmech.bound_ranking import bound_ranking, sign_flip_p, t_interval, validate_estimator
+from sinkmech.loading import models
+from sinkmech.theory.bound_ranking import bound_ranking, sign_flip_p, t_interval, validate_estimator
 from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
-from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, default_corpus, tokenize
 
 

@@ -9,12 +9,15 @@ such as the command line's flag parser, never pays for torch and TransformerLens
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import sys
 import types
+import warnings
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "load_model": "sinkmech.models", "bos_token_id": "sinkmech.models",
+    "load_model": "sinkmech.loading.models", "bos_token_id": "sinkmech.loading.models",
     "default_corpus": "sinkmech.prompts", "load_prompts": "sinkmech.prompts", "tokenize": "sinkmech.prompts",
     "as_batch": "sinkmech.prompts", "TokenBatch": "sinkmech.prompts",
     "sink_scores": "sinkmech.sinks", "SinkScores": "sinkmech.sinks",
@@ -26,11 +29,11 @@ _EXPORTS = {
     "head_ablations": "sinkmech.interventions.ablation", "HeadAblation": "sinkmech.interventions.ablation",
     "ablation_setup": "sinkmech.interventions.ablation", "AblationSetup": "sinkmech.interventions.ablation",
     "attribute_ablations": "sinkmech.interventions.attribution",
-    "perturbation_spread": "sinkmech.perturb",
-    "sensitivity": "sinkmech.sensitivity", "sensitivity_study": "sinkmech.sensitivity",
-    "rank_collapse": "sinkmech.sensitivity", "repeat_collapse": "sinkmech.sensitivity",
-    "head_attention": "sinkmech.attention", "HeadAttention": "sinkmech.attention",
-    "compare_model": "sinkmech.compare", "ModelComparison": "sinkmech.compare",
+    "perturbation_spread": "sinkmech.interventions.perturb",
+    "sensitivity": "sinkmech.theory.sensitivity", "sensitivity_study": "sinkmech.theory.sensitivity",
+    "rank_collapse": "sinkmech.theory.sensitivity", "repeat_collapse": "sinkmech.theory.sensitivity",
+    "head_attention": "sinkmech.measures.attention", "HeadAttention": "sinkmech.measures.attention",
+    "compare_model": "sinkmech.controls.compare", "ModelComparison": "sinkmech.controls.compare",
     "build_report": "sinkmech.report",
 }
 
@@ -57,7 +60,7 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """`sinkmech.sensitivity` names the function, as `from sinkmech import sensitivity`
+    """`sinkmech.theory.sensitivity` names the function, as `from sinkmech import sensitivity`
     always has, even after the module of the same name is imported (which sets the
     package attribute to that module)."""
 
@@ -68,3 +71,50 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+
+
+# Modules that moved into packages: the old path still imports (the same module
+# object, so patches and isinstance checks agree) with a DeprecationWarning.
+MOVED = {
+    "sinkmech.backend": "sinkmech.loading.backend", "sinkmech.models": "sinkmech.loading.models",
+    "sinkmech.hooked_loading": "sinkmech.loading.hooked", "sinkmech.bridge_loading": "sinkmech.loading.bridge",
+    "sinkmech.gguf": "sinkmech.loading.gguf", "sinkmech.model_cache": "sinkmech.loading.cache",
+    "sinkmech.model_names": "sinkmech.loading.names",
+    "sinkmech.partial": "sinkmech.sharding.parts", "sinkmech.shards": "sinkmech.sharding.sinks",
+    "sinkmech.shards_mechanisms": "sinkmech.sharding.mechanisms", "sinkmech.shards_length": "sinkmech.sharding.length",
+    "sinkmech.distributed": "sinkmech.sharding.ray",
+    "sinkmech.sink_measures": "sinkmech.measures.definitions", "sinkmech.attention": "sinkmech.measures.attention",
+    "sinkmech.value_weighted": "sinkmech.measures.value_weighted", "sinkmech.key_sinks": "sinkmech.measures.key_sinks",
+    "sinkmech.massive": "sinkmech.measures.massive",
+    "sinkmech.eval_length": "sinkmech.context.length", "sinkmech.streaming": "sinkmech.context.stream",
+    "sinkmech.perturb": "sinkmech.interventions.perturb", "sinkmech.recipes": "sinkmech.interventions.recipes",
+    "sinkmech.compare": "sinkmech.controls.compare", "sinkmech.first_token": "sinkmech.controls.first_token",
+    "sinkmech.bos_cost": "sinkmech.controls.bos_cost",
+    "sinkmech.sensitivity": "sinkmech.theory.sensitivity", "sinkmech.jacobian": "sinkmech.theory.jacobian",
+    "sinkmech.bound_ranking": "sinkmech.theory.bound_ranking",
+    "sinkmech.figures": "sinkmech.plots", "sinkmech.figures.spread": "sinkmech.plots.perturb",
+}
+
+
+class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a module's old path as its new one, with a DeprecationWarning."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        new = MOVED.get(fullname)
+        if new is None and fullname.startswith("sinkmech.figures."):
+            new = "sinkmech.plots." + fullname.removeprefix("sinkmech.figures.")
+        if new is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, loader_state=new)
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} moved to {spec.loader_state}; the old path will be removed in the next release",
+                      DeprecationWarning, stacklevel=3)
+        return importlib.import_module(spec.loader_state)
+
+    def exec_module(self, module) -> None:
+        """The module ran when it was imported under its new path."""
+
+
+if not any(isinstance(f, _MovedModule) for f in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModule())

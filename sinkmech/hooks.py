@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from sinkmech.backend import Model, forward
+from sinkmech.loading.backend import Model, forward
 from transformer_lens.utilities import get_act_name
 
 Hook = tuple[str, Callable]
@@ -68,7 +68,7 @@ def run(
     **kwargs,
 ) -> Tensor:
     """One forward pass with hooks that are removed afterwards, no grad
-    (`start_at_layer` / `stop_at_layer` as `sinkmech.backend.forward` takes them)."""
+    (`start_at_layer` / `stop_at_layer` as `sinkmech.loading.backend.forward` takes them)."""
     with torch.no_grad(), right_padding(model):
         return forward(model, tokens, fwd_hooks=fwd_hooks, **kwargs)
 

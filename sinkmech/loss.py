@@ -18,7 +18,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model, unembed
+from sinkmech.loading.backend import Model, unembed
 from sinkmech.hooks import Hook, act_name, cached_run
 from sinkmech.prompts import TokenBatch
 
@@ -29,7 +29,7 @@ UNEMBED_ROWS = 256
 
 
 def _unembed(model: Model, resid: Tensor) -> Tensor:
-    """Logits from the last block's output (`sinkmech.backend.unembed`)."""
+    """Logits from the last block's output (`sinkmech.loading.backend.unembed`)."""
     return unembed(model, resid)
 
 

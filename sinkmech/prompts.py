@@ -280,7 +280,7 @@ def tokenize(
         min_tokens: fewer content tokens than this is an error.
         bos_token_id: overrides the tokenizer's `<bos>` id.
     """
-    from sinkmech.models import bos_token_id as model_bos
+    from sinkmech.loading.models import bos_token_id as model_bos
 
     check_bos(bos)
     if max_tokens < 1:

@@ -15,7 +15,7 @@ and `&` in it become `\\u003c`-style escapes; and circuitsvis' ColoredTokens
 writes each token with `innerHTML`, so its tokens are HTML-escaped before
 being handed over (AttentionHeads draws tokens as canvas text: they go raw).
 
-The patterns come from `sinkmech.attention.head_attention`; nothing here runs a model.
+The patterns come from `sinkmech.measures.attention.head_attention`; nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from circuitsvis.attention import attention_heads
 from circuitsvis.tokens import colored_tokens
 from torch import Tensor
 
-from sinkmech.attention import HeadAttention, HeadSpec
+from sinkmech.measures.attention import HeadAttention, HeadSpec
 from sinkmech.files import write_text
 from sinkmech.prompts import CONDITION_LABELS
 

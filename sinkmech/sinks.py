@@ -7,7 +7,7 @@ sink logits, gpt-oss, 0 < alpha_0 <= 1, and the learned sink's own share is
 the percentage of (prompt, head) pairs with alpha_0 > epsilon. In the same
 pass: value-vector norms and residual-stream norms at the first token versus
 the rest (the sink's small value and massive activation). The per-pattern
-definitions (alpha_0, the eps and row checks, the `<bos>` move) are in `sinkmech.sink_measures`.
+definitions (alpha_0, the eps and row checks, the `<bos>` move) are in `sinkmech.measures.definitions`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model, has_learned_sinks
+from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
-from sinkmech.sink_measures import (  # noqa: F401  (re-exported: sinkmech.sinks is where callers look)
+from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmech.sinks is where callers look)
     check_eps,
     check_rows,
     first_key_score,
@@ -271,7 +271,7 @@ def sink_scores(
     positions never enter any mean.
 
     Args:
-        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.loading.backend`).
         tokens: a ready TokenBatch, or prompts (strings, a .txt / .jsonl path,
             token-id lists, or None for the default corpus), tokenized once.
         bos: "prepend" puts `<bos>` at position 0; "none" scores the same content

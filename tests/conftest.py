@@ -19,7 +19,7 @@ import torch
 import matplotlib.pyplot  # noqa: F401
 import transformer_lens  # noqa: F401
 
-from sinkmech.backend import BACKEND, IS_BRIDGE, Model
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE, Model
 
 
 def _reuse_jaxtyping_checkers() -> None:
@@ -189,7 +189,7 @@ def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int
     """A tiny random model: a HookedTransformer (LayerNorm, GELU) on TransformerLens
     3.x; on the Bridge a tiny random Llama saved as a Hugging Face folder, same sizes."""
     if IS_BRIDGE:
-        from sinkmech.models import load_model
+        from sinkmech.loading.models import load_model
         from tiny_hf import save_tiny
 
         folder = _TINY_DIR / f"llama-{seed}-{n_layers}-{n_heads}-{d_head}-{n_kv}"
@@ -256,7 +256,7 @@ def gemma() -> Model:
     """Gemma 3 270M (trained with a fixed <bos>), loaded once, with the network cut."""
     import socket
 
-    from sinkmech.models import load_model
+    from sinkmech.loading.models import load_model
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -266,6 +266,6 @@ def gemma() -> Model:
 
 @pytest.fixture(scope="session")
 def smollm2() -> Model:
-    from sinkmech.models import load_model
+    from sinkmech.loading.models import load_model
 
     return load_model("smollm2", device="cpu")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkmech.backend import BACKEND, IS_BRIDGE, Model
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE, Model
 
 from conftest import TINY_BOS, make_tiny
 

@@ -17,11 +17,11 @@ import sys
 import pytest
 import torch
 
-from sinkmech.backend import IS_BRIDGE, forward, learned_sinks, unembed
+from sinkmech.loading.backend import IS_BRIDGE, forward, learned_sinks, unembed
 from sinkmech.cli import main
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.loss import content_loss
-from sinkmech.models import load_model
+from sinkmech.loading.models import load_model
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 from tiny_hf import BOS, MATRIX, save_tiny
@@ -167,7 +167,7 @@ def test_drop_sink_is_refused_for_a_model_without_learned_sinks(folders, tmp_pat
         head_ablations(model, _rows(), mode="drop_sink", bos_token_id=BOS, progress=False)
     prompts = _prompt_file(tmp_path, _rows(batch=2))
     # from the CLI before the model loads: the folder's weights hold no `sinks` tensor
-    from sinkmech import models
+    from sinkmech.loading import models
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
@@ -265,7 +265,7 @@ def test_a_nan_sink_logit_is_caught_not_reported(folders):
 def test_a_readout_that_misses_the_model_s_own_is_refused_at_load(folders, monkeypatch):
     """Granite divides its logits by `logits_scaling`; a readout that rebuilds
     the final norm and unembedding by hand misses it, and the load says so."""
-    from sinkmech import backend
+    from sinkmech.loading import backend
 
     def by_hand(model, resid):
         return model.unembed(model.ln_final(resid))

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkmech.backend import BACKEND, IS_BRIDGE
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch
-from sinkmech.massive import massive_dims
-from sinkmech.models import load_model
-from sinkmech.perturb import TokenSwap, perturbation_spread
+from sinkmech.measures.massive import massive_dims
+from sinkmech.loading.models import load_model
+from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
 from sinkmech.prompts import tokenize
 from tiny_hf import ARCHS, BOS, save_tiny
 

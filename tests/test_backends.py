@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkmech.backend import BACKEND, IS_BRIDGE, W_O, W_V, b_V, forward, unembed, version_text
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE, W_O, W_V, b_V, forward, unembed, version_text
 from sinkmech.cli import main
 from sinkmech.hooks import cached_run
 from sinkmech.loss import content_loss
-from sinkmech.models import check_dtype, load_model
+from sinkmech.loading.models import check_dtype, load_model
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 from tiny_hf import ARCHS, BOS, eager_reference, save_tiny
@@ -95,7 +95,7 @@ def test_bfloat16_loss_and_perturbation_stay_near_float32(tmp_path):
     reduced in float32) agree with the float32 model's within bfloat16's rounding
     of the activations (8 bits of mantissa). At 17 positions this bounds the
     total error; it cannot tell a float32 sum from a bfloat16 one (too few terms)."""
-    from sinkmech.perturb import EmbeddingNoise, perturbation_spread
+    from sinkmech.interventions.perturb import EmbeddingNoise, perturbation_spread
 
     folder = save_tiny(tmp_path / "llama", "llama", seed=6)
     rows = _tokens(4, batch=4, n=16)
@@ -112,7 +112,7 @@ def test_bfloat16_loss_and_perturbation_stay_near_float32(tmp_path):
 
 
 def test_bad_dtype_and_device_are_refused_before_loading(capsys, monkeypatch):
-    from sinkmech import models
+    from sinkmech.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     assert main(["sinks", "--device", "nonsense"]) == 2
@@ -138,7 +138,7 @@ def gemma_eager():
     """transformers' own Gemma 3 270M from the same GGUF, eager attention (read once)."""
     from transformers import AutoModelForCausalLM
 
-    from sinkmech.models import packaged_gguf_path
+    from sinkmech.loading.models import packaged_gguf_path
 
     path = packaged_gguf_path("gemma3-270m")
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
@@ -177,7 +177,7 @@ def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, g
 
 
 def test_gemma_bfloat16_holds_sink_rates_within_2_points(gemma):
-    from sinkmech.models import load_model as load
+    from sinkmech.loading.models import load_model as load
     from sinkmech.prompts import default_corpus
 
     prompts = default_corpus()[100:112]

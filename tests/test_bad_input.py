@@ -67,7 +67,7 @@ def _section(key: str, fail: BaseException | None = None):
     from sinkmech.report import Section
 
     def make(ctx):
-        figs = ctx.figure(key, lambda p: __import__("sinkmech.figures.core", fromlist=["x"]).layer_lines(
+        figs = ctx.figure(key, lambda p: __import__("sinkmech.plots.core", fromlist=["x"]).layer_lines(
             {"a": [1.0, 2.0]}, p, title=key, ylabel="y"))
         if fail is not None:
             raise fail
@@ -117,7 +117,7 @@ def test_json_output_never_holds_nan(tmp_path):
 
 
 def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
-    from sinkmech import models
+    from sinkmech.loading import models
     from sinkmech.cli import main
 
     def interrupt(*a, **k):
@@ -151,7 +151,7 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch, capsys):
     ],
 )
 def test_bad_flags_fail_before_the_model_loads(argv, message, monkeypatch, capsys):
-    from sinkmech import models
+    from sinkmech.loading import models
     from sinkmech.cli import main
 
     def never(*a, **k):
@@ -197,7 +197,7 @@ class CharTokenizer:
 @pytest.fixture
 def cli_tiny(tiny_model, monkeypatch):
     """`sinkmech ...` runs on the tiny model, whatever --model says."""
-    from sinkmech import models
+    from sinkmech.loading import models
 
     toy_tokenizer(monkeypatch, tiny_model, CharTokenizer())
     monkeypatch.setattr(models, "load_model", lambda *a, **k: tiny_model)
@@ -207,7 +207,7 @@ def cli_tiny(tiny_model, monkeypatch):
 def test_an_output_that_fails_at_the_end_does_not_lose_the_others(cli_tiny, tmp_path, monkeypatch, capsys):
     """The figure fails to save after the run: the JSON is still written, and the error names the figure."""
     from sinkmech.cli import main
-    from sinkmech.figures import sinks as figures_sinks  # the command imports its figure when it draws it
+    from sinkmech.plots import sinks as figures_sinks  # the command imports its figure when it draws it
 
     def broken(*a, **k):
         raise OSError("cannot write figure to x.png: disk full")
@@ -224,10 +224,10 @@ def test_an_output_that_fails_at_the_end_does_not_lose_the_others(cli_tiny, tmp_
 
 
 COMMANDS = [  # each command imports its figure function from its module when it draws it
-    (["patch"], "sinkmech.figures.core.save"),
-    (["ablate", "--mode", "mask_first"], "sinkmech.figures.core.save"),
-    (["perturb", "--noise", "0.1", "--position", "1"], "sinkmech.figures.core.save"),
-    (["massive"], "sinkmech.figures.mechanisms.massive_figure"),
+    (["patch"], "sinkmech.plots.core.save"),
+    (["ablate", "--mode", "mask_first"], "sinkmech.plots.core.save"),
+    (["perturb", "--noise", "0.1", "--position", "1"], "sinkmech.plots.core.save"),
+    (["massive"], "sinkmech.plots.mechanisms.massive_figure"),
 ]
 
 
@@ -342,7 +342,7 @@ def test_every_flag_of_every_command_says_what_it_does():
 
 
 def _never_load(monkeypatch):
-    from sinkmech import models
+    from sinkmech.loading import models
 
     def never(*a, **k):
         raise AssertionError("a model was loaded before the bad input was caught")
@@ -362,7 +362,7 @@ def test_compare_checks_every_model_name_before_loading_any(bad, tmp_path, monke
 
 def test_compare_with_good_names_goes_on_to_load(tmp_path, monkeypatch, capsys):
     """The name check passes what can load (so the check above is not refusing everything)."""
-    from sinkmech import models
+    from sinkmech.loading import models
     from sinkmech.cli import main
 
     folder = tmp_path / "hf"
@@ -383,7 +383,7 @@ def test_compare_with_good_names_goes_on_to_load(tmp_path, monkeypatch, capsys):
 def test_an_unwritable_cache_names_the_cache_and_the_fix(where, tmp_path, monkeypatch, capsys):
     from conftest import make_tiny
     from sinkmech.cli import main
-    from sinkmech.model_cache import CacheNotWritableError, ModelCache, entry_key
+    from sinkmech.loading.cache import CacheNotWritableError, ModelCache, entry_key
 
     (tmp_path / "file").write_text("x")
     root = tmp_path / "file" / "cache" if where == "under_a_file" else "/proc/sinkmech-cache"
@@ -399,7 +399,7 @@ def test_an_unwritable_cache_names_the_cache_and_the_fix(where, tmp_path, monkey
 
 
 def test_a_missing_cache_folder_is_created(tmp_path):
-    from sinkmech.model_cache import ModelCache
+    from sinkmech.loading.cache import ModelCache
 
     cache = ModelCache(tmp_path / "not" / "yet")
     cache.ensure_writable()
@@ -457,9 +457,9 @@ def test_the_corrupt_cache_warning_is_one_line_without_python_source(tmp_path):
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from conftest import make_tiny
-from sinkmech import models
+from sinkmech.loading import models
 from sinkmech.cli import main
-from sinkmech.model_cache import ModelCache, entry_key
+from sinkmech.loading.cache import ModelCache, entry_key
 
 cache, key = ModelCache({str(tmp_path)!r}), entry_key("ab" * 32)
 weights = cache.store(key, make_tiny()) / "weights.safetensors"

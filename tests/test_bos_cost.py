@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import NEEDS_HOOKED, TINY_BOS, WordTokenizer
-from sinkmech.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
+from sinkmech.controls.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
 
@@ -80,7 +80,7 @@ def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
 
     model = make_tiny(7)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat sat on the warm mat today\na cat ran far away from the big dog\n")
     out = tmp_path / "loss.json"

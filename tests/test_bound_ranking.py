@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import TINY_BOS
-from sinkmech.bound_ranking import (
+from sinkmech.theory.bound_ranking import (
     bound_ranking,
     distance_shuffled_spearman,
     pair_mask,
@@ -16,7 +16,7 @@ from sinkmech.bound_ranking import (
     t_quantile,
     validate_estimator,
 )
-from sinkmech.sensitivity import jacobian_norms, jacobian_norms_hutchinson, spearman
+from sinkmech.theory.sensitivity import jacobian_norms, jacobian_norms_hutchinson, spearman
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from sinkmech.cli.main import main
 def cli_model(monkeypatch):
     model = make_tiny(7)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
     return model
 
 
@@ -79,7 +79,7 @@ def test_perturb_sensitivity_reports_the_rank_correlation(cli_model, prompts, tm
 
 
 def test_sensitivity_study_against_sensitivity(tiny_model, tiny_tokens):
-    from sinkmech.sensitivity import sensitivity, sensitivity_study
+    from sinkmech.theory.sensitivity import sensitivity, sensitivity_study
 
     rows = tiny_tokens[:2, :5].tolist()
     st = sensitivity_study(tiny_model, rows, max_tokens=5, bos_token_id=TINY_BOS, progress=False)

@@ -10,15 +10,15 @@ import math
 import pytest
 import torch
 
-from sinkmech.backend import IS_BRIDGE
+from sinkmech.loading.backend import IS_BRIDGE
 import sinkmech.cli.stream as stream_cmd
 from conftest import TINY_BOS
-from sinkmech import models
+from sinkmech.loading import models
 from sinkmech.cli.main import main
-from sinkmech.eval_length import sinks_vs_length
-from sinkmech.key_sinks import key_sink_scores
+from sinkmech.context.length import sinks_vs_length
+from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.prompts import token_text, tokenize
-from sinkmech.streaming import stream_perplexity
+from sinkmech.context.stream import stream_perplexity
 
 IDS = torch.randint(2, 50, (6, 60), generator=torch.Generator().manual_seed(3))
 
@@ -62,9 +62,9 @@ def tiny_cli(tiny_model, monkeypatch):
     """The CLI on the tiny model: token ids instead of the tokenizer's text (patched where
     they are defined: each command imports them when it runs)."""
     monkeypatch.setattr(models, "load_model", lambda spec, **kw: tiny_model)
-    monkeypatch.setattr("sinkmech.streaming.long_tokens", lambda model, n, bos="prepend": tokenize(
+    monkeypatch.setattr("sinkmech.context.stream.long_tokens", lambda model, n, bos="prepend": tokenize(
         model, IDS[:1, :n], bos=bos, max_tokens=n, bos_token_id=TINY_BOS))
-    monkeypatch.setattr("sinkmech.eval_length.long_prompts", lambda model, n_prompts, n, bos="prepend": tokenize(
+    monkeypatch.setattr("sinkmech.context.length.long_prompts", lambda model, n_prompts, n, bos="prepend": tokenize(
         model, IDS[:n_prompts], bos=bos, max_tokens=min(n, 60), bos_token_id=TINY_BOS))
 
     def by_ids(model, prompts, *, bos, max_tokens, **kw):

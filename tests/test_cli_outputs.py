@@ -10,9 +10,9 @@ import json
 import pytest
 
 from conftest import TINY_BOS
-from sinkmech import models
+from sinkmech.loading import models
 from sinkmech.cli.main import main
-from sinkmech.eval_length import sinks_vs_length
+from sinkmech.context.length import sinks_vs_length
 from sinkmech.prompts import tokenize
 from test_cli_shards import assert_same_json
 

@@ -25,7 +25,7 @@ class WordTokenizer:
 def cli_model(monkeypatch):
     model = make_tiny(7)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
     return model
 
 

@@ -33,7 +33,7 @@ WORDS = ["the", "cat", "sat", "on", "a", "warm", "mat", "while", "dogs", "ran", 
 def cli_model(monkeypatch):
     model = make_tiny(5)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
     return model
 
 
@@ -157,7 +157,7 @@ def test_bad_merges_fail_with_one_error_line(cli_model, prompts, tmp_path, capsy
 
 
 def test_shard_flags_are_checked_before_the_model_loads(prompts, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("sinkmech.models.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda *a, **k: pytest.fail("loaded a model"))
     base = [*SINKS, "--prompts", prompts]
     cases = [
         (["--shard", "4/3", "--json", str(tmp_path / "a.partial.json")], "1 <= I <= N"),

@@ -13,7 +13,7 @@ import test_cli_shards as base
 from test_cli_shards import assert_same_json, error_line
 
 from sinkmech.cli.main import main
-from sinkmech.partial import read_partial, write_partial
+from sinkmech.sharding.parts import read_partial, write_partial
 
 # 6 windows of the default corpus (the word tokenizer: 63 content tokens each, the context's limit); 100 is skipped
 LENGTH = ["length", "--lengths", "4", "8", "16", "100", "--n-prompts", "6", "--top", "2", "--batch-size", "2"]
@@ -91,7 +91,7 @@ def test_bad_stages_are_refused_with_one_line_before_any_model_loads(cli_model, 
     heads = {**second.settings["heads"], "fixed": [0, 0]}
     other = write_partial(tmp_path / "odd.partial.json", replace(second, settings={**second.settings, "heads": heads}))
     capsys.readouterr()
-    monkeypatch.setattr("sinkmech.models.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda *a, **k: pytest.fail("loaded a model"))
     out = str(tmp_path / "c.partial.json")
     cases = [
         ([*LENGTH, "--scores", str(scores[0]), "--json", out], "needs --shard I/N"),

@@ -70,7 +70,7 @@ def test_help_and_bad_flags_import_nothing_heavy(tmp_path):
 
 
 def test_version_prints_the_backends_own_line():
-    from sinkmech.backend import version_text
+    from sinkmech.loading.backend import version_text
     from sinkmech.cli.main import version_line
 
     assert version_line() == version_text()
@@ -98,19 +98,19 @@ def test_the_public_names_are_their_modules_objects():
 def test_constants_read_from_source_equal_the_imported_ones():
     from typing import get_args
 
-    from sinkmech.backend import IS_BRIDGE
+    from sinkmech.loading.backend import IS_BRIDGE
     from sinkmech.cli.common import dataclass_defaults, source_constant
-    from sinkmech.eval_length import DEFAULT_LENGTHS, UNIFORM_MULTIPLES
+    from sinkmech.context.length import DEFAULT_LENGTHS, UNIFORM_MULTIPLES
     from sinkmech.interventions.patching import PatchAct, PatchBy
-    from sinkmech.model_names import is_bridge_installed
+    from sinkmech.loading.names import is_bridge_installed
     from sinkmech.report.context import ReportContext
 
-    assert source_constant("sinkmech.eval_length", "DEFAULT_LENGTHS") == DEFAULT_LENGTHS
-    assert source_constant("sinkmech.eval_length", "UNIFORM_MULTIPLES") == UNIFORM_MULTIPLES
+    assert source_constant("sinkmech.context.length", "DEFAULT_LENGTHS") == DEFAULT_LENGTHS
+    assert source_constant("sinkmech.context.length", "UNIFORM_MULTIPLES") == UNIFORM_MULTIPLES
     assert source_constant("sinkmech.interventions.patching", "PatchAct") == get_args(PatchAct)
     assert source_constant("sinkmech.interventions.patching", "PatchBy") == get_args(PatchBy)
     defaults = dataclass_defaults("sinkmech.report.context", "ReportContext")
     assert defaults and all(ReportContext.__dataclass_fields__[k].default == v for k, v in defaults.items())
     assert is_bridge_installed() == IS_BRIDGE
     with pytest.raises(LookupError):
-        source_constant("sinkmech.eval_length", "NO_SUCH_NAME")
+        source_constant("sinkmech.context.length", "NO_SUCH_NAME")

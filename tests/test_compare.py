@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import TINY_BOS
-from sinkmech.compare import compare_model
+from sinkmech.controls.compare import compare_model
 from sinkmech.loss import content_loss
-from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 
@@ -86,7 +86,8 @@ def test_compare_model_equals_the_analyses_it_runs(tiny_model):
 
 @pytest.mark.slow
 def test_compare_cli_writes_table_and_figures(smollm2, tmp_path, monkeypatch, capsys):
-    from sinkmech import cli, models
+    from sinkmech import cli
+    from sinkmech.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
     out = tmp_path / "cmp"
@@ -105,7 +106,8 @@ def test_compare_cli_writes_table_and_figures(smollm2, tmp_path, monkeypatch, ca
 @pytest.mark.slow
 def test_gemma_cli_contracts(gemma, tmp_path, monkeypatch):
     """`sinks` (with the loss) and `perturb` on Gemma 3 270M: the contracts other scripts rely on."""
-    from sinkmech import cli, models
+    from sinkmech import cli
+    from sinkmech.loading import models
     from sinkmech.prompts import default_corpus
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: gemma)
@@ -129,7 +131,8 @@ def test_gemma_cli_contracts(gemma, tmp_path, monkeypatch):
 @pytest.mark.long
 def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
     """Every report section (sinks, norms, views, spread, dormant heads + no-op, ablation + patching) runs on Gemma."""
-    from sinkmech import cli, models
+    from sinkmech import cli
+    from sinkmech.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: gemma)
     out = tmp_path / "rep"
@@ -143,8 +146,8 @@ def test_gemma_report_end_to_end(gemma, tmp_path, monkeypatch):
 
 
 def test_depth_curves_and_sweep_figures_draw(tmp_path):
-    from sinkmech.figures.heads import mode_sweep
-    from sinkmech.figures.compare import depth_curves
+    from sinkmech.plots.heads import mode_sweep
+    from sinkmech.plots.compare import depth_curves
 
     curve = [[0.1, 0.05, 0.2], [0.5, 0.4, 0.6], [0.9, 0.8, 1.0]]
     out = depth_curves({"a": {"prepend": ([0, 0.5, 1], curve), "none": ([0, 0.5, 1], curve)},

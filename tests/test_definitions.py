@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from sinkmech.dormant.scan import scan_heads
-from sinkmech.eval_length import sinks_vs_length
+from sinkmech.context.length import sinks_vs_length
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.loss import content_loss, masked_loss, target_mask
-from sinkmech.massive import reset_massive_dims
+from sinkmech.measures.massive import reset_massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import check_eps, first_key_score, sink_scores
-from sinkmech.streaming import stream_perplexity
-from sinkmech.value_weighted import value_weighted_first
+from sinkmech.context.stream import stream_perplexity
+from sinkmech.measures.value_weighted import value_weighted_first
 from tests.conftest import TINY_BOS
 
 

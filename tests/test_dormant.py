@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from sinkmech.backend import W_O, attn_scale
+from sinkmech.loading.backend import W_O, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
@@ -298,7 +298,8 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     """The CLI on a small slice of the default corpus: the JSON contract holds and
     the no-op check reports both numbers, with intervals, for every if_else head
     and the two closest candidates besides."""
-    from sinkmech import cli, models
+    from sinkmech import cli
+    from sinkmech.loading import models
     from sinkmech.prompts import default_corpus
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
@@ -523,7 +524,8 @@ def test_contrast_finds_a_domain_dormant_head_and_nothing_between_like_corpora()
     (["heads", "--n-prompts", "8", "--noop-prompts", "8"], "too few"),
 ])
 def test_heads_flags_are_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
-    from sinkmech import cli, models
+    from sinkmech import cli
+    from sinkmech.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     assert cli.main(argv) == 2

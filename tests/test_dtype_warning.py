@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from sinkmech import models
+from sinkmech.loading import models
 from tiny_hf import save_tiny
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkmech.eval_length import sinks_vs_length, truncate
+from sinkmech.context.length import sinks_vs_length, truncate
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
@@ -110,7 +110,7 @@ def test_lengths_past_64_content_tokens_run():
     """Regression: the per-length mask_first ablation got a TokenBatch of T > 64 content
     tokens and refused it against its default max_tokens (64); a ready TokenBatch is now
     checked only against a max_tokens the caller gives. Needs a context above 64."""
-    from sinkmech.backend import IS_BRIDGE
+    from sinkmech.loading.backend import IS_BRIDGE
 
     if IS_BRIDGE:
         pytest.skip("builds a HookedTransformer with a 128-position context (TL 3.x)")

@@ -8,7 +8,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from sinkmech.figures import core, heads, patching, sinks, spread
+from sinkmech.plots import core, heads, patching, perturb, sinks
 
 DPI = 200  # figures.save writes at 200 dpi
 PAGE_W, COLUMN_W = 7.5, 3.9  # inches a figure may take: a page, a column (with margin)
@@ -43,7 +43,7 @@ def test_layer_lines_log(tmp_path):
 def test_spread_heatmaps(tmp_path):
     pos, layer = np.arange(64)[None], np.arange(30)[:, None]
     panels = {"prepend": np.where(pos >= 20, 1e-3 * (1 + layer), 0.0), "none": np.where(pos >= 20, 1e-2 * (1 + layer), 0.0)}
-    check_files(lambda p: spread.spread_heatmaps(panels, p, perturbed_pos=20), tmp_path, "spread", PAGE_W)
+    check_files(lambda p: perturb.spread_heatmaps(panels, p, perturbed_pos=20), tmp_path, "spread", PAGE_W)
 
 
 def test_head_norm_bars(tmp_path):
@@ -68,7 +68,7 @@ def test_spread_log_scale_keeps_the_untouched_positions_at_the_floor(tmp_path):
     # must sit at the floor colour, not turn into NaN holes.
     a = np.zeros((4, 10))
     a[:, 5:] = 0.1
-    img = check_files(lambda p: spread.spread_heatmaps({"prepend": a}, p, floor=1e-3), tmp_path, "floor", PAGE_W)
+    img = check_files(lambda p: perturb.spread_heatmaps({"prepend": a}, p, floor=1e-3), tmp_path, "floor", PAGE_W)
     assert np.isfinite(img).all()
 
 
@@ -78,9 +78,9 @@ def test_spread_log_scale_keeps_the_untouched_positions_at_the_floor(tmp_path):
         (lambda p: sinks.sink_rate_lines({}, p, eps=0.3), "empty"),
         (lambda p: sinks.sink_rate_lines({"prepend": [120.0]}, p, eps=0.3), "percentages"),
         (lambda p: core.layer_lines({"a": []}, p, title="t", ylabel="y"), "non-empty 1-D"),
-        (lambda p: spread.spread_heatmaps({}, p), "empty"),
-        (lambda p: spread.spread_heatmaps({"prepend": np.ones(5)}, p), r"\[layer, pos\]"),
-        (lambda p: spread.spread_heatmaps({"prepend": -np.ones((2, 2))}, p), "negative"),
+        (lambda p: perturb.spread_heatmaps({}, p), "empty"),
+        (lambda p: perturb.spread_heatmaps({"prepend": np.ones(5)}, p), r"\[layer, pos\]"),
+        (lambda p: perturb.spread_heatmaps({"prepend": -np.ones((2, 2))}, p), "negative"),
         (lambda p: heads.head_norm_bars([], {"a": []}, p), "no heads"),
         (lambda p: heads.head_norm_bars(HEADS, {}, p), "empty"),
         (lambda p: heads.head_norm_bars(HEADS, {"a": [1.0, 2.0]}, p), "2 values for 3 heads"),
@@ -122,7 +122,7 @@ def test_training_curves_wrap_many_runs_onto_bands_of_three_rows(tmp_path, monke
     the image is about as tall as wide, where one band of seven columns is three times as wide."""
     from matplotlib.figure import Figure
 
-    from sinkmech.figures.training import training_curves
+    from sinkmech.plots.training import training_curves
 
     real = Figure.savefig  # saved at 20 dpi: only the shape is read (at 200 dpi, 5,000-pixel images took seconds)
     monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: real(fig, path, **{**kw, "dpi": 20}))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import TINY_BOS
-from sinkmech.first_token import bos_position_study, first_token_study
-from sinkmech.perturb import corpus_swaps, perturbation_spread
+from sinkmech.controls.first_token import bos_position_study, first_token_study
+from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.sinks import sink_scores
 
 PREFIXES = {"bos": [TINY_BOS], "other": [7], "bos_bos": [TINY_BOS, TINY_BOS], "none": []}
@@ -99,7 +99,7 @@ def test_gemma_first_tokens_match_transformers(gemma):
 
     from transformers import AutoModelForCausalLM
 
-    from sinkmech.models import packaged_gguf_path
+    from sinkmech.loading.models import packaged_gguf_path
     from sinkmech.prompts import default_corpus, tokenize
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))

@@ -20,7 +20,7 @@ from sinkmech.cli.common import at_least, eps_value, fraction, positive_float, p
     (["report", "--out", "unused", "--scan-prompts", "0"], "error: --scan-prompts must be >= 1, got 0\n"),
 ])
 def test_a_rejected_value_is_one_error_line(argv, message, monkeypatch, capsys):
-    from sinkmech import models
+    from sinkmech.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main(argv) == 2
@@ -58,7 +58,7 @@ def test_flags_added_since_are_checked_by_their_type(argv, start, monkeypatch, c
     """The flags main gained after the first flag-type pass (--device, the shard and Ray
     flags, --model/--models, --lengths) are checked the same way: one line, exit 2,
     before any model loads."""
-    from sinkmech import models
+    from sinkmech.loading import models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert main(argv) == 2
@@ -69,7 +69,7 @@ def test_flags_added_since_are_checked_by_their_type(argv, start, monkeypatch, c
 def test_compare_checks_its_default_models_by_the_same_type(monkeypatch, capsys, tmp_path):
     """argparse does not run a type over a list default: compare checks DEFAULT_MODELS
     with --models' type itself, before any model loads."""
-    from sinkmech import models
+    from sinkmech.loading import models
     from sinkmech.cli import compare as cli_compare
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))

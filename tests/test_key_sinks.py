@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sinkmech.hooks import act_name, cached_run
-from sinkmech.key_sinks import key_sink_scores
+from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
 from tests.conftest import TINY_BOS
 
@@ -108,7 +108,7 @@ def _uniform(scores, hook):
 
 def test_uniform_share_is_alpha_of_uniform_attention(ragged):
     """u_k equals key_alpha of an explicit uniform pattern, and the brute-force mean of 1/(t+1)."""
-    from sinkmech.key_sinks import key_alpha, uniform_share
+    from sinkmech.measures.key_sinks import key_alpha, uniform_share
 
     T = ragged.tokens.shape[1]
     pattern = torch.zeros(len(ragged), 1, T, T)

@@ -53,7 +53,7 @@ def test_chunked_kl_keeps_the_gradient(monkeypatch):
 # scores the same logits held whole.
 
 def _last_resid_and_logits(model, tokens):
-    from sinkmech.backend import unembed
+    from sinkmech.loading.backend import unembed
     from sinkmech.hooks import run
 
     def no_grad_unembed(model, x):
@@ -121,7 +121,7 @@ def test_sweep_holds_no_whole_logits(tiny_model, monkeypatch):
 def test_the_lazy_unembedding_equals_the_models_own(tiny_model):
     """`backend.unembed` (the final norm and the unembedding, on the weights in
     place) gives the logits of the model's own forward pass."""
-    from sinkmech.backend import unembed
+    from sinkmech.loading.backend import unembed
 
     tokens = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -8,7 +8,7 @@ from jaxtyping import TypeCheckError
 
 from sinkmech.hooks import act_name, residual_stack
 from sinkmech.loss import content_loss
-from sinkmech.massive import massive_dims, reset_massive_dims
+from sinkmech.measures.massive import massive_dims, reset_massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 from tests.conftest import TINY_BOS

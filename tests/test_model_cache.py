@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-import sinkmech.model_cache as mc
+import sinkmech.loading.cache as mc
 from conftest import NEEDS_HOOKED, make_tiny
-from sinkmech.model_cache import CACHE_ENV, ModelCache, default_cache_dir, entry_key
+from sinkmech.loading.cache import CACHE_ENV, ModelCache, default_cache_dir, entry_key
 
 # The Bridge caches Hugging Face folders instead (tests/test_backends.py).
 pytestmark = NEEDS_HOOKED

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from sinkmech.gguf import GGUFError, read_gguf, unpermute_rope_rows
-from sinkmech.backend import IS_BRIDGE
-from sinkmech.model_cache import ModelCache
-from sinkmech.models import (
+from sinkmech.loading.gguf import GGUFError, read_gguf, unpermute_rope_rows
+from sinkmech.loading.backend import IS_BRIDGE
+from sinkmech.loading.cache import ModelCache
+from sinkmech.loading.models import (
     PACKAGED_MODELS,
     ModelNotFoundError,
     bos_token_id,
@@ -109,7 +109,7 @@ def test_truncated_file(tmp_path):
 def test_unsupported_architecture_is_named(tmp_path):
     import gguf
 
-    from sinkmech.backend import BACKEND
+    from sinkmech.loading.backend import BACKEND
 
     if IS_BRIDGE:
         pytest.skip(f"gpt2 GGUF files are supported on the {BACKEND} backend (transformers reads them)")

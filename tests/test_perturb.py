@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY_BOS
 from sinkmech.hooks import act_name
-from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
+from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from sinkmech.distributed import ShardFailed, run_on_ray  # noqa: E402
-from sinkmech.partial import Partial, shard_span  # noqa: E402
+from sinkmech.sharding.ray import ShardFailed, run_on_ray  # noqa: E402
+from sinkmech.sharding.parts import Partial, shard_span  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("ray")
 
 from conftest import TINY_BOS  # noqa: E402
-from sinkmech import distributed, models  # noqa: E402
+from sinkmech.loading import models  # noqa: E402
+from sinkmech.sharding import ray as distributed  # noqa: E402
 from sinkmech.cli.main import main  # noqa: E402
 from sinkmech.prompts import tokenize  # noqa: E402
 from test_cli_shards import assert_same_json  # noqa: E402

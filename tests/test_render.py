@@ -11,9 +11,9 @@ import torch
 from circuitsvis.tokens import colored_tokens
 
 from conftest import TINY_BOS, make_tiny
-from sinkmech.backend import IS_BRIDGE
+from sinkmech.loading.backend import IS_BRIDGE
 from sinkmech import render
-from sinkmech.attention import head_attention
+from sinkmech.measures.attention import head_attention
 from sinkmech.hooks import act_name
 
 # Token strings an attacker (or just Python source) can put in a prompt.

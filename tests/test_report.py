@@ -14,13 +14,13 @@ from circuitsvis.tokens import colored_tokens
 from browser import Dom, dump_dom, screenshot
 from conftest import TINY_BOS
 from sinkmech import cli, render, report
-from sinkmech.figures import core as figures
-from sinkmech.attention import head_attention
+from sinkmech.plots import core as figures
+from sinkmech.measures.attention import head_attention
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.noop import noop_check
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
-from sinkmech.perturb import TokenSwap, perturbation_spread
+from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
 from sinkmech.sinks import sink_scores
 from test_render import PLANTED, planted_str
 
@@ -212,9 +212,9 @@ def test_bad_settings_and_folders_are_clear_errors(tiny_model, tmp_path, capsys)
 @pytest.mark.slow
 @pytest.mark.long
 def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
-    import sinkmech.models
+    import sinkmech.loading.models
 
-    monkeypatch.setattr(sinkmech.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per test run
+    monkeypatch.setattr(sinkmech.loading.models, "load_model", lambda spec, **kw: smollm2)  # loaded once per test run
     out = tmp_path / "rep"
     args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "8",
             "--heads", "2", "--view-tokens", "10", "--view-prompts", "1", "--beyond-prompts", "2",

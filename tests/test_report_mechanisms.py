@@ -11,18 +11,18 @@ import torch
 
 from conftest import TINY_BOS
 from sinkmech import report
-from sinkmech.figures import mechanisms
-from sinkmech.eval_length import LengthSweep, long_prompts, sinks_vs_length
-from sinkmech.key_sinks import key_sink_scores
-from sinkmech.massive import massive_dims
+from sinkmech.plots import mechanisms
+from sinkmech.context.length import LengthSweep, long_prompts, sinks_vs_length
+from sinkmech.measures.key_sinks import key_sink_scores
+from sinkmech.measures.massive import massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.report.context import SETTINGS
 from sinkmech.report.sections import SECTIONS
 from sinkmech.report.sections_mechanisms import (
     STREAM_KEEP, key_sinks_section, length_section, massive_section, stream_section, value_weighted_section,
 )
-from sinkmech.streaming import long_tokens, stream_perplexity
-from sinkmech.value_weighted import value_weighted_first
+from sinkmech.context.stream import long_tokens, stream_perplexity
+from sinkmech.measures.value_weighted import value_weighted_first
 
 BEYOND = [key_sinks_section, massive_section, value_weighted_section, stream_section, length_section]
 KW = dict(bos_token_id=TINY_BOS, progress=False)

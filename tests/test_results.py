@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import sinkmech
-from sinkmech.backend import BACKEND, IS_BRIDGE
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE
 from sinkmech.files import json_text
 from sinkmech.results import Result
 from tests.conftest import TINY_BOS
@@ -65,31 +65,31 @@ def _sink_scores(m, rows, batch):
 
 
 def _massive_dims(m, rows, batch):
-    from sinkmech.massive import massive_dims
+    from sinkmech.measures.massive import massive_dims
 
     return massive_dims(m, batch, top_k=2, progress=False)
 
 
 def _massive_reset(m, rows, batch):
-    from sinkmech.massive import reset_massive_dims
+    from sinkmech.measures.massive import reset_massive_dims
 
     return reset_massive_dims(m, batch, dims=(0, 1), from_layer=0, progress=False)
 
 
 def _length_sweep(m, rows, batch):
-    from sinkmech.eval_length import sinks_vs_length
+    from sinkmech.context.length import sinks_vs_length
 
     return sinks_vs_length(m, batch, lengths=(4, 8), top_k=1, progress=False)
 
 
 def _value_weighted(m, rows, batch):
-    from sinkmech.value_weighted import value_weighted_first
+    from sinkmech.measures.value_weighted import value_weighted_first
 
     return value_weighted_first(m, batch, progress=False)
 
 
 def _comparison(m, rows, batch):
-    from sinkmech.compare import compare_model
+    from sinkmech.controls.compare import compare_model
 
     return compare_model(m, rows, n_prompts=4, max_tokens=12, spread_prompts=2, spread_tokens=8, spread_position=3,
                          dormant_prompts=4, noop_prompts=4, noop_heads=1,
@@ -97,26 +97,26 @@ def _comparison(m, rows, batch):
 
 
 def _spread(m, rows, batch):
-    from sinkmech.perturb import EmbeddingNoise, perturbation_spread
+    from sinkmech.interventions.perturb import EmbeddingNoise, perturbation_spread
 
     return perturbation_spread(m, rows, perturbation=EmbeddingNoise(0.3, 2), bos_token_id=TINY_BOS, progress=False)
 
 
 def _stream(m, rows, batch):
     from sinkmech.prompts import tokenize
-    from sinkmech.streaming import stream_perplexity
+    from sinkmech.context.stream import stream_perplexity
 
     return stream_perplexity(m, tokenize(m, rows[:1], bos="prepend", bos_token_id=TINY_BOS), window=3, keep=(0, 1), progress=False)
 
 
 def _key_sinks(m, rows, batch):
-    from sinkmech.key_sinks import key_sink_scores
+    from sinkmech.measures.key_sinks import key_sink_scores
 
     return key_sink_scores(m, batch, top_k=2, min_queries=2, progress=False)
 
 
 def _head_attention(m, rows, batch):
-    from sinkmech.attention import head_attention
+    from sinkmech.measures.attention import head_attention
 
     return head_attention(m, rows[0], ["0.1", "1.2"], bos_token_id=TINY_BOS)
 
@@ -134,13 +134,13 @@ def _patch(m, rows, batch):
 
 
 def _sensitivity(m, rows, batch):
-    from sinkmech.sensitivity import sensitivity
+    from sinkmech.theory.sensitivity import sensitivity
 
     return sensitivity(m, rows[:1], bos="prepend", max_tokens=4, bos_token_id=TINY_BOS)
 
 
 def _sensitivity_study(m, rows, batch):
-    from sinkmech.sensitivity import sensitivity_study
+    from sinkmech.theory.sensitivity import sensitivity_study
 
     return sensitivity_study(m, rows[:2], max_tokens=4, bos_token_id=TINY_BOS, progress=False)
 
@@ -177,20 +177,20 @@ def _contrast(m, rows, batch):
 
 
 def _bound_ranking(m, rows, batch):
-    from sinkmech.bound_ranking import bound_ranking
+    from sinkmech.theory.bound_ranking import bound_ranking
 
     return bound_ranking(m, rows[:4], max_tokens=5, n_probes=2, n_shuffles=5, bos_token_id=TINY_BOS, progress=False)
 
 
 def _first_tokens(m, rows, batch):
-    from sinkmech.first_token import first_token_study
+    from sinkmech.controls.first_token import first_token_study
 
     return first_token_study(m, rows[:5], {"bos": [TINY_BOS], "none": []}, max_tokens=6, swap_position=2,
                              progress=False)
 
 
 def _head_losses(m, rows, batch):
-    from sinkmech.bos_cost import head_loss_changes
+    from sinkmech.controls.bos_cost import head_loss_changes
 
     return head_loss_changes(m, batch, progress=False)
 

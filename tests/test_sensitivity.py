@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import TINY_BOS, make_tiny
-from sinkmech.backend import forward
+from sinkmech.loading.backend import forward
 from sinkmech.hooks import act_name
-from sinkmech.sensitivity import (
+from sinkmech.theory.sensitivity import (
     attention_patterns, jacobian_norms, mixing_matrices, path_weights, rank_collapse, repeat_collapse,
     representational_collapse, sensitivity, spearman,
 )

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import make_tiny
 
-from sinkmech.partial import (
+from sinkmech.sharding.parts import (
     FORMAT_VERSION,
     PartialError,
     merge,
@@ -23,7 +23,7 @@ from sinkmech.partial import (
     write_partial,
 )
 from sinkmech.prompts import tokenize
-from sinkmech.shards import sinks_partial, sinks_result
+from sinkmech.sharding.sinks import sinks_partial, sinks_result
 from sinkmech.sinks import sink_scores
 
 N_PROMPTS = 10
@@ -193,7 +193,7 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
 
     from sinkmech.dormant.labels import Thresholds
     from sinkmech.dormant.scan import accumulate, scan_heads
-    from sinkmech.shards import heads_partial, heads_result
+    from sinkmech.sharding.sinks import heads_partial, heads_result
 
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus(n=45).tolist()  # shard 2 of 3 starts at prompt 15: an odd one
@@ -223,7 +223,7 @@ def test_ablation_shards_merged_in_any_order_equal_the_one_pass_result(model, ra
     prompts (logit difference): weighted back into sums, the parts merge to the
     one-pass effects to float32 rounding."""
     from sinkmech.interventions.ablation import head_ablations
-    from sinkmech.shards import ablate_partial, ablate_result
+    from sinkmech.sharding.sinks import ablate_partial, ablate_result
 
     kw = {"mode": "zero", "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None}
 

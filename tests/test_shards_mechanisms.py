@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import make_tiny
 
-from sinkmech.partial import merge, shard_span
+from sinkmech.sharding.parts import merge, shard_span
 from sinkmech.prompts import tokenize
 
 N_PROMPTS = 10
@@ -53,8 +53,8 @@ def assert_sums_close(got, want, rel=1e-9):
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_value_weighted_shards_equal_the_one_pass_result(model, ragged, n):
-    from sinkmech.shards_mechanisms import value_weighted_partial, value_weighted_result
-    from sinkmech.value_weighted import value_weighted_first
+    from sinkmech.sharding.mechanisms import value_weighted_partial, value_weighted_result
+    from sinkmech.measures.value_weighted import value_weighted_first
 
     def run(idx):
         return value_weighted_first(model, batch_of(model, ragged, idx), batch_size=1, progress=False)
@@ -73,8 +73,8 @@ def test_massive_shards_equal_the_one_pass_result(model, ragged, n):
     """A planted massive dimension (d 5 of position 0 from layer 1 on), found the
     same way by the merged shards: same sums, onset, top and massive dims."""
     from sinkmech.hooks import act_name
-    from sinkmech.massive import massive_dims, massive_sums
-    from sinkmech.shards_mechanisms import massive_partial, massive_result
+    from sinkmech.measures.massive import massive_dims, massive_sums
+    from sinkmech.sharding.mechanisms import massive_partial, massive_result
 
     def plant(resid, hook):
         out = resid.clone()
@@ -106,8 +106,8 @@ def test_massive_shards_equal_the_one_pass_result(model, ragged, n):
 @pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow), 2, 3])  # 1: the fast suite keeps 2 and 3
 def test_perturbation_spread_shards_equal_the_one_pass_result(model, ragged, n, noise):
     """The noise of each prompt is the one the whole corpus' run draws for it."""
-    from sinkmech.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
-    from sinkmech.shards_mechanisms import spread_partial, spread_result
+    from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
+    from sinkmech.sharding.mechanisms import spread_partial, spread_result
 
     prompts = [[7, 8, *p] for p in ragged]  # every prompt holds the swapped token at content position 0
     pert = EmbeddingNoise(0.5, 2, seed=3) if noise else TokenSwap([7], [9])
@@ -134,7 +134,7 @@ def test_perturbation_spread_shards_equal_the_one_pass_result(model, ragged, n, 
 def test_a_shard_draws_the_corpus_noise_not_its_own(model, ragged):
     """The null: without its place in the corpus, shard 2 of 2 draws other noise
     and its spread differs from the one-pass rows."""
-    from sinkmech.perturb import EmbeddingNoise, perturbation_spread
+    from sinkmech.interventions.perturb import EmbeddingNoise, perturbation_spread
 
     kw = dict(perturbation=EmbeddingNoise(0.5, 2, seed=3), max_tokens=MAX_TOKENS, bos_token_id=1, batch_size=1,
               progress=False)
@@ -155,7 +155,7 @@ def test_patch_shards_merged_in_any_order_equal_the_one_pass_result(model, ragge
     to float32 rounding. The shards' prompts are shorter than the corpus'
     longest in some shards: their missing positions count as unpatched."""
     from sinkmech.interventions.patching import bos_pair, patch
-    from sinkmech.shards import patch_partial, patch_result
+    from sinkmech.sharding.sinks import patch_partial, patch_result
 
     kw = {"act": act, "by": by, "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None,
           "progress": False}
@@ -182,9 +182,9 @@ def test_patch_shards_merged_in_any_order_equal_the_one_pass_result(model, ragge
 def test_key_sinks_shards_equal_the_one_pass_result(model, ragged, n, bos):
     """Same top keys (global prompt index, position, token text, score), same
     prompt-averaged alpha by position (sums to 1e-9) and same flagged heads."""
-    from sinkmech.key_sinks import key_sink_scores, key_sink_sums
+    from sinkmech.measures.key_sinks import key_sink_scores, key_sink_sums
     from sinkmech.prompts import token_text
-    from sinkmech.shards_mechanisms import key_sinks_partial, key_sinks_result
+    from sinkmech.sharding.mechanisms import key_sinks_partial, key_sinks_result
 
     def part(idx, sh):
         batch = batch_of(model, ragged, idx, bos)

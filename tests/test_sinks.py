@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sinkmech.backend import BACKEND, IS_BRIDGE, Model
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE, Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import sink_scores
@@ -299,7 +299,7 @@ def test_bos_position_json_keys_and_bad_positions(tiny_model, tiny_tokens):
     (["--bos-position", "2", "--keys", "all"], "--keys all"),
 ])
 def test_bos_position_flag_is_refused_before_the_model_loads(argv, message, monkeypatch, capsys):
-    from sinkmech import models
+    from sinkmech.loading import models
     from sinkmech.cli import main
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
@@ -315,7 +315,7 @@ def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypa
 
     model = make_tiny(5)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.models.load_model", lambda spec, **kw: model)
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
     prompts = tmp_path / "p.txt"
     prompts.write_text("the cat sat on the warm mat today\na cat ran far away from the big dog\n")
     out, findings = tmp_path / "s.json", tmp_path / "f.json"

@@ -10,7 +10,7 @@ import torch
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.loss import resid_token_losses
 from sinkmech.prompts import tokenize
-from sinkmech.streaming import StreamResult, stream_perplexity, window_mask
+from sinkmech.context.stream import StreamResult, stream_perplexity, window_mask
 from tests.conftest import TINY_BOS
 
 
@@ -122,7 +122,7 @@ def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
     """One pass with --reindex equals StreamingLLM's rolling cache run token by token;
     the default (original positions) does not, and the W + k control is the same
     either way (it keeps no first keys)."""
-    from sinkmech.backend import IS_BRIDGE
+    from sinkmech.loading.backend import IS_BRIDGE
 
     window, scored_from = 6, 9
     if IS_BRIDGE:  # TL 4: the bridge has no HookedTransformer rotary tables to re-index with; it says so
@@ -143,7 +143,7 @@ def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
 
 
 def test_reindex_needs_rotary_positions(seq):
-    from sinkmech.backend import IS_BRIDGE
+    from sinkmech.loading.backend import IS_BRIDGE
 
     if IS_BRIDGE:
         pytest.skip("builds a TL 3.x HookedTransformer with learned positions (the bridge refuses reindex outright)")
@@ -159,7 +159,7 @@ def test_smollm2_sink_tokens_rescue_window_attention(smollm2):
     """StreamingLLM's finding (Xiao et al. 2024, Fig. 3) on the real model: dropping
     the first keys from a sliding window hurts; keeping 4 of them brings the
     perplexity back near full attention. Slow: loads SmolLM2."""
-    from sinkmech.streaming import long_tokens
+    from sinkmech.context.stream import long_tokens
 
     batch = long_tokens(smollm2, 160, bos="prepend")
     res = stream_perplexity(smollm2, batch, window=32, keep=(0, 4), progress=False)

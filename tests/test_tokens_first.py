@@ -10,9 +10,9 @@ from conftest import TINY_BOS
 from sinkmech.interventions.ablation import ablation_setup, head_ablations
 from sinkmech.interventions.attribution import attribute_ablations
 from sinkmech.interventions.patching import bos_pair
-from sinkmech.perturb import EmbeddingNoise, TokenSwap, corpus_swaps, perturbation_spread
+from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, corpus_swaps, perturbation_spread
 from sinkmech.prompts import as_batch, tokenize
-from sinkmech.sensitivity import rank_collapse, sensitivity
+from sinkmech.theory.sensitivity import rank_collapse, sensitivity
 from sinkmech.sinks import sink_scores
 
 

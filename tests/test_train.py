@@ -9,7 +9,7 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from sinkmech.backend import BACKEND, IS_BRIDGE
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE
 
 if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
     pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",

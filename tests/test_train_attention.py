@@ -11,7 +11,7 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from sinkmech.backend import BACKEND, IS_BRIDGE
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE
 
 if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
     pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
@@ -236,7 +236,7 @@ def test_logs_that_predate_a_field_are_reused_only_for_its_default():
 
 
 def test_context_length_seeds_plot_reads_the_findings(tmp_path):
-    from sinkmech.figures.training import context_length_seeds_plot
+    from sinkmech.plots.training import context_length_seeds_plot
 
     base = "train.context_length_seeds"
     flat = {f"{base}.lengths": "32,64", f"{base}.robust_lengths": "64"}

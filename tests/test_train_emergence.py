@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sinkmech.backend import BACKEND, IS_BRIDGE
+from sinkmech.loading.backend import BACKEND, IS_BRIDGE
 
 if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
     pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",

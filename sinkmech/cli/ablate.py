@@ -28,7 +28,7 @@ from sinkmech.cli.shard import (
     run_command_on_ray,
     shard_run,
 )
-from sinkmech.partial import write_partial
+from sinkmech.sharding.parts import write_partial
 
 
 def add_ablate_parser(sub) -> None:
@@ -76,7 +76,7 @@ class AblateTask(AnswersTask):
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.ablation import head_ablations
         from sinkmech.prompts import tokenize
-        from sinkmech.shards import ablate_partial
+        from sinkmech.sharding.sinks import ablate_partial
 
         model, ids = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
@@ -131,7 +131,7 @@ def refuse_drop_sink_early(model: str) -> None:
     import struct
     from pathlib import Path
 
-    from sinkmech.model_names import DEFAULT_MODEL, PACKAGED_MODELS
+    from sinkmech.loading.names import DEFAULT_MODEL, PACKAGED_MODELS
 
     why = "a model without learned sink logits (only gpt-oss-style models, whose softmax has a learned per-head " \
           "sink column, have one to drop)"
@@ -160,7 +160,7 @@ SINK_NOTES = {"drop_sink": "drop_sink removes each head's sink logit in turn (it
 
 def _sink_note(model, mode: str) -> None:
     """The one line on a model with learned sink logits: what `mode` does with them."""
-    from sinkmech.backend import learned_sink_note
+    from sinkmech.loading.backend import learned_sink_note
 
     note = learned_sink_note(model, SINK_NOTES.get(mode, f"{mode} replaces each head's output; the sink logits stay in"))
     if note:
@@ -169,9 +169,9 @@ def _sink_note(model, mode: str) -> None:
 
 def ablate_loss(args, prompts) -> None:
     """--metric loss: each head ablated alone, the change of the next-token loss on
-    content targets in nats per target (`sinkmech.bos_cost.head_loss_changes`)."""
-    from sinkmech.bos_cost import head_loss_changes
-    from sinkmech.figures.core import heatmap_panels, save, shared_limits
+    content targets in nats per target (`sinkmech.controls.bos_cost.head_loss_changes`)."""
+    from sinkmech.controls.bos_cost import head_loss_changes
+    from sinkmech.plots.core import heatmap_panels, save, shared_limits
     from sinkmech.hooks import head_label
 
     if args.shard is not None or args.resume or args.ray is not None or args.attribution:
@@ -203,7 +203,7 @@ def ablate_task(args, prompts, settings: dict) -> AblateTask:
 
 def merged_ablate(part, args) -> None:
     """`sinkmech merge` for ablate parts: the list and --json / --png as `ablate` writes them."""
-    from sinkmech.shards import ablate_result
+    from sinkmech.sharding.sinks import ablate_result
 
     s = part.settings
     run = Namespace(**{**vars(args), "model": s["model"], "mode": s["mode"], "bos": s["bos"], "metric": s["metric"],
@@ -213,7 +213,7 @@ def merged_ablate(part, args) -> None:
 
 def ablate_output(args, model, prompts, exact, kw) -> None:
     """The printed list, the attribution estimate when asked, and the outputs of `ablate`."""
-    from sinkmech.figures.core import heatmap_panels, save, shared_limits
+    from sinkmech.plots.core import heatmap_panels, save, shared_limits
     from sinkmech.hooks import head_label
     from sinkmech.interventions.attribution import attribute_ablations, pearson
 

@@ -34,7 +34,7 @@ from sinkmech.cli.flags import (  # noqa: F401  (re-exported: every command impo
     output_file, output_folder, positive_float, positive_int, share_below_one,
 )
 from sinkmech.files import json_text, write_text
-from sinkmech.model_names import DEFAULT_MODEL, MODEL_FORMS
+from sinkmech.loading.names import DEFAULT_MODEL, MODEL_FORMS
 
 # This module is read while the flags are parsed: it imports nothing heavy
 # (torch, TransformerLens, transformers, Ray) at the top, so `--help` and a
@@ -118,7 +118,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def load_model_arg(args, spec: str | None = None):
     """The model named by --model (or `spec`), in --dtype on --device."""
-    from sinkmech import models
+    from sinkmech.loading import models
 
     return models.load_model(spec or args.model, device=getattr(args, "device", None),
                              dtype=getattr(args, "dtype", "float32"))

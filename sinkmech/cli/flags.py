@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sinkmech.model_names import check_device, check_model_spec
+from sinkmech.loading.names import check_device, check_model_spec
 
 # Read while the flags are parsed: nothing heavy (torch, TransformerLens,
 # transformers, Ray) is imported here.
@@ -144,7 +144,7 @@ class Distinct(argparse.Action):
 def model_name(text: str) -> str:
     """A model this machine can load ('smollm2', a packaged model, a .gguf path,
     a Hugging Face folder or a TransformerLens name), checked without loading it
-    (`sinkmech.model_names.check_model_spec`)."""
+    (`sinkmech.loading.names.check_model_spec`)."""
     try:
         check_model_spec(text)
     except (ValueError, OSError) as e:

@@ -18,7 +18,7 @@ from sinkmech.cli.shard import (
     shard_run,
 )
 from sinkmech.findings import flatten, record
-from sinkmech.partial import write_partial
+from sinkmech.sharding.parts import write_partial
 
 
 def add_heads_parser(sub) -> None:
@@ -96,7 +96,7 @@ def cmd_contrast(args) -> None:
         return {"model": args.model, "bos": args.bos, "contrast": contrast.to_dict()}
 
     def png_out() -> None:
-        from sinkmech.figures.heads import contrast_distribution
+        from sinkmech.plots.heads import contrast_distribution
 
         marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head]) for h in contrast.confirmed()}
         path = contrast_distribution(contrast.diff_all.flatten().tolist(), marked, contrast.population_shift, args.png,
@@ -165,7 +165,7 @@ def cmd_heads(args) -> None:
             return
         return heads_shard(args, scanned, shard)
     model = load_model_arg(args)
-    from sinkmech.backend import learned_sink_note
+    from sinkmech.loading.backend import learned_sink_note
 
     if note := learned_sink_note(model, "a query is dormant when key 0 plus the learned sink's share >= --high; the "
                                         "no-op check's move_to_first puts all of a head's attention on key 0"):
@@ -190,7 +190,7 @@ class HeadsTask(BosTokenTask):
         from sinkmech.dormant.labels import Thresholds
         from sinkmech.dormant.scan import accumulate
         from sinkmech.prompts import tokenize
-        from sinkmech.shards import heads_partial
+        from sinkmech.sharding.sinks import heads_partial
 
         model, bos_id = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
@@ -220,10 +220,10 @@ def merged_heads(part, args) -> None:
     token texts and band layout; the no-op check, when asked, runs on it, on the
     prompts after the scanned ones), then prints and writes what `heads` writes.
     A merged scan has no per-query records: no threshold sweep, no bootstrap."""
-    from sinkmech import models
+    from sinkmech.loading import models
     from sinkmech.dormant.discover import split_corpus
     from sinkmech.prompts import load_prompts
-    from sinkmech.shards import heads_result
+    from sinkmech.sharding.sinks import heads_result
 
     from sinkmech.cli.shard import model_sha256
 
@@ -249,7 +249,7 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
     """The table, the no-op check (on `noop_rows` of `prompts`, held out from the
     scan) and the outputs of `heads` (one scan, sharded or not)."""
     from sinkmech.dormant.noop import noop_check, noop_heads
-    from sinkmech.figures.core import heatmap_panels, save
+    from sinkmech.plots.core import heatmap_panels, save
 
     check_heads = [target] if target else noop_heads(scan, args.noop)
     check = None

@@ -1,8 +1,8 @@
 """`sinkmech length`: sink rate, mean first-token score against uniform
 attention, and the top sink heads' mask_first cost as the evaluation length
-grows (the same texts cut to each length; see sinkmech.eval_length).
+grows (the same texts cut to each length; see sinkmech.context.length).
 
-Sharded in two stages (`sinkmech.shards_length`), since the heads whose cost is
+Sharded in two stages (`sinkmech.sharding.length`), since the heads whose cost is
 measured are chosen on the whole corpus: `--shard I/N` writes shard I's sink
 scores by length; `--shard I/N --scores PARTS...` chooses the heads on every
 stage-1 part and writes shard I's costs, which `sinkmech merge` turns into the
@@ -23,8 +23,8 @@ from sinkmech.cli.shard import (
     ModelTask, ShardRun, add_shard_flags, check_part_output, model_settings, model_sha256, prompts_sha256,
     run_command_on_ray, run_shard, sinkmech_version,
 )
-from sinkmech.model_names import DEFAULT_MODEL
-from sinkmech.partial import differing_setting, read_parts, shard_span
+from sinkmech.loading.names import DEFAULT_MODEL
+from sinkmech.sharding.parts import differing_setting, read_parts, shard_span
 
 
 DEFAULT_TEXTS = 8  # texts of the default corpus without --prompts
@@ -33,7 +33,7 @@ DEFAULT_TEXTS = 8  # texts of the default corpus without --prompts
 def add_length_parser(sub) -> None:
     p = sub.add_parser("length", help="sink rate and top-head mask_first cost against the evaluation length")
     p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
-    p.add_argument("--lengths", type=at_least(2), nargs="+", action=Distinct, default=list(source_constant("sinkmech.eval_length", "DEFAULT_LENGTHS")),
+    p.add_argument("--lengths", type=at_least(2), nargs="+", action=Distinct, default=list(source_constant("sinkmech.context.length", "DEFAULT_LENGTHS")),
                    help="content lengths to measure (default 64 128 256 512 1024; longer than the context: skipped)")
     p.add_argument("--prompts", default=None,
                    help="prompt file, read as by every command (one prompt per line, .jsonl/.ndjson or .json); "
@@ -45,7 +45,7 @@ def add_length_parser(sub) -> None:
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help="<bos> before each text (default prepend)")
     p.add_argument("--top", type=positive_int, default=3, help="strongest sink heads whose mask_first cost is measured (default 3)")
     p.add_argument("--uniform-multiples", type=positive_float, nargs="+", action=Distinct,
-                   default=list(source_constant("sinkmech.eval_length", "UNIFORM_MULTIPLES")), metavar="M",
+                   default=list(source_constant("sinkmech.context.length", "UNIFORM_MULTIPLES")), metavar="M",
                    help="also count a head a sink when alpha_0 > M x H_T / T, the uniform share at that length "
                         "(default 2 4; 4 is eps 0.3 at T = 64)")
     p.add_argument("--head", type=head_spec, default=None,
@@ -86,8 +86,8 @@ def print_length_table(sweep) -> None:
 
 
 def cmd_length(args) -> None:
-    from sinkmech.eval_length import long_prompts, sinks_vs_length
-    from sinkmech.figures.mechanisms import length_lines
+    from sinkmech.context.length import long_prompts, sinks_vs_length
+    from sinkmech.plots.mechanisms import length_lines
     from sinkmech.hooks import parse_head
     from sinkmech.prompts import DEFAULT_EPS, tokenize
 
@@ -132,7 +132,7 @@ class LengthTask(ModelTask):
 
     def batch(self, model, index: range):
         """The shard's prompts tokenized as the one-process run tokenizes the corpus, and the sha256 of all the texts."""
-        from sinkmech.eval_length import long_prompt_texts
+        from sinkmech.context.length import long_prompt_texts
         from sinkmech.prompts import tokenize
 
         if self.texts is not None:
@@ -151,10 +151,10 @@ class ScoresTask(LengthTask):
     head: str | None
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
-        from sinkmech.eval_length import check_sweep, length_scores, plan_lengths
+        from sinkmech.context.length import check_sweep, length_scores, plan_lengths
         from sinkmech.hooks import parse_head
         from sinkmech.prompts import DEFAULT_EPS
-        from sinkmech.shards_length import scores_partial
+        from sinkmech.sharding.length import scores_partial
 
         fixed = None if self.head is None else parse_head(self.head, model)
         lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=self.lengths,
@@ -181,8 +181,8 @@ class CostsTask(LengthTask):
     scores_settings: dict
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
-        from sinkmech.eval_length import ChosenHeads, length_costs
-        from sinkmech.shards_length import costs_partial, scores_shard
+        from sinkmech.context.length import ChosenHeads, length_costs
+        from sinkmech.sharding.length import costs_partial, scores_shard
 
         batch, sha = self.batch(model, index)
         here = {**model_settings(model), "prompts_sha256": sha, "n_ctx": model.cfg.n_ctx,
@@ -223,7 +223,7 @@ def scores_task(args, lengths: list[int], settings: dict, texts: list | None) ->
 def costs_stage(args, lengths: list[int], settings: dict, scores, texts: list | None) -> tuple[CostsTask, dict, list]:
     """Stage 2's task, its settings (the run's and the chosen heads) and its prompts
     (each one's stage-1 rows), from the merged stage-1 part `scores`."""
-    from sinkmech.shards_length import length_heads, prompt_rows
+    from sinkmech.sharding.length import length_heads, prompt_rows
 
     heads = length_heads(scores).to_dict()
     costs_settings = {**settings, "heads": heads}
@@ -233,7 +233,7 @@ def costs_stage(args, lengths: list[int], settings: dict, scores, texts: list | 
 
 def read_scores(paths, settings: dict):
     """The stage-1 parts at `paths`, merged: complete, of `length --shard`, and run with these settings."""
-    from sinkmech.shards_length import SCORES
+    from sinkmech.sharding.length import SCORES
 
     part = read_parts(paths)
     if part.kind != SCORES:
@@ -250,7 +250,7 @@ def read_scores(paths, settings: dict):
 def sharded_length(args, lengths: list[int], texts: list | None = None) -> None:
     """`--shard I/N` (stage 1, or stage 2 with --scores) or `--ray` (both stages),
     on `texts` (--prompts) or the default corpus."""
-    from sinkmech.shards_length import COSTS, SCORES
+    from sinkmech.sharding.length import COSTS, SCORES
 
     settings = length_settings(args, lengths, texts)
     windows = list(range(args.n_prompts))  # the prompts, by number (see the note above LengthTask)
@@ -282,8 +282,8 @@ def sharded_length(args, lengths: list[int], texts: list | None = None) -> None:
 
 def merged_length(part, args) -> None:
     """`sinkmech merge` for stage-2 parts: the table and --json / --png as `length` writes them."""
-    from sinkmech.figures.mechanisms import length_lines
-    from sinkmech.shards_length import length_result
+    from sinkmech.plots.mechanisms import length_lines
+    from sinkmech.sharding.length import length_result
 
     sweep = length_result(part)
     print_length_table(sweep)

@@ -39,13 +39,13 @@ USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
 
 
 def version_line() -> str:
-    """What `--version` prints: `sinkmech.backend.version_text()`'s line, from the
+    """What `--version` prints: `sinkmech.loading.backend.version_text()`'s line, from the
     packages' metadata and torch alone (TransformerLens is not imported for it)."""
     import importlib.metadata
 
     import torch
 
-    from sinkmech.model_names import is_bridge_installed
+    from sinkmech.loading.names import is_bridge_installed
 
     def version(dist: str) -> str:
         try:

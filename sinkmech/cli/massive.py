@@ -40,9 +40,9 @@ class MassiveTask(ModelTask):
     batch_size: int
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
-        from sinkmech.massive import massive_sums
+        from sinkmech.measures.massive import massive_sums
         from sinkmech.prompts import tokenize
-        from sinkmech.shards_mechanisms import massive_partial
+        from sinkmech.sharding.mechanisms import massive_partial
 
         if self.settings["top"] > model.cfg.d_model:
             raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {self.settings['top']}")
@@ -60,9 +60,9 @@ def massive_settings(args) -> dict:
 
 def merged_massive(part, args) -> None:
     """`sinkmech merge` for massive parts: the table and --json / --png as `massive --no-reset` writes them."""
-    from sinkmech.figures.mechanisms import massive_figure
-    from sinkmech.shards import used
-    from sinkmech.shards_mechanisms import massive_result
+    from sinkmech.plots.mechanisms import massive_figure
+    from sinkmech.sharding.sinks import used
+    from sinkmech.sharding.mechanisms import massive_result
 
     s = part.settings
     md = massive_result(part, top_k=s["top"], threshold=s["threshold"], sun_min_abs=s["sun_min_abs"],
@@ -74,7 +74,7 @@ def merged_massive(part, args) -> None:
 
 
 def print_massive_table(md, reset) -> None:
-    from sinkmech.massive import RESETS
+    from sinkmech.measures.massive import RESETS
     from sinkmech.prompts import DEFAULT_EPS
 
     print()
@@ -100,8 +100,8 @@ def print_massive_table(md, reset) -> None:
 
 
 def cmd_massive(args) -> None:
-    from sinkmech.figures.mechanisms import massive_figure
-    from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
+    from sinkmech.plots.mechanisms import massive_figure
+    from sinkmech.measures.massive import RESETS, massive_dims, reset_massive_dims
     from sinkmech.prompts import tokenize
 
     prompts = prompts_arg(args)

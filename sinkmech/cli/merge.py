@@ -1,5 +1,5 @@
 """`sinkmech merge PARTS... --json OUT [--png OUT]`: join the partial results of a
-sharded run (`--shard I/N`, see `sinkmech.partial`) and write exactly what the
+sharded run (`--shard I/N`, see `sinkmech.sharding.parts`) and write exactly what the
 unsharded command writes. Refused, one line each: a missing or duplicate shard,
 parts whose settings differ (the setting is named), a corrupt or truncated
 part, a part of a newer format version."""
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from sinkmech.cli.common import PNG_HELP, image_file, output_file, positive_int
-from sinkmech.partial import read_parts
+from sinkmech.sharding.parts import read_parts
 
 
 def add_merge_parser(sub) -> None:

@@ -40,7 +40,7 @@ class PatchTask(AnswersTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.patching import bos_pair, patch
-        from sinkmech.shards import patch_partial
+        from sinkmech.sharding.sinks import patch_partial
 
         model, ids = state
         pair = bos_pair(model, prompts, max_tokens=self.max_tokens)
@@ -55,7 +55,7 @@ class PatchTask(AnswersTask):
 
 def merged_patch(part, args) -> None:
     """`sinkmech merge` for patch parts: the lines and --json / --png as `patch` writes them."""
-    from sinkmech.shards import patch_result, used
+    from sinkmech.sharding.sinks import patch_result, used
 
     s = part.settings
     meta = {"model": s["model"], "act": s["act"], "by": s["by"], "metric": s["metric"], "n_layers": s["n_layers"],
@@ -94,7 +94,7 @@ def cmd_patch(args) -> None:
 def _sink_note(model) -> None:
     import sys
 
-    from sinkmech.backend import learned_sink_note
+    from sinkmech.loading.backend import learned_sink_note
 
     note = learned_sink_note(model, "patching moves activations between the two runs; the sink logits are parameters, "
                                     "the same in both, and stay in")
@@ -104,7 +104,7 @@ def _sink_note(model) -> None:
 
 def patch_output(args, results: dict, meta: dict) -> None:
     """The printed lines and the outputs of `patch` (`meta`: the JSON's fields before "results")."""
-    from sinkmech.figures.core import heatmap_grid, heatmap_panels, save, shared_limits
+    from sinkmech.plots.core import heatmap_grid, heatmap_panels, save, shared_limits
 
     for source, r in results.items():
         print(f"{BOS_LABEL[source]} -> {BOS_LABEL[r.target]}: unpatched {r.metric} {r.baseline:.4f}, "

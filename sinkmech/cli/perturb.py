@@ -17,7 +17,7 @@ from sinkmech.cli.common import (
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
 
 if TYPE_CHECKING:  # annotations only: the module is imported when the command runs
-    from sinkmech.perturb import EmbeddingNoise, TokenSwap
+    from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap
 
 
 def add_perturb_parser(sub) -> None:
@@ -39,7 +39,7 @@ def add_perturb_parser(sub) -> None:
 
 
 def perturbation(args) -> TokenSwap | EmbeddingNoise:
-    from sinkmech.perturb import EmbeddingNoise, TokenSwap
+    from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap
 
     return TokenSwap(*args.swap, position=args.position) if args.swap else EmbeddingNoise(args.noise, args.position, args.seed)
 
@@ -54,8 +54,8 @@ class SpreadTask(BosTokenTask):
     batch_size: int
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
-        from sinkmech.perturb import perturbation_spread
-        from sinkmech.shards_mechanisms import spread_partial
+        from sinkmech.interventions.perturb import perturbation_spread
+        from sinkmech.sharding.mechanisms import spread_partial
 
         model, bos_id = state
         r = perturbation_spread(model, prompts, perturbation=self.perturbation, max_tokens=self.max_tokens,
@@ -67,7 +67,7 @@ class SpreadTask(BosTokenTask):
 
 def merged_perturb(part, args) -> None:
     """`sinkmech merge` for perturb parts: the table and --json / --png as `perturb` writes them."""
-    from sinkmech.shards_mechanisms import spread_result
+    from sinkmech.sharding.mechanisms import spread_result
 
     spread, png_out = spread_output(spread_result(part), part.settings["model"], args)
     write_results(args, {"model": part.settings["model"], **spread}, png_out)
@@ -107,7 +107,7 @@ def cmd_perturb(args) -> None:
 
 def _sensitivity(model, prompts, bos_id, args) -> dict:
     from sinkmech.prompts import CONDITION_LABELS
-    from sinkmech.sensitivity import sensitivity_study
+    from sinkmech.theory.sensitivity import sensitivity_study
 
     st = sensitivity_study(model, prompts[: args.sensitivity_prompts], max_tokens=args.sensitivity_tokens,
                            bos_token_id=bos_id)
@@ -125,7 +125,7 @@ def _sensitivity(model, prompts, bos_id, args) -> dict:
 
 def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
     """The spread study printed; its JSON part and a writer for --png."""
-    from sinkmech.perturb import perturbation_spread
+    from sinkmech.interventions.perturb import perturbation_spread
 
     r = perturbation_spread(model, prompts, perturbation=perturbation(args), max_tokens=args.max_tokens,
                             bos_token_id=bos_id, threshold=args.threshold, batch_size=args.batch_size)
@@ -134,7 +134,7 @@ def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
 
 def spread_output(r, model_name: str, args) -> tuple[dict, Callable[[], None]]:
     """A spread printed; its JSON part and a writer for --png."""
-    from sinkmech.figures.core import heatmap_panels, save, shared_limits
+    from sinkmech.plots.core import heatmap_panels, save, shared_limits
     from sinkmech.prompts import CONDITION_LABELS
 
     s = r.per_layer()

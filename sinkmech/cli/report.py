@@ -10,7 +10,7 @@ from sinkmech.cli.common import (
 )
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
-from sinkmech.model_names import DEFAULT_MODEL
+from sinkmech.loading.names import DEFAULT_MODEL
 
 
 # ReportContext settings a user can change from the command line, besides the flags above.

@@ -4,7 +4,7 @@ settings a part records so that `sinkmech merge` only merges like with like.
 
 `--shard I/N` runs the command on shard I (1-based) of N contiguous shards of
 the prompts and writes a partial (`--json NAME.partial.json`, see
-`sinkmech.partial`) instead of the result; `sinkmech merge` writes the result.
+`sinkmech.sharding.parts`) instead of the result; `sinkmech merge` writes the result.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sinkmech.cli.common import (
     FlagValueError, UsageError, answers, bos_token_arg, non_negative_float, positive_float, positive_int,
 )
 from sinkmech.files import json_text
-from sinkmech.partial import (
+from sinkmech.sharding.parts import (
     SUFFIX,
     PartialError,
     differing_setting,
@@ -70,7 +70,7 @@ class ShardRun:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelTask:
-    """What every command's shard task (`sinkmech.distributed.ShardTask`) holds: the
+    """What every command's shard task (`sinkmech.sharding.ray.ShardTask`) holds: the
     model to load on each worker and the settings its parts record. A subclass adds
     the command's fields and its `run`; `from_args` fills the shared ones."""
 
@@ -88,7 +88,7 @@ class ModelTask:
                    n_prompts_total=len(prompts), settings=settings, **fields)
 
     def load_model(self):
-        from sinkmech import models
+        from sinkmech.loading import models
 
         return models.load_model(self.model, device=self.device, dtype=self.dtype)
 
@@ -96,7 +96,7 @@ class ModelTask:
         return self.load_model()
 
     def where(self, shard: int, n_shards: int, index: range) -> dict:
-        """The keywords that place a part in the corpus (`sinkmech.partial`)."""
+        """The keywords that place a part in the corpus (`sinkmech.sharding.parts`)."""
         return {"prompt_index": index, "shard": (shard, n_shards), "n_prompts_total": self.n_prompts_total}
 
 
@@ -143,8 +143,8 @@ def sinkmech_version() -> str:
 def model_sha256(spec: str) -> str | None:
     """sha256 of the model's file (memoized by the model cache), None for a model
     known by name only (a TransformerLens download or a packaged model)."""
-    from sinkmech.model_cache import ModelCache
-    from sinkmech.models import DEFAULT_MODEL, smollm2_path
+    from sinkmech.loading.cache import ModelCache
+    from sinkmech.loading.models import DEFAULT_MODEL, smollm2_path
 
     path = smollm2_path() if spec == DEFAULT_MODEL else Path(spec)
     return ModelCache().file_sha256(path) if path.is_file() else None
@@ -238,8 +238,8 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage:
     `task` on `--workers` Ray actors; each part written to JSON.shards/ (or, for a
     command run in stages, JSON.shards/STAGE/) as it arrives (`--resume` skips the
     parts already there); returns the merged part."""
-    from sinkmech.distributed import ClusterLost, require_ray, run_on_ray
-    from sinkmech.partial import write_partial
+    from sinkmech.sharding.ray import ClusterLost, require_ray, run_on_ray
+    from sinkmech.sharding.parts import write_partial
 
     try:
         require_ray()
@@ -286,7 +286,7 @@ def lost_message(e, folder: Path | None) -> str:
 def run_shard(args, prompts, run: ShardRun, task, kind: str) -> None:
     """`--shard I/N`: `task` on shard I's prompts, its part written to --json
     (skipped with --resume when that part is already on disk)."""
-    from sinkmech.partial import write_partial
+    from sinkmech.sharding.parts import write_partial
 
     if args.resume and already_done(args.json, run, kind):
         print(f"shard {run.i}/{run.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)
@@ -299,7 +299,7 @@ def run_shard(args, prompts, run: ShardRun, task, kind: str) -> None:
 def sharded(args, prompts, kind: str, make_task, finish, **extra) -> bool:
     """The sharded forms of a command: with --ray, the shards on a cluster and
     `finish(merged part, args)`; with --shard, one shard's part. `make_task(settings)`
-    builds the command's task (`sinkmech.distributed.ShardTask`). Returns False
+    builds the command's task (`sinkmech.sharding.ray.ShardTask`). Returns False
     (nothing done) without either flag."""
     if getattr(args, "ray", None) is not None:
         settings = base_settings(args, prompts, **extra)

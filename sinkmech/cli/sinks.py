@@ -1,7 +1,7 @@
 """`sinkmech sinks`: sink scores and sink rates per head, with and without `<bos>`
 (Gu et al. 2025's sink rate, as used by Barbero et al. 2025); with `--keys all`,
 also every key's score alpha_k and the heads whose strongest key is not the
-first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.key_sinks)."""
+first token (secondary sinks, Gu et al. 2025 Sec. 3; see sinkmech.measures.key_sinks)."""
 
 from __future__ import annotations
 
@@ -66,11 +66,11 @@ def sinks_settings(args) -> dict:
 
 def merged_sinks(part, args) -> None:
     """`sinkmech merge` for sinks parts: the table, then --json / --png as `sinks` writes them."""
-    from sinkmech.figures.sinks import sink_heatmap
+    from sinkmech.plots.sinks import sink_heatmap
 
-    from sinkmech.partial import detach
-    from sinkmech.shards import sinks_result
-    from sinkmech.shards_mechanisms import key_sinks_result
+    from sinkmech.sharding.parts import detach
+    from sinkmech.sharding.sinks import sinks_result
+    from sinkmech.sharding.mechanisms import key_sinks_result
 
     s = part.settings
     results, eps = sinks_result(part), s["eps"]
@@ -89,7 +89,7 @@ def merged_sinks(part, args) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class SinksTask(BosTokenTask):
-    """`sinkmech sinks` on one shard (`--shard`, or a Ray worker's: `sinkmech.distributed`);
+    """`sinkmech sinks` on one shard (`--shard`, or a Ray worker's: `sinkmech.sharding.ray`);
     with --keys all, each condition's key-sink part attached as "keys.<condition>"."""
 
     conditions: tuple[str, ...]
@@ -97,13 +97,13 @@ class SinksTask(BosTokenTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.prompts import tokenize
-        from sinkmech.shards import sinks_partial
+        from sinkmech.sharding.sinks import sinks_partial
         from sinkmech.sinks import sink_scores
 
-        from sinkmech.key_sinks import key_sink_sums
-        from sinkmech.partial import attach
+        from sinkmech.measures.key_sinks import key_sink_sums
+        from sinkmech.sharding.parts import attach
         from sinkmech.prompts import token_text
-        from sinkmech.shards_mechanisms import key_sinks_partial
+        from sinkmech.sharding.mechanisms import key_sinks_partial
 
         model, bos_id = state
         results, batches = {}, {}
@@ -222,8 +222,8 @@ def check_bos_position(args) -> None:
 
 
 def cmd_sinks(args) -> None:
-    from sinkmech.figures.sinks import sink_heatmap
-    from sinkmech.key_sinks import key_sink_scores
+    from sinkmech.plots.sinks import sink_heatmap
+    from sinkmech.measures.key_sinks import key_sink_scores
     from sinkmech.prompts import tokenize
     from sinkmech.sinks import paired_contrasts, sink_scores
 

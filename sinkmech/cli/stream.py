@@ -10,7 +10,7 @@ from pathlib import Path
 from sinkmech.cli.common import (
     MODEL_HELP, model_name, UsageError, image_file, load_model_arg, non_negative_int, output_file, positive_int, write_results,
 )
-from sinkmech.model_names import DEFAULT_MODEL
+from sinkmech.loading.names import DEFAULT_MODEL
 from sinkmech.findings import flatten, record
 
 
@@ -58,8 +58,8 @@ def print_stream_table(result) -> None:
 
 
 def cmd_stream(args) -> None:
-    from sinkmech.figures.mechanisms import stream_bars
-    from sinkmech.streaming import long_tokens, stream_perplexity
+    from sinkmech.plots.mechanisms import stream_bars
+    from sinkmech.context.stream import long_tokens, stream_perplexity
 
     check_stream_args(args.window, args.keep, args.max_tokens, args.bos)
     model = load_model_arg(args)

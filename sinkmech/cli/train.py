@@ -44,8 +44,8 @@ def add_train_parser(sub) -> None:
 def cmd_train(args) -> None:
     if args.out is None:
         raise UsageError("sinkmech train needs --out DIR for one run (or `sinkmech train study NAME` for a study)")
-    from sinkmech.backend import BACKEND, IS_BRIDGE
-    from sinkmech.figures.training import training_curves
+    from sinkmech.loading.backend import BACKEND, IS_BRIDGE
+    from sinkmech.plots.training import training_curves
     from sinkmech.prompts import CONDITIONS
 
     if IS_BRIDGE:
@@ -179,7 +179,7 @@ def cmd_study(args) -> None:
 
 def run_study(args) -> list[dict]:
     """One of `TRAINING_STUDIES` with the parsed flags; its rows."""
-    from sinkmech.backend import BACKEND, IS_BRIDGE
+    from sinkmech.loading.backend import BACKEND, IS_BRIDGE
     from sinkmech.train import studies
     from sinkmech.train.presets import StudySettings, parse_sets
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.scan import scan_heads

@@ -42,8 +42,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.attention import sink_mass
-from sinkmech.backend import Model
+from sinkmech.measures.attention import sink_mass
+from sinkmech.loading.backend import Model
 from sinkmech.dormant.noop_result import (  # the records and their statistics, re-exported
     INTERVENTIONS, LOOKS, MODES, NoopCheck, NoopResult, force_mask, matched_control,
 )
@@ -94,7 +94,7 @@ def noop_check(
     attention >= high) and active (<= low) queries, with matched controls.
 
     Args:
-        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.loading.backend`).
         tokens: a `TokenBatch`, or prompts (`sinkmech.prompts.load_prompts`)
             tokenized once with `bos` (default "prepend"), `max_tokens`
             (default 64) and `bos_token_id`; see `sinkmech.prompts.as_batch`.

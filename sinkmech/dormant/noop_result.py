@@ -13,7 +13,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 from sinkmech.prompts import Bos, token_text
 from sinkmech.results import Result
 from sinkmech.stats import holm, ratio_t_interval, t_interval, ratio_difference_t_interval

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.attention import sink_mass
-from sinkmech.backend import W_O, Model, attn_scale
+from sinkmech.measures.attention import sink_mass
+from sinkmech.loading.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
 from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, threshold_sweep
@@ -60,7 +60,7 @@ def scan_heads(
     """Profile every head in one streamed pass and label it (see `Thresholds`).
 
     Args:
-        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.loading.backend`).
         tokens: a `TokenBatch` (`sinkmech.prompts.tokenize`), or prompts to
             tokenize once: strings, a .txt/.jsonl path, token-id lists or None
             (default corpus).
@@ -105,7 +105,7 @@ def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int =
                progress: bool = True, first_prompt: int = 0, n_pos: int | None = None) -> _Accumulator:
     """The scan's running sums over `batch`, before any label (a shard of a corpus:
     `first_prompt` is the global index of its first prompt, `n_pos` the position
-    width every shard shares; see `sinkmech.shards.heads_partial`)."""
+    width every shard shares; see `sinkmech.sharding.sinks.heads_partial`)."""
     acc = _Accumulator(model, batch, th, n_bins, first_prompt=first_prompt, n_pos=n_pos)
     for _, part in tqdm(batch.batches(batch_size), desc="scan heads", disable=not progress, unit="batch"):
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)

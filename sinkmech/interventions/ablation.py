@@ -22,7 +22,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import NO_LEARNED_SINKS, Model, has_learned_sinks
+from sinkmech.loading.backend import NO_LEARNED_SINKS, Model, has_learned_sinks
 from sinkmech.hooks import (
     act_name, all_to_first_hook, cached_run, check_head, drop_sink_hook, mask_first_hook, mean_head_hook, row_queries,
     zero_head_hook,

@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, expand_kv, right_padding
 from sinkmech.interventions.ablation import AblationMode, HeadAblation, ablation_setup
 from sinkmech.interventions.metrics import KL, MetricSpec, content_logits, whole

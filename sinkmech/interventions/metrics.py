@@ -35,7 +35,7 @@ class Unembedded:
     are the logits `logits[idx]` (idx never indexes d_model / d_vocab)."""
 
     resid: Float[Tensor, "... d_model"]
-    unembed: Callable[[Tensor], Tensor]  # last block's output -> logits (sinkmech.backend.unembed)
+    unembed: Callable[[Tensor], Tensor]  # last block's output -> logits (sinkmech.loading.backend.unembed)
 
     @property
     def shape(self) -> tuple[int, ...]:

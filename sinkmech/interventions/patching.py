@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, one_copy, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize

@@ -24,7 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkmech.backend import Model, unembed
+from sinkmech.loading.backend import Model, unembed
 from sinkmech.hooks import Hook, act_name, cached_run, run
 from sinkmech.interventions.metrics import Bound, Unembedded, content_logits
 

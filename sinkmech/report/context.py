@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
 from sinkmech.render import View

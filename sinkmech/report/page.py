@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 
 from sinkmech import render
-from sinkmech.backend import Model
+from sinkmech.loading.backend import Model
 from sinkmech.files import json_text, make_dir, staged_dir, write_text
 from sinkmech.report.context import SETTINGS, ReportContext, Section
 from sinkmech.report.sections import SECTIONS
@@ -65,7 +65,7 @@ def build_report(
     """Run the sections and write out/index.html, out/summary.json, out/figures/.
 
     Args:
-        model: a HookedTransformer or a TransformerBridge (`sinkmech.backend`).
+        model: a HookedTransformer or a TransformerBridge (`sinkmech.loading.backend`).
         out: output folder, written whole or not at all: the report is built in
             a temporary folder beside it and moved into place at the end.
         overwrite: replace an earlier report in `out` (as a whole); without

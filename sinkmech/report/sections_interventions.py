@@ -1,6 +1,6 @@
 """Report sections that intervene: the perturbation spread (Barbero et al. 2025,
 Fig. 2), dormant heads (Sec. 3.2; Guo et al. 2024) and sink ablation /
-patching (Barbero et al. 2025, Sec. 3). They run `sinkmech.perturb`,
+patching (Barbero et al. 2025, Sec. 3). They run `sinkmech.interventions.perturb`,
 `sinkmech.dormant.scan`, `sinkmech.dormant.noop`,
 `sinkmech.interventions.ablation` and `sinkmech.interventions.patching` at
 sizes quick enough for the default report.
@@ -16,14 +16,14 @@ import torch
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.dormant.labels import mode_meaning
 from sinkmech.stats import effect_text
-from sinkmech.figures.core import layer_lines
-from sinkmech.figures.heads import band_heatmaps, head_norm_bars, mode_sweep
-from sinkmech.figures.patching import patching_heatmaps
-from sinkmech.figures.spread import spread_heatmaps
+from sinkmech.plots.core import layer_lines
+from sinkmech.plots.heads import band_heatmaps, head_norm_bars, mode_sweep
+from sinkmech.plots.patching import patching_heatmaps
+from sinkmech.plots.perturb import spread_heatmaps
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS
-from sinkmech.recipes import SPREAD_THRESHOLD, swap_then_spread
+from sinkmech.interventions.recipes import SPREAD_THRESHOLD, swap_then_spread
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
 
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import html
 
-from sinkmech.figures import mechanisms
-from sinkmech.eval_length import long_prompts, sinks_vs_length
-from sinkmech.key_sinks import key_sink_scores
-from sinkmech.massive import RESETS, massive_dims, reset_massive_dims
+from sinkmech.plots import mechanisms
+from sinkmech.context.length import long_prompts, sinks_vs_length
+from sinkmech.measures.key_sinks import key_sink_scores
+from sinkmech.measures.massive import RESETS, massive_dims, reset_massive_dims
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS, TokenBatch, tokenize
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
 from sinkmech.sinks import format_eps
-from sinkmech.streaming import long_tokens, stream_perplexity
-from sinkmech.value_weighted import value_weighted_first
+from sinkmech.context.stream import long_tokens, stream_perplexity
+from sinkmech.measures.value_weighted import value_weighted_first
 
 STREAM_KEEP = (0, 1, 4)  # first keys kept beside the window: none, the sink, StreamingLLM's 4
 MAX_LISTED = 8  # flagged heads listed on the page
@@ -54,7 +54,7 @@ def key_sinks_section(ctx: ReportContext) -> Section:
             "flagged": flagged,
             "strongest_position": r.strongest_position.tolist(),
             "off_first_rate": float(r.off_first_rate.mean()),
-            # against each key's uniform share (query t gives each key 1/(t+1)): see sinkmech.key_sinks
+            # against each key's uniform share (query t gives each key 1/(t+1)): see sinkmech.measures.key_sinks
             "min_excess": r.min_excess,
             "n_relative_flagged": len(r.relative_flagged_heads()),
             "relative_flagged": [{"head": head_label(l, h), "position": pos,

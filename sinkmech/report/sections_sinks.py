@@ -9,10 +9,10 @@ from __future__ import annotations
 import html
 
 from sinkmech import render
-from sinkmech.figures.core import layer_lines
-from sinkmech.figures.heads import head_norm_bars
-from sinkmech.figures.sinks import sink_heatmap, sink_rate_lines
-from sinkmech.attention import head_attention
+from sinkmech.plots.core import layer_lines
+from sinkmech.plots.heads import head_norm_bars
+from sinkmech.plots.sinks import sink_heatmap, sink_rate_lines
+from sinkmech.measures.attention import head_attention
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
 from sinkmech.sinks import paired_contrasts

@@ -359,7 +359,7 @@ def text_seed_findings(flat: dict, rows: list[dict]) -> None:
 def write_findings(out: Path, prefix: str = "") -> dict:
     """`<prefix>findings_train.json` under `out` (and, with the context-length
     seeds, `context_length_seeds.png`, drawn from the findings)."""
-    from sinkmech.figures.training import context_length_seeds_plot
+    from sinkmech.plots.training import context_length_seeds_plot
 
     out = Path(out)
     flat = findings(out, prefix)

@@ -72,7 +72,7 @@ def modes(out: Path, prefix: str = "") -> list[dict]:
 def replot(out: Path, prefix: str = "") -> None:
     """Redraw the packing, positional and context-length figures (and
     emergence.json / .png) from the JSON and logs a study wrote."""
-    from sinkmech.figures.training import context_length_plot, training_curves
+    from sinkmech.plots.training import context_length_plot, training_curves
 
     out = Path(out)
     for exp in ("packing", "positional", "context_length"):

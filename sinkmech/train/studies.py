@@ -44,7 +44,7 @@ def write_rows(path: Path, rows: list) -> Path:
 
 def write_emergence(log: dict, name: str, out: Path, prefix: str) -> dict:
     """`<prefix>emergence.json` and `.png` from one run's log (`sinkmech.train.emergence`)."""
-    from sinkmech.figures.training import emergence_plot
+    from sinkmech.plots.training import emergence_plot
     from sinkmech.train.emergence import emergence
 
     em = emergence(log, run=name).to_dict()
@@ -60,7 +60,7 @@ def write_emergence(log: dict, name: str, out: Path, prefix: str) -> dict:
 
 def packing(settings: StudySettings) -> list[dict]:
     """Table 2: both packings, with and without a fixed `<bos>`; and the emergence figure."""
-    from sinkmech.figures.training import training_curves
+    from sinkmech.plots.training import training_curves
     from sinkmech.train.run import hardware
 
     cfgs = [settings.config(packing=p, fixed_bos=fixed_bos) for p, fixed_bos in RECIPES]
@@ -88,7 +88,7 @@ def positional_name(cfg: TrainConfig) -> str:
 def positional(settings: StudySettings, positionals: Sequence[str] = POSITIONAL_RUNS) -> list[dict]:
     """Token or position? The fixed-`<bos>` recipe under each positional
     embedding, evaluated with and without `<bos>`."""
-    from sinkmech.figures.training import training_curves
+    from sinkmech.plots.training import training_curves
 
     specs, reused, logs = [], {}, {}
     for pos in positionals:
@@ -118,7 +118,7 @@ def positional(settings: StudySettings, positionals: Sequence[str] = POSITIONAL_
 def _write_study(settings: StudySettings, study: str, rows: list[dict], logs: dict, title: str) -> None:
     """<study>.json and a figure: training curves for a few runs, the depth
     plot for the depth sweep (too many runs for one column each)."""
-    from sinkmech.figures.training import depth_plot, training_curves
+    from sinkmech.plots.training import depth_plot, training_curves
 
     write_rows(settings.output(f"{study}.json"), rows)
     if study == "depth":
@@ -167,7 +167,7 @@ def depth(settings: StudySettings, seeds: Sequence[int] = (0, 1, 2), layers: Seq
     1-layer runs are reused from the positional study when their config
     matches, unless `fresh`); depths >= 4 stop at `deep_steps` when given, and
     depths above 1 run for the first `deep_seeds` seeds only when given."""
-    from sinkmech.figures.training import depth_plot
+    from sinkmech.plots.training import depth_plot
 
     specs = _depth_specs(settings, seeds, layers, positionals, deep_steps, deep_seeds)
     logs = {}
@@ -250,7 +250,7 @@ def context_length(settings: StudySettings, context_lengths: Sequence[int] | Non
     """The same model at each context length (default: the preset's), tokens
     per step held constant, every model scored on the shortest context's
     content tokens."""
-    from sinkmech.figures.training import context_length_plot, training_curves
+    from sinkmech.plots.training import context_length_plot, training_curves
 
     lengths = list(context_lengths or CONTEXT_LENGTHS[settings.preset])
     score = min(lengths) - 1

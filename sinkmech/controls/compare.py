@@ -1,0 +1,310 @@
+"""The paper's Table 2 and Figure 2 on real models, side by side.
+
+Barbero et al. 2025 (Table 2): a model trained with `<bos>` always at position
+0 loses its sinks and most of its next-token accuracy when `<bos>` is removed
+at inference; a model trained without a fixed `<bos>` does not care. Figure 2:
+without the sink, a small input change spreads further through the layers.
+`compare_model` measures all of it on one model, in both conditions, on the
+same content tokens: sink rates (Gu et al. 2025's alpha_0), the content-target
+loss (`sinkmech.loss`), the perturbation spread of a one-token swap
+(`sinkmech.interventions.perturb`) and, optionally, the dormant-head scan with its no-op
+check (Sec. 3.2). Run it on a model with a fixed `<bos>` (Gemma 3) and on one
+without (SmolLM2) and the two rows are the paper's contrast.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from sinkmech.loading.backend import Model
+from sinkmech.dormant.discover import discover_heads
+from sinkmech.hooks import head_label
+from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
+from sinkmech.interventions.recipes import SPREAD_POSITION, swap_then_spread
+from sinkmech.sinks import format_eps, paired_contrasts, sink_scores
+from sinkmech.results import Result
+from sinkmech.stats import excludes_zero, prompt_curve
+
+SPREAD_TOKENS = 48  # content tokens per prompt for the spread
+
+
+@dataclass(frozen=True)
+class ConditionRow:
+    """One model under one `<bos>` condition: a row of the Table 2 analogue."""
+
+    bos: str
+    sink_rate: dict[str, float]  # eps (as written) -> percent of (prompt, head) pairs
+    mean_score: float  # mean alpha_0 over prompts and heads
+    uniform_score: float  # alpha_0 of uniform attention at these lengths
+    loss: float  # mean next-token loss on content targets 1..n-1, nats
+    spread: float  # mean relative residual change of the positions after the swap, over layers
+    per_layer_score: list[float]  # mean alpha_0 per layer
+    per_layer_spread: list[float]  # mean change after the swap, per residual layer (0 = embeddings)
+    # curves over fractional depth (residual layer / n_layers), each point a mean over prompts with its 95 %
+    # bootstrap interval over prompts: relative change and reach (share of later positions changed > 0.1)
+    depth: list[float] = field(default_factory=list)
+    spread_curve: list[list[float]] = field(default_factory=list)  # [layer] -> [mean, lo, hi]
+    reach_curve: list[list[float]] = field(default_factory=list)
+    # 95 % bootstrap intervals over prompts: eps -> [rate %, lo, hi]; [loss, lo, hi]
+    sink_rate_ci: dict[str, list[float]] = field(default_factory=dict)
+    loss_ci: list[float] | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class DormantSummary:
+    """The dormant-head scan and no-op check on one model (with `<bos>`)."""
+
+    n_prompts: int
+    mode_counts: dict[str, int]
+    if_else_heads: list[str]
+    candidates: dict[str, dict]  # head label -> scan summary (triggers, fractions, norms)
+    noop: dict[str, dict]  # head label -> no-op check numbers (NoopResult.to_dict)
+    loss_clean: float | None
+    sweep: list[dict] = field(default_factory=list)  # labels at other (high, low) cuts
+    noop_prompts: list[int] = field(default_factory=list)  # held out from the scan
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class ModelComparison(Result):
+    """Everything `compare_model` measured on one model."""
+
+    model: str
+    n_layers: int
+    n_heads: int
+    n_prompts: int
+    max_tokens: int
+    spread_prompts: int
+    spread_position: int
+    conditions: dict[str, ConditionRow]
+    dormant: DormantSummary | None = None
+    settings: dict = field(default_factory=dict)
+    # without minus with <bos>, paired by prompt (the same swap in both conditions), per residual layer:
+    # [mean, lo, hi] with a 95 % bootstrap interval over prompts; keys "mean_change" and "reach"
+    gap_curves: dict = field(default_factory=dict)
+    timing_s: dict = field(default_factory=dict)  # wall seconds per stage: spread, sinks_<bos>, dormant
+    # without minus with <bos>, paired by prompt (the same content targets): "loss_gap" [nats, lo, hi],
+    # "sink_rate_gap" {eps: [points, lo, hi]}, 95 % bootstrap intervals over prompts
+    contrasts: dict = field(default_factory=dict)
+
+    def per_layer_score(self) -> Float[Tensor, "bos layer"]:
+        return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "n_prompts": self.n_prompts, "max_tokens": self.max_tokens,
+            "spread_prompts": self.spread_prompts, "spread_position": self.spread_position,
+            "conditions": {c: r.to_dict() for c, r in self.conditions.items()},
+            "dormant": None if self.dormant is None else self.dormant.to_dict(),
+            "settings": self.settings,
+            "gap_curves": self.gap_curves,
+            "timing_s": self.timing_s,
+            "contrasts": self.contrasts,
+        }
+
+    def findings(self) -> dict:
+        """The quotable numbers, nested (see `sinkmech.findings.flatten`): per
+        condition the sink rates, loss, spread and scores; the with/without
+        contrasts; the dormant-head counts and no-op numbers."""
+        c = {k: {"sink_rate": r.sink_rate, "sink_rate_ci": r.sink_rate_ci, "loss_ci": r.loss_ci, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score,
+                 "uniform_score": r.uniform_score, "per_layer_score": r.per_layer_score,
+                 "curve_at_depth": _depth_points(r)}
+             for k, r in self.conditions.items()}
+        pre, none = self.conditions["prepend"], self.conditions["none"]
+        out = {
+            "n_prompts": self.n_prompts, "max_tokens": self.max_tokens, "spread_prompts": self.spread_prompts,
+            "spread_position": self.spread_position, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            **c,
+            "loss_gap": none.loss - pre.loss,
+            "loss_gap_ci": self.contrasts.get("loss_gap"),
+            "loss_gap_detectable": excludes_zero(self.contrasts.get("loss_gap")),
+            "sink_rate_gap": self.contrasts.get("sink_rate_gap"),
+            "spread_ratio": none.spread / pre.spread if pre.spread else None,
+            "gap_at_depth": gap_at_depth(pre.depth, self.gap_curves),
+        }
+        if self.dormant is not None:
+            d = self.dormant
+            out["dormant"] = {
+                "n_prompts": d.n_prompts, "mode_counts": d.mode_counts, "n_if_else": len(d.if_else_heads),
+                "if_else_heads": d.if_else_heads, "noop_prompts": len(d.noop_prompts),
+                "validated_lift": {h: d.candidates[h]["validated_lift"] for h in d.if_else_heads},
+                "noop": {h: {k: n[k] for k in ("n_dormant", "n_active", "per_query_dormant", "per_query_active",
+                                                "per_query_dormant_ci", "per_query_active_ci", "zero_dormant",
+                                                "zero_active", "zero_dormant_ci", "zero_active_ci", "detectable")}
+                         for h, n in d.noop.items()},
+                "sweep": {f"{r['high']:g}_{r['low']:g}": {"if_else": r["mode_counts"]["if_else"],
+                                                         "mixed": r["mode_counts"]["mixed"],
+                                                         "active": r["mode_counts"]["active"],
+                                                         "sink": r["mode_counts"]["sink"],
+                                                         "if_else_heads": list(r["if_else_heads"])}
+                          for r in d.sweep}}
+        return out
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = []
+        for c, r in self.conditions.items():
+            row = {"model": self.model, "bos": c, "loss": r.loss, "spread": r.spread, "mean_score": r.mean_score}
+            row.update({f"sink_rate_{e}": v for e, v in r.sink_rate.items()})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _depth_points(r: ConditionRow, depths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> dict:
+    """The spread and reach curves at a few fractional depths (the nearest layer)."""
+    out = {}
+    if not r.depth:
+        return out
+    for d in depths:
+        i = min(range(len(r.depth)), key=lambda j: abs(r.depth[j] - d))
+        out[f"{d:g}"] = {"depth": r.depth[i], "spread": r.spread_curve[i] if r.spread_curve else None,
+                         "reach": r.reach_curve[i] if r.reach_curve else None}
+    return out
+
+
+def gap_at_depth(depth: list[float], gaps: dict, depths: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> dict:
+    """The paired without-minus-with `<bos>` curves at a few fractional depths (the
+    nearest layer): [mean, lo, hi] per quantity, and whether the interval
+    excludes zero (`detectable`; otherwise: no detectable effect)."""
+    out = {}
+    if not depth or not gaps:
+        return out
+    for d in depths:
+        i = min(range(len(depth)), key=lambda j: abs(depth[j] - d))
+        point = {"depth": depth[i]}
+        for k, curve in gaps.items():
+            v = curve[i] if curve else None
+            point[k] = v
+            point[f"{k}_detectable"] = excludes_zero(v)
+        out[f"{d:g}"] = point
+    return out
+
+
+def compare_model(
+    model: Model,
+    prompts: PromptSource = None,
+    *,
+    name: str | None = None,
+    n_prompts: int = 170,
+    max_tokens: int = 64,
+    spread_prompts: int = 16,
+    spread_tokens: int = SPREAD_TOKENS,
+    spread_position: int = SPREAD_POSITION,
+    eps: tuple[float | str, ...] = DEFAULT_EPS,
+    dormant_prompts: int = 64,
+    noop_prompts: int = 32,
+    noop_heads: int = 3,
+    batch_size: int = 16,
+    bos_token_id: int | None = None,
+    progress: bool = True,
+    keep_sinks: dict | None = None,
+    discoveries: dict | None = None,
+) -> ModelComparison:
+    """Sink rates, loss and perturbation spread with and without `<bos>`, and
+    the dormant-head scan (skipped when `dormant_prompts` is 0).
+
+    Args:
+        prompts: see `load_prompts` (default: the Python-docs corpus); the first
+            `n_prompts` are used.
+        max_tokens: content tokens per prompt for sink scores and loss.
+        spread_prompts, spread_tokens, spread_position: the one-token swap (a
+            token of the next prompt at this content position) on the first
+            prompts, cut to `spread_tokens` content tokens.
+        dormant_prompts, noop_prompts: the dormant-head scan runs on the first
+            prompts, the no-op check on the next ones (held out from the scan).
+        noop_heads: how many of the closest candidates besides the if_else
+            heads the no-op check runs on.
+        keep_sinks: a dict to receive the SinkScores of each condition ({bos:
+            SinkScores}, loss included), for a report on the same prompts and
+            settings to reuse (`build_report(..., cache={"sinks": keep_sinks})`)
+            instead of running the same passes again.
+        discoveries: the memo of `discover_heads`, to share the dormant-head
+            scan and no-op check with a report on the same prompts and settings
+            (`build_report(..., cache={"discoveries": discoveries})`).
+
+    Returns:
+        ModelComparison with one ConditionRow per `<bos>` condition.
+    """
+    for key, value in (("n_prompts", n_prompts), ("max_tokens", max_tokens), ("spread_prompts", spread_prompts),
+                       ("spread_tokens", spread_tokens), ("batch_size", batch_size)):
+        if value < 1:
+            raise ValueError(f"{key} must be >= 1, got {value}")
+    if spread_position < 0 or spread_position >= spread_tokens - 1:
+        raise ValueError(f"spread_position must lie in [0, {spread_tokens - 1}), got {spread_position}")
+    items = load_prompts(prompts)[:n_prompts]
+    rows, timing, t0 = {}, {}, time.perf_counter()
+    swapped = swap_then_spread(model, items[:spread_prompts], max_tokens=spread_tokens, position=spread_position,
+                               batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
+    spread = swapped.spread
+    later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
+    per_prompt = spread.per_prompt()  # [bos, prompt, resid_layer]: the same prompts and swap in both conditions
+    curves = {k: [prompt_curve(v[i]) for i in range(len(CONDITIONS))] for k, v in per_prompt.items()}
+    pre_i, none_i = spread.conditions.index("prepend"), spread.conditions.index("none")
+    gaps = {k: prompt_curve(v[none_i] - v[pre_i]) for k, v in per_prompt.items()}
+    depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
+    timing["spread"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+    kept = {}
+    for i, bos in enumerate(CONDITIONS):
+        batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        scores = kept[bos] = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True,
+                                         progress=progress)
+        if keep_sinks is not None:
+            keep_sinks[bos] = scores
+        used = scores.max_tokens  # the longest content scored (the same in both conditions)
+        rows[bos] = ConditionRow(
+            bos=bos,
+            sink_rate={format_eps(e): scores.sink_rate(e) for e in eps},
+            mean_score=float(scores.scores.mean()),
+            uniform_score=scores.uniform_score(),
+            loss=scores.loss,
+            spread=float(later[i].mean()),
+            per_layer_score=scores.per_layer().tolist(),
+            per_layer_spread=later[i].tolist(),
+            depth=depth,
+            spread_curve=curves["mean_change"][i],
+            reach_curve=curves["reach"][i],
+            sink_rate_ci={format_eps(e): scores.sink_rate_ci(e) for e in eps},
+            loss_ci=scores.loss_ci(),
+        )
+        timing[f"sinks_{bos}"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
+    contrasts = paired_contrasts(kept["prepend"], kept["none"], eps)
+    dormant = None
+    if dormant_prompts > 0:
+        pool = load_prompts(prompts)
+        n_noop = min(noop_prompts, len(pool) // 2)  # held out from the scan
+        disc = discover_heads(model, pool, scan_prompts=min(dormant_prompts, len(pool) - n_noop), noop_prompts=n_noop,
+                              n_candidates=noop_heads, max_tokens=max_tokens, batch_size=batch_size,
+                              bos_token_id=bos_token_id, progress=progress, memo=discoveries)
+        scan, noop = disc.scan, disc.noop
+        found = scan.if_else_heads()
+        checked = [(r.layer, r.head) for r in noop.results] if noop is not None else found
+        dormant = DormantSummary(
+            n_prompts=scan.n_prompts,
+            mode_counts=scan.mode_counts(),
+            if_else_heads=[head_label(*hd) for hd in found],
+            candidates={head_label(*hd): scan.head_summary(*hd) for hd in dict.fromkeys(found + checked)},
+            noop={} if noop is None else {head_label(r.layer, r.head): r.to_dict() for r in noop.results},
+            loss_clean=None if noop is None else noop.loss_clean,
+            sweep=list(scan.sweep or ()),
+            noop_prompts=list(disc.noop_prompts),
+        )
+        timing["dormant"] = round(time.perf_counter() - t0, 2)
+    return ModelComparison(
+        model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
+        n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
+        conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing, contrasts=contrasts,
+        settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
+                  "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
+    )

@@ -1,0 +1,242 @@
+"""Sink or token? Controls for what the model needs at the start of a sequence.
+
+Removing `<bos>` (Barbero et al. 2025, Table 2) changes two things at once: the
+sink position loses its trained token, and the sequence no longer looks like
+training data. Two controls separate them, each scored on the same content
+targets and paired by prompt against `<bos>` first:
+
+- first-token substitution (`first_token_study`): another token (or several)
+  at the start, e.g. `<eos>`, `<pad>`, a newline, " the", a rare word,
+  `<bos>` twice. Does the model need *a* first token, or its trained `<bos>`?
+- `<bos>` moved into the sequence (`bos_position_study`, through
+  `sink_scores(..., bos_position=K)`): is the sink the first *position* or
+  the `<bos>` *token*?
+
+Per prompt: the sink rate on key 0 (alpha_0, Gu et al. 2025, `sinkmech.sinks`),
+the mean next-token loss on content targets 1..n-1 (`sinkmech.loss`), and the
+spread of a one-token swap (`sinkmech.interventions.perturb`: mean relative residual change
+||h' - h|| / ||h|| of the content positions after the swap, over layers).
+Intervals: the percentile bootstrap over prompts (`sinkmech.stats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sinkmech.loading.backend import Model
+from sinkmech.hooks import act_name, residual_stack
+from sinkmech.loss import resid_row_losses
+from sinkmech.interventions.perturb import apply_swap, corpus_swaps
+from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
+from sinkmech.interventions.recipes import SPREAD_POSITION
+from sinkmech.results import Result
+from sinkmech.sinks import check_eps, first_key_score, format_eps, sink_scores
+from sinkmech.stats import prompt_curve, ratio_with_ci
+
+REFERENCE = "bos"  # the trained first token every other is paired against
+
+
+def _mean_ci(x: Tensor) -> list[float] | None:
+    """[mean over prompts, lo, hi] of a per-prompt value (NaN prompts dropped); None when no prompt has one."""
+    curve = prompt_curve(x[:, None].double())
+    return curve[0] if curve else None
+
+
+@dataclass(frozen=True)
+class FirstTokenRuns(Result):
+    """Per prompt, for each first-token prefix (name -> token ids; `[]` is no
+    first token at all): alpha_0 per head, the summed content-target loss, and
+    the swap's spread. All prefixes hold the same content tokens and targets."""
+
+    prefixes: dict[str, tuple[int, ...]]
+    scores: dict[str, Float[Tensor, "prompt layer head_index"]]
+    prompt_loss: dict[str, Float[Tensor, " prompt"]]  # summed nats over the prompt's content targets
+    spread: dict[str, Float[Tensor, " prompt"]]
+    targets: Int[Tensor, " prompt"]  # content targets per prompt (content tokens - 1)
+    swap_position: int
+    model_name: str = ""
+
+    def prompt_sink_rate(self, name: str, eps: float | str) -> Float[Tensor, " prompt"]:
+        """Percent of each prompt's heads whose alpha_0 > eps (as `SinkScores.prompt_sink_rate`)."""
+        return 100.0 * (self.scores[name] > check_eps(eps)).flatten(1).double().mean(1)
+
+    def entry(self, name: str, eps: Sequence[float | str] = DEFAULT_EPS, *, reference: str = REFERENCE) -> dict:
+        """One first token: sink rate per eps, loss and spread as [mean, lo, hi],
+        and each paired against `reference` (this minus reference, by prompt)."""
+        rates = {format_eps(e): self.prompt_sink_rate(name, e) for e in eps}
+        out = {
+            "token_ids": list(self.prefixes[name]),
+            "sink_rate": {k: _mean_ci(v) for k, v in rates.items()},
+            "loss": ratio_with_ci(self.prompt_loss[name], self.targets.double()),
+            "spread": _mean_ci(self.spread[name]),
+        }
+        if name != reference and reference in self.prefixes:
+            ref = {format_eps(e): self.prompt_sink_rate(reference, e) for e in eps}
+            out[f"vs_{reference}"] = {
+                "sink_rate": {k: _mean_ci(v - ref[k]) for k, v in rates.items()},
+                "loss": ratio_with_ci(self.prompt_loss[name] - self.prompt_loss[reference], self.targets.double()),
+                "spread": _mean_ci(self.spread[name] - self.spread[reference]),
+            }
+        return out
+
+    def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
+        return {"model": self.model_name, "n_prompts": len(self.targets), "swap_position": self.swap_position,
+                "content_tokens": int(self.targets.max()) + 1,
+                "first_tokens": {name: self.entry(name, eps) for name in self.prefixes}}
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = []
+        for name in self.prefixes:
+            for p in range(len(self.targets)):
+                rows.append({"first_token": name, "prompt": p, "sink_rate_0.3": float(self.prompt_sink_rate(name, 0.3)[p]),
+                             "loss": float(self.prompt_loss[name][p] / self.targets[p]), "spread": float(self.spread[name][p])})
+        return pd.DataFrame(rows)
+
+
+def _prefixed_pass(model: Model, rows: list[list[int]], swapped: list[list[int]], prefix: Sequence[int],
+                   swap_position: int, batch_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """alpha_0 [prompt, layer, head], summed content-target loss [prompt] and
+    spread [prompt] with `prefix` before every prompt's content tokens."""
+    m, L = len(prefix), model.cfg.n_layers
+    width = m + max(map(len, rows))
+    clean = tokenize(model, [list(prefix) + r for r in rows], bos="none", max_tokens=width)
+    pert = tokenize(model, [list(prefix) + r for r in swapped], bos="none", max_tokens=width)
+    P = len(rows)
+    scores = torch.zeros(P, L, model.cfg.n_heads)
+    loss = torch.zeros(P, dtype=torch.float64)
+    spread = torch.zeros(P, dtype=torch.float64)
+    for rows_, part in clean.batches(batch_size):
+        other = pert.slice(rows_.start, rows_.stop)
+
+        def pattern_hook(pattern, hook):
+            scores[rows_, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
+
+        hooks = [(act_name("pattern", l), pattern_hook) for l in range(L)]
+        h = residual_stack(model, part.tokens, hooks)  # [batch, resid_layer, pos, d_model]
+        pos = torch.arange(part.tokens.shape[1], device=part.tokens.device)
+        # position p predicts p + 1: positions m .. T-2 predict content tokens 1 .. n-1
+        mask = (pos[None, :] >= m) & (pos[None, :] < part.lengths[:, None] - 1)
+        loss[rows_] = resid_row_losses(model, h[:, -1], part.tokens, mask)
+        h2 = residual_stack(model, other.tokens)
+        h, h2 = h[:, :, m:].float(), h2[:, :, m:].float()
+        rel = (h2 - h).norm(dim=-1) / h.norm(dim=-1).clamp(min=1e-12)  # [batch, resid_layer, content pos]
+        j = torch.arange(rel.shape[-1], device=rel.device)
+        later = ((j[None, :] > swap_position) & (j[None, :] < (part.lengths - m)[:, None])).float()
+        per_layer = (rel * later[:, None, :]).sum(-1) / later.sum(-1)[:, None]
+        spread[rows_] = per_layer.mean(-1).double().cpu()
+    return scores, loss, spread
+
+
+def first_token_study(
+    model: Model,
+    prompts: PromptSource,
+    prefixes: Mapping[str, Sequence[int]],
+    *,
+    max_tokens: int = 64,
+    swap_position: int = SPREAD_POSITION,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> FirstTokenRuns:
+    """The same content tokens behind each prefix in turn.
+
+    Args:
+        prompts: cut to `max_tokens` content tokens each (tokenized once).
+        prefixes: name -> token ids put before the content (e.g. {"bos": [2],
+            "eos": [1], "bos_bos": [2, 2], "none": []}); pair against "bos".
+        swap_position: the content position whose token is swapped for the
+            token there in the next prompt that differs (`corpus_swaps`).
+
+    Returns:
+        FirstTokenRuns, one set of per-prompt tensors per prefix.
+    """
+    if not prefixes:
+        raise ValueError("no first tokens given")
+    vocab = model.cfg.d_vocab
+    for name, ids in prefixes.items():
+        if any(not 0 <= int(t) < vocab for t in ids):
+            raise ValueError(f"first token {name!r}: ids {list(ids)} must lie in [0, {vocab})")
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens)
+    rows = plain.content()
+    if not 0 <= swap_position < min(map(len, rows)) - 1:
+        raise ValueError(f"swap_position must lie in [0, {min(map(len, rows)) - 1}) for these prompts, got {swap_position}")
+    swaps = corpus_swaps(rows, swap_position)
+    swapped = [apply_swap(model, [r], s)[0][0] for r, s in zip(rows, swaps)]
+    out: dict[str, tuple] = {}
+    for name, ids in tqdm(list(prefixes.items()), desc="first tokens", disable=not progress, unit="token"):
+        out[name] = _prefixed_pass(model, rows, swapped, [int(t) for t in ids], swap_position, batch_size)
+    return FirstTokenRuns(
+        prefixes={k: tuple(int(t) for t in v) for k, v in prefixes.items()},
+        scores={k: v[0] for k, v in out.items()},
+        prompt_loss={k: v[1] for k, v in out.items()},
+        spread={k: v[2] for k, v in out.items()},
+        targets=torch.tensor([len(r) - 1 for r in rows]),
+        swap_position=swap_position,
+        model_name=model.cfg.model_name,
+    )
+
+
+def bos_position_study(
+    model: Model,
+    prompts: PromptSource,
+    positions: Sequence[int],
+    *,
+    max_tokens: int = 64,
+    eps: Sequence[float | str] = DEFAULT_EPS,
+    bos_token_id: int | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> dict:
+    """`<bos>` at each position K (`sink_scores(..., bos_position=K)`) against
+    `<bos>` first and no `<bos>`, on the same content targets, paired by prompt.
+
+    Returns:
+        {K: {"sink_rate": {eps: [mean, lo, hi]} on key 0, "bos_sink_rate": on
+        the `<bos>` key, "bos_score": mean attention on it, "loss": [mean, lo,
+        hi], "vs_bos": paired differences from `<bos>` first (loss; sink_rate
+        on key 0 and bos_sink_rate on the moved key, each minus `<bos>`-first's
+        rate on key 0), "vs_none": the loss against no
+        `<bos>`}}, plus "bos" and "none" entries for the two references.
+    """
+    if not positions or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in positions):
+        raise ValueError(f"positions must be integers >= 1, got {list(positions)}")
+    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    short = int(first.lengths.min()) - 1
+    if max(positions) >= short:
+        raise ValueError(f"bos position {max(positions)} is at or beyond the content length ({short} tokens)")
+    none = tokenize(model, prompts, bos="none", max_tokens=max_tokens)
+    kw = dict(batch_size=batch_size, loss=True, progress=progress)
+    ref = sink_scores(model, first, **kw)
+    plain = sink_scores(model, none, **kw)
+    targets = ref.prompt_targets().double()
+
+    def rates(r, e):
+        return r.prompt_sink_rate(e)
+
+    out: dict = {}
+    for name, r in (("bos", ref), ("none", plain)):
+        out[name] = {"sink_rate": {format_eps(e): _mean_ci(rates(r, e)) for e in eps},
+                     "loss": ratio_with_ci(r.prompt_loss, targets)}
+    for K in positions:
+        r = sink_scores(model, first, bos_position=K, **kw)
+        out[str(K)] = {
+            "sink_rate": {format_eps(e): _mean_ci(rates(r, e)) for e in eps},
+            "bos_sink_rate": {format_eps(e): _mean_ci(r.prompt_bos_sink_rate(e)) for e in eps},
+            "bos_score": float(r.bos_scores.mean()),
+            "loss": ratio_with_ci(r.prompt_loss, targets),
+            "vs_bos": {"loss": ratio_with_ci(r.prompt_loss - ref.prompt_loss, targets),
+                       # the <bos> key at K against the <bos> key at 0
+                       "bos_sink_rate": {format_eps(e): _mean_ci(r.prompt_bos_sink_rate(e) - rates(ref, e))
+                                         for e in eps},
+                       "sink_rate": {format_eps(e): _mean_ci(rates(r, e) - rates(ref, e))
+                                     for e in eps}},
+            "vs_none": {"loss": ratio_with_ci(r.prompt_loss - plain.prompt_loss, targets)},
+        }
+    return out

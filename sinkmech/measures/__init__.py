@@ -1,0 +1,4 @@
+"""Measures beside the sink score: the per-pattern definitions (`definitions`), head
+attention (`attention`), value-weighted sinks (`value_weighted`), secondary sinks
+(`key_sinks`) and massive activations (`massive`).
+"""
