@@ -19,6 +19,7 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     from sinkmech.dormant.scan import scan_heads
+    from sinkmech.files import write_text
     from sinkmech.loading.models import load_model
     from sinkmech.prompts import default_corpus, tokenize
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print("labels: " + ", ".join(f"{v} {k}" for k, v in scan.mode_counts().items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(scan.to_json(profiles=True))
+        write_text(args.json, scan.to_json(profiles=True))
         print(f"wrote {args.json}")
     return 0
 

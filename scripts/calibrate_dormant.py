@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     from tqdm.auto import tqdm
 
     from sinkmech.dormant.scan import scan_heads
-    from sinkmech.files import json_text
+    from sinkmech.files import json_text, write_text
     from tests.conftest import TINY_BOS
     from tests.planted import planted_dormant_model
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"chosen: {out['chosen']}; the prompt-following head's triggers: "
           f"{sorted({t for c in counts.values() for t in c['prompt_triggers']})}")
     if args.json is not None:
-        args.json.write_text(json_text(out))
+        write_text(args.json, json_text(out))
     if args.findings is not None:
         from sinkmech.findings import flatten, record
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from sinkmech.loading import models
-from sinkmech.files import json_text
+from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.controls.first_token import bos_position_study, first_token_study
 from sinkmech.prompts import default_corpus
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         r = results[name] = measure(name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
                                     positions=args.positions if name in position_models else [],
                                     batch_size=args.batch_size)
-        args.out.write_text(json_text(results))
+        write_text(args.out, json_text(results))
         if args.findings is not None:
             for key in ("first_token", "bos_position"):
                 if key in r:

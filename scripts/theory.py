@@ -29,7 +29,7 @@ import torch
 
 from sinkmech.loading import models
 from sinkmech.theory.bound_ranking import bound_ranking, sign_flip_p, t_interval, validate_estimator
-from sinkmech.files import json_text
+from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, default_corpus, tokenize
@@ -107,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.perf_counter()
         results[name] = measure(name, args)
         results[name]["seconds"] = round(time.perf_counter() - t1, 1)
-        args.out.write_text(json_text({**results, "seconds": round(time.perf_counter() - t0, 1)}))
+        write_text(args.out, json_text({**results, "seconds": round(time.perf_counter() - t0, 1)}))
         if args.findings is not None:
             kept = {k: v for k, v in results[name].items() if k != "per_prompt"}
             record(args.findings, flatten(f"{name}.theory", kept), replace_prefix=f"{name}.theory")
     results["seconds"] = round(time.perf_counter() - t0, 1)
-    args.out.write_text(json_text(results))
+    write_text(args.out, json_text(results))
     for name in args.models:
         r = results[name]
         if "validation" in r:

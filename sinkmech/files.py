@@ -36,13 +36,38 @@ def make_dir(path: str | os.PathLike, what: str = "folder") -> Path:
     return path
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` as UTF-8, creating the parent folders."""
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary file beside `path` for the block to write; when the block
+    succeeds it is renamed over `path` (readers see the old file or the whole
+    new one, never a half-written one), when it fails it is deleted.
+    The one temp-file-and-rename of the package (text, bytes, a part, a model)."""
+    import tempfile
+
     path = Path(path)
-    with cannot("write", path):
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, action: str = "write") -> Path:
+    """Write `data` atomically (`atomic_path`), creating the parent folders; an
+    `OSError` reads "cannot {action} PATH: reason"."""
+    path = Path(path)
+    with cannot(action, path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
     return path
+
+
+def write_text(path: str | os.PathLike, text: str, *, action: str = "write") -> Path:
+    """Write `text` as UTF-8, atomically (`atomic_path`), creating the parent folders."""
+    return write_bytes(path, text.encode("utf-8"), action=action)
 
 
 # Whole-or-nothing output folders: a report (or comparison) is written into a

@@ -13,11 +13,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from sinkmech.files import cannot, json_text
+from sinkmech.files import cannot, json_text, write_text
 
 Value = float | int | str | None
 
@@ -66,12 +65,7 @@ def _merge(path: Path, values: Mapping[str, Value], replace_prefix: str | None) 
     if replace_prefix is not None:
         old = {k: v for k, v in old.items() if not (k == replace_prefix or k.startswith(replace_prefix + "."))}
     merged = dict(sorted({**old, **dict(values)}.items()))
-    with cannot("write findings to", path):
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json_text(merged) + "\n")
-        os.replace(tmp, path)
-    return path
+    return write_text(path, json_text(merged) + "\n", action="write findings to")
 
 
 # Per-head grids and raw id lists are in summary.json; findings keep the numbers
