@@ -35,9 +35,19 @@ def resamples(n_prompts: int, *, n_boot: int = N_BOOT, seed: int = 0) -> Tensor:
     return torch.randint(0, n_prompts, (n_boot, n_prompts), generator=g)
 
 
-def _bounds(values: Tensor, level: float, dim: int = 0) -> Tensor:
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=values.dtype)
-    return torch.quantile(values, q, dim=dim)
+def percentile_interval(values: Tensor, level: float = LEVEL, *, dim: int = 0, n_tests: int = 1,
+                        ignore_nan: bool = False) -> Tensor:
+    """[lo, hi] stacked along a new first axis: the percentile interval of
+    bootstrap `values` along `dim` at `level`, Bonferroni-corrected for
+    `n_tests` intervals read together (each at 1 - (1 - level) / n_tests);
+    resamples that gave NaN are left out with `ignore_nan`. The one percentile
+    rule of the package."""
+    if not 0.0 < level < 1.0 or n_tests < 1:
+        raise ValueError(f"need 0 < level < 1 and n_tests >= 1, got {level}, {n_tests}")
+    alpha = (1 - level) / n_tests
+    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=values.dtype)
+    return (torch.nanquantile if ignore_nan else torch.quantile)(values, q, dim=dim)
+
 
 
 def prompt_curve(x: Float[Tensor, "prompt column"], *, n_boot: int = N_BOOT, level: float = LEVEL,
@@ -49,7 +59,7 @@ def prompt_curve(x: Float[Tensor, "prompt column"], *, n_boot: int = N_BOOT, lev
     if len(x) == 0:
         return []
     means = x[resamples(len(x), n_boot=n_boot, seed=seed)].mean(1)  # [boot, column]
-    q = _bounds(means, level)
+    q = percentile_interval(means, level)
     return [[float(m), float(lo), float(hi)] for m, lo, hi in zip(x.mean(0), q[0], q[1])]
 
 
@@ -63,7 +73,7 @@ def bootstrap_ratio_ci(
         return None
     d, q = num.double()[resample].sum(1), den.double()[resample].sum(1)
     ratio = (d / q)[q > 0]
-    lo, hi = _bounds(ratio, level).tolist()
+    lo, hi = percentile_interval(ratio, level).tolist()
     return (lo, hi)
 
 

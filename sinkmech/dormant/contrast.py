@@ -34,7 +34,7 @@ from torch import Tensor
 from sinkmech.dormant.result import HeadScan
 from sinkmech.hooks import head_label
 from sinkmech.results import Result
-from sinkmech.stats import resample_counts
+from sinkmech.stats import percentile_interval, resample_counts
 
 
 @dataclass(frozen=True)
@@ -165,10 +165,8 @@ def _rule(da: Tensor, na: Tensor, ha: Tensor, db: Tensor, nb: Tensor, hb: Tensor
     boot = _boot_fractions(da[va], na[va], n_boot, seed) - _boot_fractions(db[vb], nb[vb], n_boot, seed + 1)
     rel = boot - torch.quantile(boot, 0.5, dim=1, keepdim=True)  # each head against the population's median
     median = float(torch.quantile(val.flatten(), 0.5))
-    alpha = (1 - level) / len(chosen)
-    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=boot.dtype)
     flat = torch.tensor([l * H + h for l, h in chosen])
-    ci, ci_rel = torch.quantile(boot[:, flat], q, dim=0), torch.quantile(rel[:, flat], q, dim=0)  # [2, chosen]
+    ci, ci_rel = (percentile_interval(x[:, flat], level, n_tests=len(chosen)) for x in (boot, rel))  # [2, chosen]
     out = []
     for j, (l, h) in enumerate(chosen):
         s, v = float(sel[l, h]), float(val[l, h])
@@ -222,8 +220,7 @@ def contrast_heads(scan_a: HeadScan, scan_b: HeadScan, *, name_a: str = "A", nam
     L, H = da.shape[1:]
     diff_all = da.sum(0) / na.sum() - db.sum(0) / nb.sum()
     boot = torch.quantile(_boot_fractions(da, na, n_boot, seed + 2) - _boot_fractions(db, nb, n_boot, seed + 3), 0.5, dim=1)
-    q = torch.tensor([(1 - 0.95) / 2, (1 + 0.95) / 2], dtype=boot.dtype)
-    lo, hi = torch.quantile(boot, q).tolist()
+    lo, hi = percentile_interval(boot, 0.95).tolist()
     val = (da[half_a == 1].sum(0) / na[half_a == 1].sum() - db[half_b == 1].sum(0) / nb[half_b == 1].sum())
     shift = {"median": float(torch.quantile(diff_all.flatten(), 0.5)), "ci": [lo, hi], "level": 0.95,
              "on": "all prompts", "median_validated": float(torch.quantile(val.flatten(), 0.5)),

@@ -24,6 +24,7 @@ from torch import Tensor
 from sinkmech.dormant.labels import MODES, HeadStats, Mode, Thresholds, classify
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
 from sinkmech.hooks import head_label
+from sinkmech.stats import percentile_interval, resamples
 
 # (high, low) cuts of the sweep: the default 0.5 / 0.2 (docs/dormant_calibration.md) and stricter and looser ones
 SWEEP_HIGH = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
@@ -201,8 +202,7 @@ def bootstrap_labels(rec: QueryRecords, th: Thresholds, modes, trigger_ok: Bool[
     N = rec.key_level.shape[0]
     n = rec.valid.sum(-1).double()[:, None, None].expand(-1, *rec.key_level.shape[1:3])
     per = {"n": n, **rec.per_prompt}  # per-prompt sums [prompt, layer, head]
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, N, (n_boot, N), generator=g)
+    idx = resamples(N, n_boot=n_boot, seed=seed)
     code = {m: i for i, m in enumerate(MODES)}
     scan_code = torch.tensor([[code[m] for m in row] for row in modes])
     d_s, a_s, b_s, agree = [], [], [], torch.zeros(scan_code.shape, dtype=torch.float64)
@@ -227,9 +227,8 @@ def bootstrap_labels(rec: QueryRecords, th: Thresholds, modes, trigger_ok: Bool[
         d_s.append(d)
         a_s.append(a)
         b_s.append(bim)
-    q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
 
     def ci(xs: list[Tensor]) -> Tensor:
-        return torch.nanquantile(torch.stack(xs), q, dim=0).permute(1, 2, 0).float()
+        return percentile_interval(torch.stack(xs), level, ignore_nan=True).permute(1, 2, 0).float()
 
     return Uncertainty(ci(d_s), ci(a_s), ci(b_s), (agree / n_boot).float(), n_boot, level)

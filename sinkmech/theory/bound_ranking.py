@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model
 from sinkmech.theory.jacobian import _check_layers, jacobian_norms, jacobian_norms_hutchinson
 from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
+from sinkmech import stats
 from sinkmech.results import Result
 from sinkmech.theory.sensitivity import attention_patterns, path_weights, spearman
 
@@ -45,27 +46,6 @@ PAIR_SETS = ("all", "content", "off_diagonal")
 # Intervals over prompts
 
 
-def t_quantile(level: float, df: int) -> float:
-    """The two-sided `level` quantile of Student's t with `df` degrees of freedom
-    (bisection on the numerically integrated density; no scipy)."""
-    if df < 1 or not 0 < level < 1:
-        raise ValueError(f"need df >= 1 and 0 < level < 1, got {df}, {level}")
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf_from_zero(x: float) -> float:
-        t = torch.linspace(0.0, x, 20001, dtype=torch.float64)
-        dens = torch.exp(log_c - (df + 1) / 2 * torch.log1p(t * t / df))
-        return float(torch.trapezoid(dens, t))
-
-    target, lo, hi = level / 2, 0.0, 1.0
-    while cdf_from_zero(hi) < target:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf_from_zero(mid) < target else (lo, mid)
-    return (lo + hi) / 2
-
-
 def t_interval(x: Tensor, level: float = 0.95) -> dict:
     """{"mean", "ci": [lo, hi], "n"}: the t interval of the mean over prompts (NaNs dropped)."""
     x = x.double().flatten()
@@ -73,7 +53,7 @@ def t_interval(x: Tensor, level: float = 0.95) -> dict:
     n = len(x)
     if n < 2:
         return {"mean": float(x.mean()) if n else None, "ci": None, "n": n}
-    half = t_quantile(level, n - 1) * float(x.std(unbiased=True)) / math.sqrt(n)
+    half = stats.t_quantile((1 + level) / 2, n - 1) * float(x.std(unbiased=True)) / math.sqrt(n)
     m = float(x.mean())
     return {"mean": m, "ci": [m - half, m + half], "n": n}
 
