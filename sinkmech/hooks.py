@@ -23,9 +23,14 @@ def act_name(name: str, layer: int | None = None) -> str:
     return get_act_name(name, layer)
 
 
-def check_head(model: Model, layer: int, head: int) -> None:
+def check_layer(model: Model, layer: int, what: str = "layer") -> None:
+    """The one layer-range check: `what` names the argument in the error."""
     if not 0 <= layer < model.cfg.n_layers:
-        raise ValueError(f"layer {layer} out of range: the model has {model.cfg.n_layers} layers")
+        raise ValueError(f"{what} {layer} out of range: the model has {model.cfg.n_layers} layers")
+
+
+def check_head(model: Model, layer: int, head: int) -> None:
+    check_layer(model, layer)
     if not 0 <= head < model.cfg.n_heads:
         raise ValueError(f"head {head} out of range: the model has {model.cfg.n_heads} heads per layer")
 

@@ -86,8 +86,10 @@ def test_stream_bad_input(tiny_model, seq, tiny_tokens):
     two = tokenize(tiny_model, tiny_tokens[:2], bos="none")
     with pytest.raises(ValueError, match="one sequence"):
         stream_perplexity(tiny_model, two, window=4)
-    with pytest.raises(ValueError, match="scored_from"):
+    with pytest.raises(ValueError, match="no token left to score"):
         stream_perplexity(tiny_model, seq, window=40, keep=(1,))
+    with pytest.raises(ValueError, match="no token left to score.*scored_from"):
+        stream_perplexity(tiny_model, seq, window=4, scored_from=int(seq.lengths[0]) - 1)
     with pytest.raises(ValueError, match="keep"):
         stream_perplexity(tiny_model, seq, window=4, keep=(-1,))
     assert isinstance(StreamResult, type)

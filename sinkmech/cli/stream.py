@@ -33,17 +33,17 @@ def add_stream_parser(sub) -> None:
 
 
 def check_stream_args(window: int, keep: list[int], max_tokens: int, bos: str) -> int:
-    """The check across flags, before the model loads (each flag alone is checked
-    by its type): the window and kept keys leave a token to score. Returns the
+    """The window check of `stream_perplexity` (`sinkmech.context.first_scored`),
+    before the model loads (each flag alone is checked by its type). Returns the
     first scored position."""
+    from sinkmech.context import first_scored
+
     n_pos = max_tokens + (1 if bos == "prepend" else 0)
-    scored_from = window + max(keep)
-    if scored_from >= n_pos - 1:
-        raise UsageError(
-            f"no token left to score: positions {scored_from} on are scored (--window + max --keep) but the text "
-            f"has {n_pos} positions; raise --max-tokens above {scored_from + 1 - (n_pos - max_tokens)} or lower --window"
-        )
-    return scored_from
+    try:
+        return first_scored(window, keep, n_pos)
+    except ValueError as e:
+        above = window + max(keep) + 1 - (n_pos - max_tokens)
+        raise UsageError(f"{e} (--window + max --keep): raise --max-tokens above {above} or lower --window") from None
 
 
 def print_stream_table(result) -> None:
@@ -58,14 +58,13 @@ def print_stream_table(result) -> None:
 
 
 def cmd_stream(args) -> None:
-    from sinkmech.plots.mechanisms import stream_bars
+    from sinkmech.context import check_fits
     from sinkmech.context.stream import long_tokens, stream_perplexity
+    from sinkmech.plots.mechanisms import stream_bars
 
     check_stream_args(args.window, args.keep, args.max_tokens, args.bos)
     model = load_model_arg(args)
-    if args.max_tokens > model.cfg.n_ctx - 1:
-        raise UsageError(f"--max-tokens {args.max_tokens} does not fit: {args.model} has a context of {model.cfg.n_ctx} "
-                         f"positions, at most {model.cfg.n_ctx - 1} content tokens beside <bos>")
+    check_fits(args.max_tokens, model.cfg.n_ctx, args.bos == "prepend")  # before any compute
     batch = long_tokens(model, args.max_tokens, bos=args.bos)
     result = stream_perplexity(model, batch, window=args.window, keep=args.keep, reindex=args.reindex)
     print_stream_table(result)

@@ -40,6 +40,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from sinkmech.context import check_fits, first_scored
 from sinkmech.loading.backend import IS_BRIDGE, Model
 from sinkmech.hooks import act_name
 from sinkmech.loss import masked_loss
@@ -138,9 +139,7 @@ def long_text(n_words: int) -> str:
 
 def long_tokens(model: Model, n_tokens: int, *, bos: Bos = "prepend", bos_token_id: int | None = None) -> TokenBatch:
     """One row of exactly `n_tokens` content tokens from `long_text`."""
-    if n_tokens > model.cfg.n_ctx - 1:
-        raise ValueError(f"{n_tokens} content tokens do not fit the model's context of {model.cfg.n_ctx} positions "
-                         f"(at most {model.cfg.n_ctx - 1} beside <bos>)")
+    check_fits(n_tokens, model.cfg.n_ctx, bos == "prepend")
     batch = tokenize(model, [long_text(n_tokens)], bos=bos, max_tokens=n_tokens, bos_token_id=bos_token_id)
     if int(batch.lengths[0]) - batch.offset < n_tokens:
         raise ValueError(f"the text gave fewer than {n_tokens} tokens")
@@ -224,21 +223,12 @@ def stream_perplexity(
     """
     if len(batch) != 1:
         raise ValueError(f"stream_perplexity runs one sequence; the batch holds {len(batch)}")
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    keep = tuple(int(k) for k in keep)
-    if not keep or any(k < 0 for k in keep):
-        raise ValueError(f"keep needs one or more counts >= 0, got {keep}")
     T = int(batch.lengths[0])
+    check_fits(T - max(batch.offset, 0), model.cfg.n_ctx, batch.offset > 0)
+    scored_from = first_scored(window, keep, T, batch.offset, scored_from)
+    keep = tuple(int(k) for k in keep)
     if reindex:
         check_reindex(model)
-    if scored_from is None:
-        scored_from = window + max(keep)
-    if not max(batch.offset, 0) <= scored_from < T - 1:
-        raise ValueError(
-            f"scored_from={scored_from} leaves no token to score in a sequence of {T} positions: "
-            "use a longer text or a smaller window"
-        )
     tokens = batch.tokens[:, :T]
     pos = torch.arange(T, device=tokens.device)
     mask = ((pos >= scored_from) & (pos < T - 1))[None, :]

@@ -19,7 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from sinkmech.loading.backend import Model
-from sinkmech.hooks import act_name, cached_run
+from sinkmech.hooks import act_name, cached_run, check_layer
 from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, one_copy, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
 from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
@@ -184,8 +184,7 @@ def patch(
         raise ValueError(f"method must be 'sweep' or 'loop', got {method!r}")
     layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
     for l in layers:
-        if not 0 <= l < model.cfg.n_layers:
-            raise ValueError(f"layer {l} out of range: the model has {model.cfg.n_layers} layers")
+        check_layer(model, l)
     src, tgt = pair.run(source), pair.run(target)
     n_content = pair.n_content
     names = [act_name(act, l) for l in layers]

@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
-from sinkmech.hooks import act_name, run
+from sinkmech.hooks import act_name, check_layer, run
 from sinkmech.loss import content_loss
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
 from sinkmech.results import Result
@@ -345,8 +345,7 @@ def reset_massive_dims(
     dims = tuple(int(d) for d in dims)
     if not dims or any(not 0 <= d < model.cfg.d_model for d in dims):
         raise ValueError(f"dims must be one or more indices in [0, {model.cfg.d_model}), got {dims}")
-    if not 0 <= from_layer < model.cfg.n_layers:
-        raise ValueError(f"from_layer must lie in [0, {model.cfg.n_layers}), got {from_layer}")
+    check_layer(model, from_layer, "from_layer")
     if mode not in RESETS:
         raise ValueError(f"mode must be one of {tuple(RESETS)}, got {mode!r}")
     values = None
