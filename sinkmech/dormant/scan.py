@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from sinkmech.measures.attention import sink_mass
 from sinkmech.loading.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
-from sinkmech.dormant.labels import HeadStats, Thresholds, classify
+from sinkmech.dormant.labels import HeadStats, Thresholds, classify, with_fields
 from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, threshold_sweep
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
@@ -38,24 +38,13 @@ def scan_heads(
     max_tokens: int | None = None,
     batch_size: int = 16,
     bos_token_id: int | None = None,
-    high: float = 0.5,
-    low: float = 0.2,
-    sink_min_dormant: float = 0.9,
-    active_max_dormant: float = 0.1,
-    if_else_min_dormant: float = 0.5,
-    if_else_min_active: float = 0.01,
-    if_else_max_between: float = 0.25,
-    min_lift: float = 3.0,
-    min_count: int = 5,
-    max_output_ratio: float = 0.5,
-    min_prompts: int = 3,
-    min_queries: int = 500,
-    alpha: float = 0.05,
+    thresholds: Thresholds | None = None,
     top_triggers: int = 5,
     n_bins: int = 20,
     sweep: bool = True,
     n_boot: int = 200,
     progress: bool = True,
+    **threshold_fields,
 ) -> HeadScan:
     """Profile every head in one streamed pass and label it (see `Thresholds`).
 
@@ -69,7 +58,11 @@ def scan_heads(
         max_tokens: content tokens per prompt (default 64 for prompts).
         batch_size: prompts per forward pass.
         bos_token_id: for models without a tokenizer (prompts only).
-        high, low, ...: the thresholds documented in `Thresholds`.
+        thresholds: the query modes' cut and the labels' rules (default
+            `Thresholds()`, calibrated: docs/dormant_calibration.md).
+        threshold_fields: single fields of `Thresholds` to change, e.g.
+            `high=0.3`; a shortcut for `thresholds=Thresholds(high=0.3)`
+            (applied on top of `thresholds`).
         top_triggers: triggers kept per head and place (query / previous / key),
             chosen on the even-numbered prompts, judged on the odd-numbered
             ones (`sinkmech.dormant.triggers`).
@@ -87,9 +80,7 @@ def scan_heads(
         `logit_first_active` (to the first key) and `logit_key_active` (to the
         most attended other key).
     """
-    th = Thresholds(high, low, sink_min_dormant, active_max_dormant, if_else_min_dormant,
-                    if_else_min_active, if_else_max_between, min_lift, int(min_count), max_output_ratio,
-                    int(min_prompts), int(min_queries), alpha)
+    th = with_fields(thresholds, threshold_fields)
     if batch_size < 1 or n_bins < 2 or top_triggers < 1 or n_boot < 0:
         raise ValueError("need batch_size >= 1, n_bins >= 2, top_triggers >= 1 and n_boot >= 0")
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
