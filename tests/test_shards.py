@@ -12,8 +12,10 @@ import torch
 from conftest import make_tiny
 
 from sinkmech.sharding.parts import (
+    FORMAT,
     FORMAT_VERSION,
     PartialError,
+    checksum,
     merge,
     parse_shard,
     read_partial,
@@ -23,7 +25,7 @@ from sinkmech.sharding.parts import (
     write_partial,
 )
 from sinkmech.prompts import tokenize
-from sinkmech.sharding.sinks import sinks_partial, sinks_result
+from sinkmech.measures.parts import SINK_ROWS, sinks_partial, sinks_result
 from sinkmech.sinks import sink_scores
 
 N_PROMPTS = 10
@@ -56,7 +58,7 @@ def sharded(model, prompts, n, batch_size, settings=None):
             for i, s in enumerate(spans, 1)]
 
 
-ROWS = ("scores", "value_norm_first", "value_norm_rest", "resid_norm_first", "resid_norm_rest", "lengths")
+ROWS = SINK_ROWS  # scores, norms, lengths: the per-prompt rows of a sinks part
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -121,6 +123,25 @@ def test_partial_file_round_trips_float64_exactly(tmp_path, model, ragged):
     for k, v in part.sums.items():
         assert np.array_equal(back.sums[k], v, equal_nan=True)
     assert back.settings == part.settings and back.shards == (2,) and back.n_shards == 2
+
+
+def test_parts_under_the_older_format_name_still_merge(tmp_path, model, ragged):
+    """Parts written before the format was named "sinkmech.sharding.parts" say
+    "sinkmech.partial" (same version, checksum over that name): they read and
+    merge, with new parts too, to the same result."""
+    parts = sharded(model, ragged, 3, batch_size=4)
+    paths = [write_partial(tmp_path / f"s{i}.partial.json", p) for i, p in enumerate(parts, 1)]
+    d = json.loads(paths[1].read_text())
+    assert d["format"] == FORMAT
+    body = {k: v for k, v in d.items() if k != "sha256"} | {"format": "sinkmech.partial"}
+    old = tmp_path / "old.partial.json"
+    old.write_text(json.dumps({**body, "sha256": checksum(body)}))
+    got, want = read_parts([paths[0], old, paths[2]]), read_parts(paths)
+    assert got.rows.keys() == want.rows.keys() and all(np.array_equal(got.rows[k], want.rows[k]) for k in got.rows)
+    assert all(np.array_equal(got.sums[k], want.sums[k]) for k in want.sums) and got.settings == want.settings
+    (tmp_path / "other.partial.json").write_text(json.dumps({**body, "format": "other.tool", "sha256": "x"}))
+    with pytest.raises(PartialError, match="not a sinkmech partial file"):
+        read_partial(tmp_path / "other.partial.json")
 
 
 def test_bad_merges_are_refused_with_one_line_each(tmp_path, model, ragged):
@@ -193,7 +214,7 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
 
     from sinkmech.dormant.labels import Thresholds
     from sinkmech.dormant.scan import accumulate, scan_heads
-    from sinkmech.sharding.sinks import heads_partial, heads_result
+    from sinkmech.dormant.parts import heads_partial, heads_result
 
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus(n=45).tolist()  # shard 2 of 3 starts at prompt 15: an odd one
@@ -223,7 +244,7 @@ def test_ablation_shards_merged_in_any_order_equal_the_one_pass_result(model, ra
     prompts (logit difference): weighted back into sums, the parts merge to the
     one-pass effects to float32 rounding."""
     from sinkmech.interventions.ablation import head_ablations
-    from sinkmech.sharding.sinks import ablate_partial, ablate_result
+    from sinkmech.interventions.parts import ablate_partial, ablate_result
 
     kw = {"mode": "zero", "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None}
 

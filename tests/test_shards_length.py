@@ -1,4 +1,4 @@
-"""The evaluation-length sweep in two sharded stages (sinkmech.sharding.length):
+"""The evaluation-length sweep in two sharded stages (sinkmech.context.parts):
 shards of 1, 2 and 3, each stage merged in any order, give the one-pass
 `sinks_vs_length`: the same per-prompt rows, the same chosen heads, the same
 sweep (the mask_first costs to float32 rounding: each shard's KL is its own mean)."""
@@ -16,12 +16,12 @@ from conftest import TINY_BOS, make_tiny
 from sinkmech.context.length import (
     check_sweep, choose_heads, length_costs, length_scores, long_prompt_texts, plan_lengths, sinks_vs_length, truncate,
 )
-from sinkmech.sharding.parts import PartialError, detach, merge, shard_span
-from sinkmech.prompts import tokenize
-from sinkmech.sharding.sinks import SINK_ROWS
-from sinkmech.sharding.length import (
+from sinkmech.context.parts import (
     costs_partial, length_heads, length_result, prompt_rows, row_key, scores_partial, scores_result, scores_shard,
 )
+from sinkmech.measures.parts import SINK_ROWS
+from sinkmech.prompts import tokenize
+from sinkmech.sharding.parts import PartialError, detach, merge, shard_span
 
 N_PROMPTS = 7
 LENGTHS = (4, 16, 24, 32, 64)  # 32: beyond the shortest prompt (30), which only shard 3 of 3 holds; 64: the context

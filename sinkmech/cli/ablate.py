@@ -76,7 +76,7 @@ class AblateTask(AnswersTask):
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.ablation import head_ablations
         from sinkmech.prompts import tokenize
-        from sinkmech.sharding.sinks import ablate_partial
+        from sinkmech.interventions.parts import ablate_partial
 
         model, ids = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
@@ -203,7 +203,7 @@ def ablate_task(args, prompts, settings: dict) -> AblateTask:
 
 def merged_ablate(part, args) -> None:
     """`sinkmech merge` for ablate parts: the list and --json / --png as `ablate` writes them."""
-    from sinkmech.sharding.sinks import ablate_result
+    from sinkmech.interventions.parts import ablate_result
 
     s = part.settings
     run = Namespace(**{**vars(args), "model": s["model"], "mode": s["mode"], "bos": s["bos"], "metric": s["metric"],

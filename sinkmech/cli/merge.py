@@ -2,7 +2,8 @@
 sharded run (`--shard I/N`, see `sinkmech.sharding.parts`) and write exactly what the
 unsharded command writes. Refused, one line each: a missing or duplicate shard,
 parts whose settings differ (the setting is named), a corrupt or truncated
-part, a part of a newer format version."""
+part, a part of a newer format version, a kind of part this sinkmech does not
+know (`sinkmech.sharding.parts.KINDS`) or has no command for."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from sinkmech.cli.common import PNG_HELP, image_file, output_file, positive_int
-from sinkmech.sharding.parts import read_parts
+from sinkmech.sharding.parts import PartialError, check_kind, read_parts
 
 
 def add_merge_parser(sub) -> None:
@@ -24,7 +25,8 @@ def add_merge_parser(sub) -> None:
 
 
 def mergers() -> dict:
-    """Analysis kind -> the function that prints and writes its merged result."""
+    """Part kind (one of `sinkmech.sharding.parts.KINDS`) -> the function that prints and
+    writes its merged result: one for each kind a command writes."""
     from sinkmech.cli.ablate import merged_ablate
     from sinkmech.cli.heads import merged_heads
     from sinkmech.cli.length import merged_length, merged_length_scores
@@ -40,8 +42,8 @@ def mergers() -> dict:
 
 def cmd_merge(args) -> None:
     part = read_parts(args.parts)
-    finish = mergers().get(part.kind)
-    if finish is None:
-        raise ValueError(f"this sinkmech cannot merge '{part.kind}' parts")
+    finish = mergers().get(check_kind(part.kind))
+    if finish is None:  # a kind only the library writes (e.g. "value_weighted")
+        raise PartialError(f"this sinkmech cannot merge '{part.kind}' parts")
     print(f"merged {len(part.shards)} shards, {part.n_prompts_total} prompts ({part.kind})", file=sys.stderr)
     finish(part, args)

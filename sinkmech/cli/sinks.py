@@ -69,8 +69,7 @@ def merged_sinks(part, args) -> None:
     from sinkmech.plots.sinks import sink_heatmap
 
     from sinkmech.sharding.parts import detach
-    from sinkmech.sharding.sinks import sinks_result
-    from sinkmech.sharding.mechanisms import key_sinks_result
+    from sinkmech.measures.parts import key_sinks_result, sinks_result
 
     s = part.settings
     results, eps = sinks_result(part), s["eps"]
@@ -97,13 +96,13 @@ class SinksTask(BosTokenTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.prompts import tokenize
-        from sinkmech.sharding.sinks import sinks_partial
+        from sinkmech.measures.parts import sinks_partial
         from sinkmech.sinks import sink_scores
 
         from sinkmech.measures.key_sinks import key_sink_sums
         from sinkmech.sharding.parts import attach
         from sinkmech.prompts import token_text
-        from sinkmech.sharding.mechanisms import key_sinks_partial
+        from sinkmech.measures.parts import key_sinks_partial
 
         model, bos_id = state
         results, batches = {}, {}

@@ -9,7 +9,7 @@ ablations run, so a sharded sweep has two stages, each mergeable exactly:
    merged parts `length_heads` chooses the heads as `sinks_vs_length` does.
 2. "length": per length, the mask_first KL of each chosen head on the shard, a
    mean over its content positions kept as a float64 sum with that count (as
-   `sinkmech.sharding.sinks.ablate_partial` keeps it). A stage-2 part carries the chosen
+   `sinkmech.interventions.parts.ablate_partial` keeps it). A stage-2 part carries the chosen
    heads in its settings and its shard's stage-1 part attached (`attach`, under
    "scores"), so the merged stage-2 parts alone give the `LengthSweep`.
 
@@ -20,6 +20,7 @@ The one-pass sweep is the merge of one shard, through the same steps
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -27,9 +28,9 @@ from sinkmech.context.length import (
     ChosenHeads, LengthSweep, choose_heads, fits_context, length_sweep, plan_lengths, truncate,
 )
 from sinkmech.interventions.ablation import HeadAblation, ablation_weight
-from sinkmech.sharding.parts import Partial, attach, detach
+from sinkmech.measures.parts import SINK_ROWS
 from sinkmech.prompts import TokenBatch
-from sinkmech.sharding.sinks import SINK_ROWS, shard_part
+from sinkmech.sharding.parts import Partial, attach, detach, shard_part
 from sinkmech.sinks import SinkScores
 
 SCORES, COSTS = "length_scores", "length"  # the two part kinds
@@ -73,9 +74,8 @@ def scores_partial(scores: dict[int, SinkScores], batch: TokenBatch, settings: d
                 "model_name": cfg.model_name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "top_k": top_k,
                 "eps": [float(e) for e in eps], "uniform_multiples": [float(m) for m in uniform_multiples],
                 "fixed_head": None if fixed_head is None else [int(x) for x in fixed_head]}
-    index = list(prompt_index)
-    return shard_part(SCORES, settings, prompt_index=index, shard=shard, rows=rows, sums={},
-                      n_prompts_total=len(index) if n_prompts_total is None else n_prompts_total)
+    return shard_part(SCORES, settings, prompt_index=prompt_index, shard=shard, rows=rows, sums={},
+                      n_prompts_total=n_prompts_total)
 
 
 def scores_result(part: Partial) -> tuple[dict[int, SinkScores], tuple[tuple[int, str], ...]]:
@@ -136,9 +136,8 @@ def costs_partial(costs: dict[int, list[HeadAblation]], heads: ChosenHeads, batc
         w = ablation_weight(results[0].metric, truncate(batch, T))  # KL: a mean over the shard's content positions
         sums[row_key(T, "cost_sum")] = [float(r.effects[0, 0]) * w for r in results]
         sums[row_key(T, "weight")] = [w]
-    index = list(prompt_index)
-    part = shard_part(COSTS, {**settings, "heads": heads.to_dict()}, prompt_index=index, shard=shard, rows={},
-                      sums=sums, n_prompts_total=len(index) if n_prompts_total is None else n_prompts_total)
+    part = shard_part(COSTS, {**settings, "heads": heads.to_dict()}, prompt_index=prompt_index, shard=shard,
+                      rows={}, sums=sums, n_prompts_total=n_prompts_total)
     return attach(part, ATTACHED, scores)
 
 

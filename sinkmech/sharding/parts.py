@@ -12,28 +12,33 @@ it can be computed on shards of the prompts and merged. A `Partial` holds
 `merge(parts)` concatenates rows in global prompt order and adds sums in a
 fixed order (by first prompt index), so it is order-free (bitwise) and
 associative (to float64 rounding); the one-pass result is the merge of one
-shard. The analysis adapters (`sinkmech.sharding.sinks`) turn partials into today's
-results. The file format (`.partial.json`, strict JSON, float64 values exact:
-Python writes the shortest repr that reads back to the same double) is
-documented in docs/outputs.md.
+shard. Each analysis says, next to its result, how that result becomes a part
+and how a merged part becomes the result again (its package's `parts` module:
+`sinkmech.measures.parts`, `sinkmech.dormant.parts`, `sinkmech.interventions.parts`,
+`sinkmech.context.parts`); `KINDS` finds them by the part's kind. The file
+format (`.partial.json`, strict JSON, float64 values exact, `sinkmech.sharding.arrays`)
+is documented in docs/outputs.md.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
-import math
 import os
+import re
 import tempfile
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from sinkmech.files import cannot, json_text
+from sinkmech.sharding.arrays import decode, encode
 
 FORMAT = "sinkmech.sharding.parts"
+FORMATS = (FORMAT, "sinkmech.partial")  # what a part's "format" may say: the older name reads the same
 FORMAT_VERSION = 1
 SUFFIX = ".partial.json"
 
@@ -107,7 +112,7 @@ class Partial:
     @classmethod
     def from_dict(cls, d: dict, *, name: str = "part") -> Partial:
         """Read a part back, checking its format, version and checksum."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
+        if not isinstance(d, dict) or d.get("format") not in FORMATS:
             raise PartialError(f"{name} is not a sinkmech partial file (no \"format\": \"{FORMAT}\")")
         version = d.get("format_version")
         if not isinstance(version, int) or version > FORMAT_VERSION:
@@ -135,50 +140,6 @@ def checksum(body: dict) -> str:
     """sha256 of the canonical JSON text of `body` (sorted keys, no spaces)."""
     text = json_text(body, sort_keys=True, compact=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-# Arrays in JSON: {"dtype", "shape", "values"} with the flat values, or, when
-# at most a third of them are non-zero, {"dtype", "shape", "nonzero", "values"}
-# with the flat indices of the non-zero ones. Non-finite floats are written as
-# the strings "nan", "inf", "-inf" (strict JSON has no NaN).
-
-DTYPES = ("float64", "float32", "int64", "int32", "int8", "bool")
-
-
-def encode(a: np.ndarray) -> dict:
-    a = np.asarray(a)
-    dtype = str(a.dtype)
-    if dtype not in DTYPES:
-        raise ValueError(f"cannot store an array of {dtype} in a partial (use one of {DTYPES})")
-    flat = a.reshape(-1)
-    out: dict = {"dtype": dtype, "shape": list(a.shape)}
-    nz = np.flatnonzero(flat)
-    if 3 * len(nz) <= len(flat) and len(flat) > 0:
-        out["nonzero"] = nz.tolist()
-        flat = flat[nz]
-    out["values"] = [_value(x) for x in flat.tolist()]
-    return out
-
-
-def _value(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return x
-
-
-def decode(d: dict) -> np.ndarray:
-    dtype, shape = d["dtype"], tuple(int(s) for s in d["shape"])
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    values = [float(v) if isinstance(v, str) else v for v in d["values"]]
-    if "nonzero" in d:
-        a = np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=dtype)
-        idx = np.asarray(d["nonzero"], dtype=np.int64)
-        if len(idx) != len(values):
-            raise ValueError("nonzero indices and values differ in length")
-        a[idx] = np.asarray(values, dtype=dtype) if values else a[idx]
-        return a.reshape(shape)
-    return np.asarray(values, dtype=dtype).reshape(shape)
 
 
 # Merging.
@@ -355,3 +316,76 @@ def split(part: Partial, spans: Sequence[range]) -> list[Partial]:
         out.append(replace(part, n_shards=len(spans), shards=(j,), prompt_index=part.prompt_index[keep],
                            rows={k: v[keep] for k, v in part.rows.items()}))
     return out
+
+
+# What every analysis' adapters share: a shard's part, the record of what was scored
+# (`TokenBatch.used`), and the fields of a result kept as rows.
+
+def shard_part(kind: str, settings: dict, *, prompt_index: Sequence[int], shard: tuple[int, int],
+               n_prompts_total: int | None = None, rows: dict, sums: dict, labels: dict | None = None) -> Partial:
+    """A `Partial` for shard `shard` = (I, N) holding `prompt_index` (global, in
+    order) of `n_prompts_total` prompts (default: these are all of them)."""
+    index = np.asarray(list(prompt_index), dtype=np.int64)
+    if len(index) and np.any(np.diff(index) <= 0):
+        raise ValueError("prompt_index must increase")
+    return Partial(kind=kind, settings=settings, n_shards=shard[1], shards=(shard[0],),
+                   n_prompts_total=len(index) if n_prompts_total is None else n_prompts_total, prompt_index=index,
+                   rows=rows, sums={k: np.asarray(v, dtype=np.float64) for k, v in sums.items()}, labels=labels or {})
+
+
+def batch_rows(batch) -> tuple[dict, dict, dict]:
+    """What a part keeps of its `TokenBatch` for the JSON's record of what was
+    scored (`TokenBatch.used`): rows, sums and settings."""
+    return ({"content_lengths": (batch.lengths - batch.offset).cpu().numpy()},
+            {"context_cut": [0.0 if batch.context_limit is None else 1.0]},
+            {"context_limit": batch.context_limit})
+
+
+def used(part: Partial, requested: int | None) -> dict:
+    """`TokenBatch.used(requested)` of the merged prompts."""
+    lengths = part.rows["content_lengths"]
+    cut = part.sums["context_cut"][0] > 0
+    return {"max_tokens": int(lengths.max()), "max_tokens_requested": requested,
+            "content_lengths": [int(x) for x in lengths], "context_limit": part.settings["context_limit"] if cut else None}
+
+
+_PROMPT_AXIS = re.compile(r"""Tensor, ['"]\s*prompt\b""")
+
+
+def row_fields(result_type) -> tuple[str, ...]:
+    """The fields of a result dataclass that its parts keep as rows: the tensors
+    with a leading `prompt` axis that every such result has (no default), in
+    field order."""
+    return tuple(f.name for f in fields(result_type)
+                 if f.default is MISSING and _PROMPT_AXIS.search(str(f.type)))
+
+
+# The kinds of part. For each, the function that turns a merged part back into its
+# result ("module:function", next to that result in its package's `parts` module),
+# imported on first use: reading and merging parts needs neither torch nor the analyses.
+
+KINDS = {
+    "sinks": "sinkmech.measures.parts:sinks_result",
+    "key_sinks": "sinkmech.measures.parts:key_sinks_result",
+    "value_weighted": "sinkmech.measures.parts:value_weighted_result",
+    "massive": "sinkmech.measures.parts:massive_result",
+    "heads": "sinkmech.dormant.parts:heads_result",
+    "ablate": "sinkmech.interventions.parts:ablate_result",
+    "patch": "sinkmech.interventions.parts:patch_result",
+    "perturb": "sinkmech.interventions.parts:spread_result",
+    "length_scores": "sinkmech.context.parts:scores_result",
+    "length": "sinkmech.context.parts:length_result",
+}
+
+
+def check_kind(kind: str) -> str:
+    """`kind`, if this sinkmech knows it (`KINDS`); else a one-line `PartialError`."""
+    if kind not in KINDS:
+        raise PartialError(f"this sinkmech cannot merge '{kind}' parts")
+    return kind
+
+
+def result_function(kind: str) -> Callable:
+    """The function that turns a merged part of `kind` back into its result."""
+    module, name = KINDS[check_kind(kind)].split(":")
+    return getattr(importlib.import_module(module), name)
