@@ -77,8 +77,7 @@ def cmd_contrast(args) -> None:
     model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
     kw = dict(bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
-              high=args.high, low=args.low, min_lift=args.min_lift, min_count=args.min_count,
-              min_prompts=args.min_prompts, sweep=False, n_boot=0)
+              thresholds=thresholds_arg(args), sweep=False, n_boot=0)
     scans = [scan_heads(model, corpus, **kw) for corpus in (a, b)]
     contrast = contrast_heads(*scans, name_a=names[0], name_b=names[1])
     print_contrast(contrast)
@@ -173,8 +172,7 @@ def cmd_heads(args) -> None:
     bos_id = bos_token_arg(model, args)
     target = parse_head(args.head, model) if args.head else None
     scan = scan_heads(model, scanned, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                      bos_token_id=bos_id, high=args.high, low=args.low, min_lift=args.min_lift,
-                      min_count=args.min_count, min_prompts=args.min_prompts)
+                      bos_token_id=bos_id, thresholds=thresholds_arg(args))
     heads_output(args, model, prompts, scan, bos_id, target, noop_rows)
 
 
@@ -202,9 +200,18 @@ class HeadsTask(BosTokenTask):
                              **self.where(shard, n_shards, index))
 
 
+THRESHOLD_FLAGS = ("high", "low", "min_lift", "min_count", "min_prompts")  # the Thresholds fields the flags set
+
+
+def thresholds_arg(args):
+    """The `Thresholds` the flags ask for (the other fields at their defaults)."""
+    from sinkmech.dormant.labels import Thresholds
+
+    return Thresholds(**{k: getattr(args, k) for k in THRESHOLD_FLAGS})
+
+
 def heads_task(args, prompts, settings: dict) -> HeadsTask:
-    th = {"high": args.high, "low": args.low, "min_lift": args.min_lift, "min_count": args.min_count,
-          "min_prompts": args.min_prompts}
+    th = {k: getattr(args, k) for k in THRESHOLD_FLAGS}
     return HeadsTask.from_args(args, prompts, settings, bos=args.bos, batch_size=args.batch_size, thresholds=th)
 
 
