@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import NEEDS_HOOKED, TINY_BOS, WordTokenizer
+from conftest import TINY_BOS, WordTokenizer, needs
 from sinkmech.controls.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
@@ -38,7 +38,7 @@ def test_head_loss_changes_equal_the_sweep_with_a_loss_metric(tiny_model, tiny_t
     assert res.mean_changes()[l, h] == res.mean_changes().max()
 
 
-@NEEDS_HOOKED
+@needs("from_config", why="a zeroed W_O in a HookedTransformer")
 def test_a_head_that_writes_nothing_costs_nothing(tiny_tokens):
     """Planted null: L1.H2 with W_O = 0 changes no loss when masked; the others do."""
     from conftest import make_tiny
@@ -93,3 +93,136 @@ def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     part = tmp_path / "loss.partial.json"
     assert main(["ablate", "--metric", "loss", "--prompts", str(prompts), "--shard", "1/2", "--json", str(part)]) == 2
     assert "--metric loss runs in one process" in capsys.readouterr().err
+
+
+# --- the control on a model trained here (sinkmech.train.bos_cost) ---------------------------------------
+
+TEXT_CFG = dict(data="text", text_corpus="docs", text_limit_bytes=600_000, context_length=32, tokens_per_step=64,
+                n_layers=2, n_heads=4, d_model=16, steps=1)
+
+
+def test_text_windows_are_training_windows_from_two_halves_of_the_validation_split():
+    from sinkmech.train.bos_cost import split_stream, text_windows
+    from sinkmech.train.config import TrainConfig
+    from sinkmech.train.data import text_streams
+
+    cfg = TrainConfig(**TEXT_CFG)
+    pick, held = text_windows(cfg, n_select=5, n_eval=7)
+    _, val = text_streams(limit_bytes=cfg.text_limit_bytes, corpus=cfg.text_corpus)
+    first, second = split_stream(val, bos_id=cfg.bos_id)
+    assert second[0] == cfg.bos_id and len(first) >= len(val) // 2
+    for batch, half, n in ((pick, first, 5), (held, second, 7)):
+        assert batch.tokens.shape == (n, cfg.context_length) and batch.bos == "prepend"
+        assert (batch.tokens[:, 0] == cfg.bos_id).all() and (batch.lengths == cfg.context_length).all()
+        starts = []
+        for row in batch.tokens[:, 1:]:  # each window is an aligned slot of its own half, none twice
+            hits = [s for s in range(0, len(half) - 30, 31) if torch.equal(half[s : s + 31], row)]
+            assert hits
+            starts.append(hits[0])
+        assert len(set(starts)) == n
+
+
+def test_masking_key_0_in_every_head_is_removing_bos_in_a_rotary_model():
+    """Rotary attention sees only offsets, so once no head may attend to `<bos>`
+    it changes nothing downstream: the top-all share is 1 by construction."""
+    from sinkmech.controls.bos_cost import bos_cost_batches
+    from sinkmech.train.bos_cost import text_windows
+    from sinkmech.train.config import TrainConfig
+    from sinkmech.train.model import build_model
+
+    cfg = TrainConfig(**TEXT_CFG, seed=3)
+    model = build_model(cfg, "cpu")
+    pick, held = text_windows(cfg, n_select=2, n_eval=4)
+    out = bos_cost_batches(model, pick, held, ks=[8], progress=False)["eval"]
+    assert out["top_k"]["8"]["loss_change"][0] == pytest.approx(out["no_bos"][0], abs=1e-5)
+
+
+def planted_bos_reader(cfg, held):
+    """A positional-free model whose only writing head, L1.H2, puts all its
+    attention on `<bos>` and reads from it the one direction the unembedding
+    uses: with it the logits are the held-out targets' own unigram log
+    frequencies (the best constant guess), without it a random multiple of
+    them, so the loss rises whenever the head loses `<bos>` (Gibbs)."""
+    from sinkmech.train.model import build_model
+
+    model = build_model(cfg, "cpu")
+    s, r, d = 0, 1, cfg.d_model
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_O.zero_()
+            block.attn.b_O.zero_()
+            block.mlp.W_out.zero_()
+            block.mlp.b_out.zero_()
+        W_E = model.embed.W_E
+        W_E[:, s] = 0.0
+        W_E[:, 1:] -= W_E[:, 1:].mean(1, keepdim=True)  # content rows sum to 0: their normalised s-coordinate is 0
+        W_E[cfg.bos_id] = 0.0
+        W_E[cfg.bos_id, s] = 10.0
+        a = model.blocks[1].attn
+        for W in (a.W_Q, a.W_K, a.W_V):
+            W[2] = 0.0
+        for b in (a.b_Q, a.b_K, a.b_V):
+            b[2] = 0.0
+        a.b_Q[2, 0] = 20.0
+        a.W_K[2, s, 0] = 1.0
+        a.W_V[2, s, 0] = 1.0
+        a.W_O[2, 0, r] = 50.0
+        targets = held.tokens[:, 2:].flatten()
+        p = torch.bincount(targets, minlength=cfg.vocab + 2).double() + 1e-3
+        model.unembed.W_U.zero_()
+        model.unembed.b_U.zero_()
+        model.unembed.W_U[r] = (p / p.sum()).log().float() / (d - 1) ** 0.5  # the normalised r-coordinate
+    return model
+
+
+def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
+    from sinkmech.train.bos_cost import bos_cost_findings, checkpoint_bos_cost, text_windows
+    from sinkmech.train.config import TrainConfig
+    from sinkmech.train.run import save_checkpoint
+
+    cfg = TrainConfig(**TEXT_CFG, positional="none")
+    _, held = text_windows(cfg, n_select=4, n_eval=16)
+    save_checkpoint(planted_bos_reader(cfg, held), cfg, tmp_path / "planted")
+    out = checkpoint_bos_cost(tmp_path / "planted", n_select=4, n_eval=16, ks=[1, 8], device="cpu",
+                              progress=False)
+    assert out["run"] == "planted" and out["content_tokens"] == 31 and out["n_layers"] == 2
+    assert out["select"]["top"][0]["head"] == "L1.H2"
+    assert abs(out["select"]["top"][1]["loss_change"][0]) < 1e-6  # the other heads write nothing
+    e = out["eval"]
+    assert e["no_bos"][1] > 0.1  # the loss rises without <bos> ...
+    assert e["top_k"]["1"]["share"][0] == pytest.approx(1.0, abs=1e-4)  # ... all of it through L1.H2's key 0
+    assert e["top_k"]["1"]["share"][1] > 0.99
+    flat = bos_cost_findings({"planted": out})
+    assert flat["train.text.bos_cost.planted.eval.top_k.1.heads.0"] == "L1.H2"
+    assert flat["train.text.bos_cost.planted.eval.top_k.1.share_detectable"] is True
+
+
+def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():
+    """Planted null: learned positions carry the whole cost (each position
+    predicts the token it expects next, so removing `<bos>` puts every
+    prediction one step off) and no head writes anything: every head's share
+    is 0 while the loss without `<bos>` rises by nats."""
+    from sinkmech.controls.bos_cost import bos_cost_batches
+    from sinkmech.train.bos_cost import with_fixed_bos
+    from sinkmech.train.config import TrainConfig
+    from sinkmech.train.model import build_model
+
+    cfg = TrainConfig(**{**TEXT_CFG, "positional": "standard"})
+    model = build_model(cfg, "cpu")
+    m = 8
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_O.zero_()
+            block.mlp.W_out.zero_()
+        model.embed.W_E.zero_()
+        model.pos_embed.W_pos.zero_()
+        model.pos_embed.W_pos[torch.arange(32), torch.arange(32) % m] = 5.0  # position p: token p mod 8 comes next
+        model.unembed.W_U.zero_()
+        model.unembed.W_U[torch.arange(m), torch.arange(m)] = 3.0
+    windows = (torch.arange(31) % m).repeat(6, 1)  # content token j is j mod 8
+    out = bos_cost_batches(model, with_fixed_bos(windows[:2], cfg.bos_id), with_fixed_bos(windows[2:], cfg.bos_id),
+                           ks=[1, 8], progress=False)["eval"]
+    assert out["no_bos"][0] > 1.0
+    for k in ("1", "8"):
+        share = out["top_k"][k]["share"]
+        assert share[1] <= 0.0 <= share[2] and abs(share[0]) < 1e-6

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from sinkmech.cli.main import build_parser, main
-from sinkmech.files import json_text
-from sinkmech.train.findings import findings
+from sinkmech.train.findings import findings, findings_text
 from sinkmech.train.parallel import read_json
 from sinkmech.train.presets import PRESETS, StudySettings, parse_sets, recipe_name
 from sinkmech.train.readouts import modes
@@ -64,7 +63,7 @@ def test_findings_and_modes_reproduce_the_committed_files(tmp_path):
     modes(out)
     assert (out / "modes.json").read_bytes() == (TRAIN / "modes.json").read_bytes()
     # write_findings writes exactly this text (and draws a figure, the slow part, left out here)
-    assert json_text(findings(out), indent=1).encode() == (TRAIN / "findings_train.json").read_bytes()
+    assert findings_text(findings(out)).encode() == (TRAIN / "findings_train.json").read_bytes()
 
 
 def test_settings_apply_the_preset_then_flags_then_overrides_then_sets(tmp_path):

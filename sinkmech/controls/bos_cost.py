@@ -148,33 +148,68 @@ def bos_cost(
          "eval": {"n_prompts", "clean_loss", "no_bos": [nats per target, lo, hi],
                   "top_k": {k: {"heads", "loss_change": [...], "share": [...]}}}}:
         loss changes in nats per content target, the share of the no-`<bos>`
-        change as a ratio of sums, each with its bootstrap interval over prompts.
+        change as a ratio of sums, each with its bootstrap interval over prompts
+        (the share is None where removing `<bos>` does not raise the loss).
     """
     if select_prompts < 1 or eval_prompts < 2:
+        raise ValueError("bos_cost needs select_prompts >= 1 and eval_prompts >= 2")
+    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    if len(first) < select_prompts + eval_prompts:
+        raise ValueError(f"{len(first)} prompts: fewer than select_prompts + eval_prompts = "
+                         f"{select_prompts + eval_prompts}")
+    return bos_cost_batches(model, first.slice(0, select_prompts),
+                            first.slice(select_prompts, select_prompts + eval_prompts), ks=ks,
+                            batch_size=batch_size, progress=progress)
+
+
+def without_bos(batch: TokenBatch) -> TokenBatch:
+    """The same content without its `<bos>` column: position j holds content token j."""
+    if batch.bos != "prepend":
+        raise ValueError("without_bos needs a TokenBatch built with bos='prepend'")
+    return TokenBatch(batch.tokens[:, 1:], batch.lengths - 1, "none", batch.bos_token_id, batch.context_limit)
+
+
+def bos_cost_batches(
+    model: Model,
+    pick: TokenBatch,
+    held: TokenBatch,
+    *,
+    ks: Sequence[int] | None = None,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> dict:
+    """`bos_cost` on ready batches: heads ranked on `pick`, measured on `held`
+    (both with `<bos>` at position 0; the caller keeps them disjoint). For a
+    model without a tokenizer, or windows that are not prompts (a training
+    run's held-out text, `sinkmech.train.bos_cost`).
+
+    Returns:
+        as `bos_cost`.
+    """
+    for name, b in (("pick", pick), ("held", held)):
+        if b.bos != "prepend":
+            raise ValueError(f"{name} must be built with bos='prepend', got {b.bos!r}")
+    if len(pick) < 1 or len(held) < 2:
         raise ValueError("bos_cost needs select_prompts >= 1 and eval_prompts >= 2")
     n_heads = model.cfg.n_layers * model.cfg.n_heads
     if ks is None:  # 1, 2, 4, ... up to 16 heads or all of them
         ks = [2**i for i in range(5) if 2**i <= n_heads]
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_heads for k in ks):
         raise ValueError(f"ks must be integers in [1, {n_heads}], got {list(ks)}")
-    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
-    if len(first) < select_prompts + eval_prompts:
-        raise ValueError(f"{len(first)} prompts: fewer than select_prompts + eval_prompts = "
-                         f"{select_prompts + eval_prompts}")
-    pick = first.slice(0, select_prompts)
-    held = first.slice(select_prompts, select_prompts + eval_prompts)
+    select_prompts, eval_prompts = len(pick), len(held)
     per_head = head_loss_changes(model, pick, batch_size=batch_size, progress=progress)
     ranking = per_head.ranking()
     clean = ablated_prompt_losses(model, held, [], batch_size=batch_size)
     targets = (held.lengths - 1 - 1).cpu().double()
-    none = tokenize(model, held.content(), bos="none", max_tokens=max_tokens)
+    none = without_bos(held)
     no_bos = ablated_prompt_losses(model, none, [], batch_size=batch_size) - clean
     top_k = {}
     for k in tqdm(sorted(set(ks)), desc="top-k heads masked", disable=not progress, unit="k"):
         change = ablated_prompt_losses(model, held, ranking[:k], batch_size=batch_size) - clean
         top_k[str(k)] = {"heads": [head_label(l, h) for l, h in ranking[:k]],
                          "loss_change": ratio_with_ci(change, targets),
-                         "share": ratio_with_ci(change, no_bos)}
+                         # a share of a loss change that removing <bos> does not cause: none
+                         "share": ratio_with_ci(change, no_bos) if float(no_bos.sum()) > 0 else None}
     return {
         "select": {"n_prompts": select_prompts, "mode": "mask_first",
                    "top": [{"head": head_label(l, h), "loss_change": per_head.effect(l, h)}

@@ -11,9 +11,20 @@ from pathlib import Path
 
 from sinkmech.files import json_text, write_text
 from sinkmech.hooks import head_label
+from sinkmech.train.contrasts import (
+    depth_contrasts,
+    mask_self_contrasts,
+    self_masked_uniform_score,
+    text_recipe_contrasts,
+)
 from sinkmech.train.intervals import seed_interval, slope
 from sinkmech.train.parallel import read_json
 from sinkmech.train.presets import recipe_name
+
+# Gu et al. 2025 ("When attention sink emerges") trained their 60M-parameter models on 5B tokens (BPE, at
+# least one byte of text each); the text runs here count bytes.
+GU_ET_AL_TOKENS = 5_000_000_000
+
 
 def findings(out: Path, prefix: str = "") -> dict:
     """The key numbers of every committed experiment as a flat dict of named
@@ -110,6 +121,9 @@ def findings(out: Path, prefix: str = "") -> dict:
         rows = read_json(path)
         seed_findings(flat, "mask_self", rows, lambda r: "rotary")
         mask_self_contrasts(flat, out, prefix, rows)
+        # The rows' uniform_score ignores the mask; a self-masked head's uniform attention puts more on key 0.
+        flat["train.mask_self.rotary.uniform_score"] = self_masked_uniform_score(rows[0]["score_tokens"] + 1)
+        flat["train.mask_self.rotary.uniform_score_without_bos"] = self_masked_uniform_score(rows[0]["score_tokens"])
         for r in rows:  # the sink's small value (Guo et al. 2024), per head
             for l, heads in enumerate(r.get("value_norm_first", [])):
                 for h, v in enumerate(heads):
@@ -126,6 +140,11 @@ def findings(out: Path, prefix: str = "") -> dict:
         rows = read_json(path)
         text_findings(flat, rows)
         text_step_findings(flat, out / "logs" / "text", prefix, rows)
+    path = out / f"{prefix}text_bos_cost.json"
+    if path.exists():  # the <bos> cost the sink heads carry (scripts/bos_cost.py --checkpoints)
+        from sinkmech.train.bos_cost import bos_cost_findings  # torch: only when the control was run
+
+        flat.update(bos_cost_findings(read_json(path)))
     path = out / f"{prefix}bench_train.json"
     if path.exists():
         bench = read_json(path)
@@ -201,45 +220,8 @@ def seed_findings(flat: dict, tag: str, rows: list[dict], key) -> None:
                 for stat, v in seed_interval(vals).items():
                     if stat != "n":
                         flat[f"train.{tag}.{k}.{name}.{stat}"] = v
-
-
-def mask_self_contrasts(flat: dict, out: Path, prefix: str, rows: list[dict]) -> None:
-    """Paired over seeds (a seed fixes the data and the initialisation): max
-    alpha_0 with `<bos>` minus without, in the masked runs and in the unmasked
-    rotary runs of the positional experiment; and masked minus unmasked, with
-    `<bos>`. Mean and 95 % t interval of each difference."""
-    unmasked = {}
-    for path in [out / f"{prefix}positional.json", *sorted(out.glob(f"{prefix}seed*_positional.json"))]:
-        if path.exists():
-            for r in read_json(path):
-                if r["positional"] == "rotary" and not r.get("mask_self"):
-                    unmasked[(r["seed"], r["inference_bos"])] = r
-    masked = {(r["seed"], r["inference_bos"]): r for r in rows}
-    seeds = sorted({s for s, _ in masked})
-    base = "train.mask_self.contrast"
-    diffs = {
-        "masked.bos_minus_nobos.max_head_score": [masked[(s, True)]["max_head_score"] - masked[(s, False)]["max_head_score"]
-                                                  for s in seeds],
-    }
-    both = [s for s in seeds if (s, True) in unmasked and (s, False) in unmasked]
-    if len(both) >= 2:
-        diffs["unmasked.bos_minus_nobos.max_head_score"] = [
-            unmasked[(s, True)]["max_head_score"] - unmasked[(s, False)]["max_head_score"] for s in both]
-        diffs["masked_minus_unmasked.prepend.max_head_score"] = [
-            masked[(s, True)]["max_head_score"] - unmasked[(s, True)]["max_head_score"] for s in both]
-        diffs["masked_minus_unmasked.prepend.sink_rate.0.3"] = [
-            masked[(s, True)]["sink_rate"]["0.3"] - unmasked[(s, True)]["sink_rate"]["0.3"] for s in both]
-        diffs["masked_minus_unmasked.prepend.val_loss"] = [
-            masked[(s, True)]["val_loss"] - unmasked[(s, True)]["val_loss"] for s in both]
-        for s in both:
-            for cond in (True, False):
-                r = unmasked[(s, cond)]
-                flat[f"{base}.unmasked.seed{s}.{'prepend' if cond else 'none'}.max_head_score"] = r["max_head_score"]
-                flat[f"{base}.unmasked.seed{s}.{'prepend' if cond else 'none'}.sink_rate.0.3"] = r["sink_rate"]["0.3"]
-    for name, vals in diffs.items():
-        if len(vals) >= 2:
-            for stat, v in seed_interval(vals).items():
-                flat[f"{base}.{name}.{stat}"] = v
+    if tag.startswith("depth"):
+        depth_contrasts(flat, tag, {k: {r["seed"]: (r, t) for r, t in pairs} for k, pairs in groups.items()})
 
 
 def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
@@ -311,6 +293,9 @@ def text_findings(flat: dict, rows: list[dict]) -> None:
     if best is not None:
         flat["train.text.closest_run"] = best[0]
         flat["train.text.closest_run.prepend.sink_rate.0.3"] = best[1]
+        seen = max(r["steps"] * r["tokens_per_step"] for r in rows)  # bytes: the text source is byte-level
+        flat["train.text.most_bytes_seen"] = seen
+        flat["train.text.gu_et_al_tokens_over_most_bytes_seen"] = GU_ET_AL_TOKENS / seen
     text_seed_findings(flat, rows)
 
 
@@ -337,10 +322,12 @@ def text_seed_findings(flat: dict, rows: list[dict]) -> None:
     """A natural-text recipe run with two or more seeds (run names equal but
     for `-s<seed>`): the mean over seeds and its 95 % t interval of the loss
     gap without `<bos>`, max alpha_0 in both conditions and the sink rate at
-    0.3 with `<bos>`, under `train.text.seeds.<recipe>`."""
+    0.3 with `<bos>`, under `train.text.seeds.<recipe>`; and each recipe
+    against the base recipe paired by seed (`text_recipe_contrasts`)."""
     recipes: dict[str, list[tuple[dict, dict]]] = {}
     for r, t in _with_twin(rows):
         recipes.setdefault(recipe_name(r["run"]), []).append((r, t))
+    text_recipe_contrasts(flat, {k: {r["seed"]: (r, t) for r, t in pairs} for k, pairs in recipes.items()})
     for recipe, pairs in recipes.items():
         if len(pairs) < 2:
             continue
@@ -356,6 +343,12 @@ def text_seed_findings(flat: dict, rows: list[dict]) -> None:
                 flat[f"{base}.{name}.{stat}"] = v
 
 
+def findings_text(flat: dict) -> str:
+    """The file's text: keys sorted, as `sinkmech.findings.record` writes them,
+    so a value recorded there and a rewrite here agree."""
+    return json_text(dict(sorted(flat.items())), indent=1) + "\n"
+
+
 def write_findings(out: Path, prefix: str = "") -> dict:
     """`<prefix>findings_train.json` under `out` (and, with the context-length
     seeds, `context_length_seeds.png`, drawn from the findings)."""
@@ -365,7 +358,7 @@ def write_findings(out: Path, prefix: str = "") -> dict:
     flat = findings(out, prefix)
     if not flat:
         raise ValueError(f"no experiment JSON under {out}")
-    write_text(out / f"{prefix}findings_train.json", json_text(flat, indent=1))
+    write_text(out / f"{prefix}findings_train.json", findings_text(flat))
     if "train.context_length_seeds.lengths" in flat:  # the intervals over seeds, drawn from the findings
         context_length_seeds_plot(flat, out / f"{prefix}context_length_seeds.png",
                                   title=f"Context length, seeds {flat['train.context_length_seeds.seeds']}: "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from sinkmech.prompts import CONDITIONS
 from sinkmech.results import Result
 from sinkmech.train.config import TrainConfig
+from sinkmech.train.contrasts import self_masked_uniform_score
 from sinkmech.train.data import sink_tokens
 
 PAPER_TABLE2 = (
@@ -40,7 +41,7 @@ class SummaryRow(Result):
     sink_rate: dict[str, float]  # eps -> % of (prompt, head) pairs with alpha_0 > eps
     max_head_score: float
     mean_head_score: float
-    uniform_score: float  # alpha_0 of uniform attention on the same prompts
+    uniform_score: float  # alpha_0 of uniform attention on the same prompts (self-masked runs: over the keys left)
     context_length: int
     score_tokens: int
     n_layers: int
@@ -120,7 +121,8 @@ def summary_rows(log: dict, at_step: int | None = None, *, preset: str | None = 
             packing=cfg.packing, fixed_bos=cfg.fixed_bos, positional=cfg.positional, inference_bos=cond == "prepend",
             val_loss=final["val_loss"][cond], loss_gap=final["val_loss"][cond] - base, sink_rate=c["sink_rate"],
             max_head_score=c["max_head_score"], mean_head_score=c["mean_head_score"],
-            uniform_score=c["uniform_score"], context_length=cfg.context_length, score_tokens=sink_tokens(cfg),
+            uniform_score=self_masked_uniform_score(sink_tokens(cfg) + (cond == "prepend")) if cfg.mask_self
+            else c["uniform_score"], context_length=cfg.context_length, score_tokens=sink_tokens(cfg),
             n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_model=cfg.d_model, lr=cfg.lr, data=cfg.data,
             steps=cfg.steps if at_step is None else at_step, seed=cfg.seed,
             tokens_per_step=cfg.batch_size * cfg.context_length, n_params=log["n_params"],
