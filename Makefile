@@ -106,6 +106,8 @@ findings: demo
 	$(BIN)/python scripts/first_token.py --position-models gemma3-270m --out figures/first_token.json --findings figures/findings.json
 	# The share of Gemma's <bos> cost its sink heads carry: heads ranked by mask_first loss, top-k masked on held-out prompts.
 	$(BIN)/python scripts/bos_cost.py --models gemma3-270m --out figures/bos_cost.json --findings figures/findings.json
+	# The same in the natural-text models trained here (checkpoints of `sinkmech train study text --preset text --fixed-bos yes`).
+	$(BIN)/python scripts/bos_cost.py --checkpoints $(addprefix runs/train/text/text-,L2H4-wd0-fixedbos-s0 L2H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s1 L4H4-wd0.1-fixedbos-s2) --select 64 --eval 256 --logs figures/train/logs/text --out figures/train/text_bos_cost.json --findings figures/train/findings_train.json
 
 # The report tests open the page in headless Chromium. Installed here when we
 # can (root with apt-get); otherwise stop before the tests and say how.
