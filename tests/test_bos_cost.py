@@ -226,3 +226,12 @@ def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():
     for k in ("1", "8"):
         share = out["top_k"][k]["share"]
         assert share[1] <= 0.0 <= share[2] and abs(share[0]) < 1e-6
+
+
+def test_the_sink_head_is_the_largest_alpha_0_and_its_place_in_the_loss_ranking():
+    from sinkmech.train.bos_cost import sink_head
+
+    log = {"evals": [{"conditions": {"prepend": {"head_scores": [[0.9, 0.1]]}}},
+                     {"conditions": {"prepend": {"head_scores": [[0.1, 0.2], [0.7, 0.05]]}}}]}
+    assert sink_head(log, ["L0.H1", "L1.H0", "L0.H0"]) == {"head": "L1.H0", "alpha_0": 0.7, "loss_rank": 2}
+    assert sink_head(log, ["L0.H1"])["loss_rank"] is None

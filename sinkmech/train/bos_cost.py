@@ -15,6 +15,7 @@ scored at positions 0..T-2, as in `sinkmech.train.evaluate`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from sinkmech.controls.bos_cost import bos_cost_batches
 from sinkmech.findings import flatten
+from sinkmech.hooks import head_label
 from sinkmech.prompts import TokenBatch
 from sinkmech.stats import excludes_zero
 from sinkmech.train.config import TrainConfig
@@ -91,8 +93,9 @@ def checkpoint_bos_cost(
 
     Returns:
         `bos_cost`'s dict (its `n_prompts` count windows) plus "run" (the
-        directory's name), "content_tokens" per window and the run's settings
-        ("n_layers", "n_heads", "weight_decay", "seed", "steps").
+        directory's name), "content_tokens" per window, the run's settings
+        ("n_layers", "n_heads", "weight_decay", "seed", "steps") and, when the
+        run's `log.json` is beside it, "sink_head" (`sink_head`).
     """
     from sinkmech.train.run import load_checkpoint
 
@@ -106,7 +109,23 @@ def checkpoint_bos_cost(
     held = TokenBatch(held.tokens.to(dev), held.lengths.to(dev), "prepend", cfg.bos_id)
     out = bos_cost_batches(model, pick, held, ks=ks, batch_size=batch_size, progress=progress)
     settings = {k: getattr(cfg, k) for k in ("n_layers", "n_heads", "weight_decay", "seed", "steps")}
-    return {"run": Path(run_dir).name, "content_tokens": cfg.context_length - 1, **settings, **out}
+    res = {"run": Path(run_dir).name, "content_tokens": cfg.context_length - 1, **settings, **out}
+    log = Path(run_dir) / "log.json"
+    if log.exists():
+        res["sink_head"] = sink_head(json.loads(log.read_text()), [t["head"] for t in out["select"]["top"]])
+    return res
+
+
+def sink_head(log: dict, ranking: Sequence[str]) -> dict:
+    """The run's strongest sink head at its last evaluation (largest mean
+    alpha_0 with `<bos>`, on the run's held-out documents): {"head",
+    "alpha_0", "loss_rank"}, its place (1 = first) in `ranking`, the heads
+    by `mask_first` loss change (None if not listed)."""
+    scores = log["evals"][-1]["conditions"]["prepend"]["head_scores"]
+    l, h = max(((l, h) for l in range(len(scores)) for h in range(len(scores[l]))), key=lambda lh: scores[lh[0]][lh[1]])
+    label = head_label(l, h)
+    return {"head": label, "alpha_0": scores[l][h],
+            "loss_rank": ranking.index(label) + 1 if label in ranking else None}
 
 
 def reproduction(log: dict, committed: dict) -> dict:
@@ -132,7 +151,7 @@ def bos_cost_findings(results: dict) -> dict:
     flat: dict = {}
     for run, r in results.items():
         base = f"{FINDINGS_PREFIX}.{run}"
-        flat.update(flatten(base, {k: r[k] for k in ("select", "eval", "content_tokens") if k in r}))
+        flat.update(flatten(base, {k: r[k] for k in ("select", "eval", "content_tokens", "sink_head") if k in r}))
         for k, v in r["eval"]["top_k"].items():
             flat[f"{base}.eval.top_k.{k}.share_detectable"] = excludes_zero(v["share"])
         if "reproduction" in r:
