@@ -3,6 +3,8 @@ ablation sweep's own code path, a planted null head, and the held-out split."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -73,8 +75,6 @@ def test_bos_cost_ranks_on_one_set_and_measures_on_another(tiny_model, tiny_toke
 def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     """`ablate --metric loss`: the JSON holds each head's loss change (nats per
     content target), equal to head_loss_changes on the same prompts."""
-    import json
-
     from conftest import make_tiny, toy_tokenizer
     from sinkmech.cli.main import main
 
@@ -183,6 +183,8 @@ def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
     cfg = TrainConfig(**TEXT_CFG, positional="none")
     _, held = text_windows(cfg, n_select=4, n_eval=16)
     save_checkpoint(planted_bos_reader(cfg, held), cfg, tmp_path / "planted")
+    scores = [[0.1] * 4, [0.1, 0.1, 0.9, 0.1]]  # the run's log: L1.H2 is its strongest sink head
+    (tmp_path / "planted" / "log.json").write_text(json.dumps({"evals": [{"conditions": {"prepend": {"head_scores": scores}}}]}))
     out = checkpoint_bos_cost(tmp_path / "planted", n_select=4, n_eval=16, ks=[1, 8], device="cpu",
                               progress=False)
     assert out["run"] == "planted" and out["content_tokens"] == 31 and out["n_layers"] == 2
@@ -192,9 +194,14 @@ def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
     assert e["no_bos"][1] > 0.1  # the loss rises without <bos> ...
     assert e["top_k"]["1"]["share"][0] == pytest.approx(1.0, abs=1e-4)  # ... all of it through L1.H2's key 0
     assert e["top_k"]["1"]["share"][1] > 0.99
+    assert out["sink_head"] == {"head": "L1.H2", "alpha_0": 0.9, "loss_rank": 1}
+    sets = e["head_sets"]
+    assert sets["sink_head"]["share"][0] == pytest.approx(1.0, abs=1e-4) and len(sets["other_heads"]["heads"]) == 7
+    assert abs(sets["other_heads"]["share"][0]) < 1e-6  # the heads that write nothing carry none of it
     flat = bos_cost_findings({"planted": out})
     assert flat["train.text.bos_cost.planted.eval.top_k.1.heads.0"] == "L1.H2"
     assert flat["train.text.bos_cost.planted.eval.top_k.1.share_detectable"] is True
+    assert flat["train.text.bos_cost.planted.eval.head_sets.other_heads.share_detectable"] is False
 
 
 def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():

@@ -14,7 +14,7 @@ bootstrap interval over the held-out prompts (`sinkmech.stats`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -175,16 +175,20 @@ def bos_cost_batches(
     held: TokenBatch,
     *,
     ks: Sequence[int] | None = None,
+    head_sets: Mapping[str, Sequence[tuple[int, int]]] | None = None,
     batch_size: int = 16,
     progress: bool = True,
 ) -> dict:
     """`bos_cost` on ready batches: heads ranked on `pick`, measured on `held`
     (both with `<bos>` at position 0; the caller keeps them disjoint). For a
     model without a tokenizer, or windows that are not prompts (a training
-    run's held-out text, `sinkmech.train.bos_cost`).
+    run's held-out text, `sinkmech.train.bos_cost`). `head_sets`: named sets
+    of (layer, head) masked together on `held` besides the top-k (e.g. a sink
+    head chosen by its attention, and every other head).
 
     Returns:
-        as `bos_cost`.
+        as `bos_cost`, plus "eval"."head_sets" {name: {"heads", "loss_change",
+        "share"}} when `head_sets` is given.
     """
     for name, b in (("pick", pick), ("held", held)):
         if b.bos != "prepend":
@@ -203,17 +207,20 @@ def bos_cost_batches(
     targets = (held.lengths - 1 - 1).cpu().double()
     none = without_bos(held)
     no_bos = ablated_prompt_losses(model, none, [], batch_size=batch_size) - clean
-    top_k = {}
-    for k in tqdm(sorted(set(ks)), desc="top-k heads masked", disable=not progress, unit="k"):
-        change = ablated_prompt_losses(model, held, ranking[:k], batch_size=batch_size) - clean
-        top_k[str(k)] = {"heads": [head_label(l, h) for l, h in ranking[:k]],
-                         "loss_change": ratio_with_ci(change, targets),
-                         # a share of a loss change that removing <bos> does not cause: none
-                         "share": ratio_with_ci(change, no_bos) if float(no_bos.sum()) > 0 else None}
+    def masked(heads: Sequence[tuple[int, int]]) -> dict:
+        change = ablated_prompt_losses(model, held, heads, batch_size=batch_size) - clean
+        return {"heads": [head_label(l, h) for l, h in heads], "loss_change": ratio_with_ci(change, targets),
+                # a share of a loss change that removing <bos> does not cause: none
+                "share": ratio_with_ci(change, no_bos) if float(no_bos.sum()) > 0 else None}
+
+    top_k = {str(k): masked(ranking[:k])
+             for k in tqdm(sorted(set(ks)), desc="top-k heads masked", disable=not progress, unit="k")}
     return {
         "select": {"n_prompts": select_prompts, "mode": "mask_first",
                    "top": [{"head": head_label(l, h), "loss_change": per_head.effect(l, h)}
                            for l, h in ranking[: max(ks)]]},
         "eval": {"n_prompts": eval_prompts, "clean_loss": float(clean.sum() / targets.sum()),
-                 "no_bos": ratio_with_ci(no_bos, targets), "top_k": top_k},
+                 "no_bos": ratio_with_ci(no_bos, targets), "top_k": top_k,
+                 **({"head_sets": {name: masked(list(heads)) for name, heads in head_sets.items()}}
+                    if head_sets else {})},
     }

@@ -107,25 +107,35 @@ def checkpoint_bos_cost(
     dev = model.cfg.device
     pick = TokenBatch(pick.tokens.to(dev), pick.lengths.to(dev), "prepend", cfg.bos_id)
     held = TokenBatch(held.tokens.to(dev), held.lengths.to(dev), "prepend", cfg.bos_id)
-    out = bos_cost_batches(model, pick, held, ks=ks, batch_size=batch_size, progress=progress)
+    log_path = Path(run_dir) / "log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else None
+    sets = None
+    if log is not None:  # the sink head against every other head
+        l, h, _ = strongest_head(log)
+        sets = {"sink_head": [(l, h)],
+                "other_heads": [(a, b) for a in range(cfg.n_layers) for b in range(cfg.n_heads) if (a, b) != (l, h)]}
+    out = bos_cost_batches(model, pick, held, ks=ks, head_sets=sets, batch_size=batch_size, progress=progress)
     settings = {k: getattr(cfg, k) for k in ("n_layers", "n_heads", "weight_decay", "seed", "steps")}
     res = {"run": Path(run_dir).name, "content_tokens": cfg.context_length - 1, **settings, **out}
-    log = Path(run_dir) / "log.json"
-    if log.exists():
-        res["sink_head"] = sink_head(json.loads(log.read_text()), [t["head"] for t in out["select"]["top"]])
+    if log is not None:
+        res["sink_head"] = sink_head(log, [t["head"] for t in out["select"]["top"]])
     return res
 
 
-def sink_head(log: dict, ranking: Sequence[str]) -> dict:
-    """The run's strongest sink head at its last evaluation (largest mean
-    alpha_0 with `<bos>`, on the run's held-out documents): {"head",
-    "alpha_0", "loss_rank"}, its place (1 = first) in `ranking`, the heads
-    by `mask_first` loss change (None if not listed)."""
+def strongest_head(log: dict) -> tuple[int, int, float]:
+    """(layer, head, alpha_0): the head with the largest mean alpha_0 with
+    `<bos>` at the run's last evaluation (on its held-out documents)."""
     scores = log["evals"][-1]["conditions"]["prepend"]["head_scores"]
     l, h = max(((l, h) for l in range(len(scores)) for h in range(len(scores[l]))), key=lambda lh: scores[lh[0]][lh[1]])
+    return l, h, scores[l][h]
+
+
+def sink_head(log: dict, ranking: Sequence[str]) -> dict:
+    """{"head", "alpha_0", "loss_rank"}: `strongest_head` and its place (1 =
+    first) in `ranking`, the heads by `mask_first` loss change (None if not listed)."""
+    l, h, score = strongest_head(log)
     label = head_label(l, h)
-    return {"head": label, "alpha_0": scores[l][h],
-            "loss_rank": ranking.index(label) + 1 if label in ranking else None}
+    return {"head": label, "alpha_0": score, "loss_rank": ranking.index(label) + 1 if label in ranking else None}
 
 
 def reproduction(log: dict, committed: dict) -> dict:
@@ -146,14 +156,16 @@ def reproduction(log: dict, committed: dict) -> dict:
 def bos_cost_findings(results: dict) -> dict:
     """The findings of `checkpoint_bos_cost` results keyed by run, under
     `train.text.bos_cost.<run>`: everything but the settings, flattened
-    (intervals as `.0 .1 .2`: value, lo, hi), plus for each k whether the
-    share's interval excludes zero (`share_detectable`)."""
+    (intervals as `.0 .1 .2`: value, lo, hi), plus for each k and head set
+    whether the share's interval excludes zero (`share_detectable`)."""
     flat: dict = {}
     for run, r in results.items():
         base = f"{FINDINGS_PREFIX}.{run}"
         flat.update(flatten(base, {k: r[k] for k in ("select", "eval", "content_tokens", "sink_head") if k in r}))
         for k, v in r["eval"]["top_k"].items():
             flat[f"{base}.eval.top_k.{k}.share_detectable"] = excludes_zero(v["share"])
+        for name, v in r["eval"].get("head_sets", {}).items():
+            flat[f"{base}.eval.head_sets.{name}.share_detectable"] = excludes_zero(v["share"])
         if "reproduction" in r:
             flat.update(flatten(f"{base}.reproduction", r["reproduction"]))
     return flat
