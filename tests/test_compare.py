@@ -170,14 +170,24 @@ def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
 
     g = torch.Generator().manual_seed(4)
     rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
-    kept: dict = {}
-    compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12, spread_position=2,
-                  dormant_prompts=0, bos_token_id=TINY_BOS, batch_size=4, progress=False, keep_sinks=kept)
-    assert set(kept) == {"prepend", "none"}
+    res = compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12,
+                        spread_position=2, dormant_prompts=0, bos_token_id=TINY_BOS, batch_size=4, progress=False)
+    kept = res.shared.sinks
+    assert set(kept) == {"prepend", "none"} and (res.shared.n_prompts, res.shared.max_tokens) == (6, 16)
+    assert "shared" not in res.to_dict()
     kw = dict(sections=[sink_section, norms_section], prompts=rows, n_prompts=6, max_tokens=16, batch_size=4,
               bos_token_id=TINY_BOS, progress=False)
     fresh = build_report(tiny_model, tmp_path / "fresh", **kw)
-    reused = build_report(tiny_model, tmp_path / "reused", cache={"sinks": kept}, **kw)
+    reused = build_report(tiny_model, tmp_path / "reused", shared=res.shared, **kw)
+    assert res.shared.sinks_for(6, 8) is None  # other settings: the report runs its own passes
+    with pytest.warns(DeprecationWarning, match="keep_sinks"):
+        old: dict = {}
+        compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12,
+                      spread_position=2, dormant_prompts=0, bos_token_id=TINY_BOS, batch_size=4, progress=False,
+                      keep_sinks=old)
+    assert torch.equal(old["prepend"].scores, kept["prepend"].scores)
+    with pytest.warns(DeprecationWarning, match="cache"):
+        build_report(tiny_model, tmp_path / "old", cache={"sinks": old}, **kw)
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
         direct = sink_scores(tiny_model, batch, batch_size=4, progress=False)
@@ -201,14 +211,14 @@ def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
 
     g = torch.Generator().manual_seed(5)
     rows = torch.randint(2, 50, (12, 20), generator=g).tolist()
-    memo: dict = {}
     res = compare_model(tiny_model, rows, n_prompts=12, max_tokens=16, spread_prompts=2, spread_tokens=12,
                         spread_position=2, dormant_prompts=8, noop_prompts=4, noop_heads=2, bos_token_id=TINY_BOS,
-                        batch_size=4, progress=False, discoveries=memo)
+                        batch_size=4, progress=False)
+    memo = res.shared.discoveries
     assert len(memo) == 1
     kw = dict(sections=[dormant_section], prompts=rows, n_prompts=12, max_tokens=16, batch_size=4, scan_prompts=8,
               noop_prompts=4, n_heads=2, bos_token_id=TINY_BOS, progress=False)
-    reused = build_report(tiny_model, tmp_path / "reused", cache={"discoveries": memo}, **kw)
+    reused = build_report(tiny_model, tmp_path / "reused", shared=res.shared, **kw)
     assert len(memo) == 1  # nothing new was run
     fresh = build_report(tiny_model, tmp_path / "fresh", **kw)
     a, b = reused.summary["sections"]["dormant"], fresh.summary["sections"]["dormant"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -152,10 +153,10 @@ def default_models() -> list[str]:
         raise UsageError(f"--models (default) {e}") from None
 
 
-def write_report(args, model, name: str, prompts, cache: dict) -> None:
+def write_report(args, model, name: str, prompts, shared) -> None:
     """The report page of `model` (`sinkmech report`'s defaults), its sink scores
     and its dormant-head scan and no-op check taken from compare's passes on
-    the same prompts and settings (`cache`: {"sinks", "discoveries"})."""
+    the same prompts and settings (`shared`: the comparison's SharedPasses)."""
     from sinkmech.report.context import ReportContext
     from sinkmech.report.page import build_report
 
@@ -163,7 +164,7 @@ def write_report(args, model, name: str, prompts, cache: dict) -> None:
     report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
                           max_tokens=args.max_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
                           scan_prompts=args.dormant_prompts or ReportContext.scan_prompts,
-                          noop_prompts=args.noop_prompts, cache=cache)
+                          noop_prompts=args.noop_prompts, shared=shared)
     if args.findings is not None:
         label = name if "/" not in name else Path(name).stem
         record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")
@@ -186,14 +187,13 @@ def cmd_compare(args) -> None:
     for i, name in enumerate(names):
         print(f"loading {name} ...", flush=True)
         model = load_model_arg(args, name)
-        shared = {"sinks": {}, "discoveries": {}} if (i == 0 and args.report is not None) else {}
-        results.append(compare_model(
+        result = compare_model(
             model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
             spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,
-            dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size,
-            keep_sinks=shared.get("sinks"), discoveries=shared.get("discoveries")))
-        if shared:
-            write_report(args, model, name, prompts, shared)
+            dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size)
+        if i == 0 and args.report is not None:
+            write_report(args, model, name, prompts, result.shared)
+        results.append(replace(result, shared=None))  # the kept passes go with the model
         del model
         gc.collect()  # one model in memory at a time
     with staged_dir(args.out, overwrite=args.overwrite, what="comparison folder") as tmp:

@@ -15,6 +15,7 @@ without (SmolLM2) and the two rows are the paper's contrast.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +27,7 @@ from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
 from sinkmech.interventions.recipes import SPREAD_POSITION, swap_then_spread
-from sinkmech.sinks import format_eps, paired_contrasts, sink_scores
+from sinkmech.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
 from sinkmech.results import Result
 from sinkmech.stats import excludes_zero, prompt_curve
 
@@ -75,6 +76,30 @@ class DormantSummary:
         return dict(self.__dict__)
 
 
+@dataclass
+class SharedPasses:
+    """What `compare_model` ran that a report on the same model and prompts can
+    take over instead of running again (`build_report(..., shared=...)`):
+
+    - `sinks`: the SinkScores of each `<bos>` condition (loss included), on
+      `n_prompts` prompts of at most `max_tokens` content tokens; a report
+      takes them only at those settings;
+    - `discoveries`: the memo of `discover_heads` (scan, then no-op check),
+      keyed by every setting, so a report at other settings runs its own.
+    """
+
+    sinks: dict[str, SinkScores] = field(default_factory=dict)
+    n_prompts: int | None = None
+    max_tokens: int | None = None
+    discoveries: dict = field(default_factory=dict)
+
+    def sinks_for(self, n_prompts: int, max_tokens: int) -> dict[str, SinkScores] | None:
+        """The kept sink scores if they were measured at these settings, else None."""
+        if self.sinks and (self.n_prompts, self.max_tokens) == (n_prompts, max_tokens):
+            return self.sinks
+        return None
+
+
 @dataclass(frozen=True)
 class ModelComparison(Result):
     """Everything `compare_model` measured on one model."""
@@ -96,6 +121,8 @@ class ModelComparison(Result):
     # without minus with <bos>, paired by prompt (the same content targets): "loss_gap" [nats, lo, hi],
     # "sink_rate_gap" {eps: [points, lo, hi]}, 95 % bootstrap intervals over prompts
     contrasts: dict = field(default_factory=dict)
+    # the passes a report on the same prompts can reuse (not part of the JSON)
+    shared: SharedPasses | None = field(default=None, repr=False, compare=False)
 
     def per_layer_score(self) -> Float[Tensor, "bos layer"]:
         return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
@@ -209,6 +236,7 @@ def compare_model(
     batch_size: int = 16,
     bos_token_id: int | None = None,
     progress: bool = True,
+    shared: SharedPasses | None = None,
     keep_sinks: dict | None = None,
     discoveries: dict | None = None,
 ) -> ModelComparison:
@@ -226,13 +254,11 @@ def compare_model(
             prompts, the no-op check on the next ones (held out from the scan).
         noop_heads: how many of the closest candidates besides the if_else
             heads the no-op check runs on.
-        keep_sinks: a dict to receive the SinkScores of each condition ({bos:
-            SinkScores}, loss included), for a report on the same prompts and
-            settings to reuse (`build_report(..., cache={"sinks": keep_sinks})`)
-            instead of running the same passes again.
-        discoveries: the memo of `discover_heads`, to share the dormant-head
-            scan and no-op check with a report on the same prompts and settings
-            (`build_report(..., cache={"discoveries": discoveries})`).
+        shared: the passes to share with a report (`SharedPasses`; default a
+            new one): filled here and handed back as `ModelComparison.shared`,
+            for `build_report(..., shared=result.shared)` on the same prompts.
+        keep_sinks, discoveries: the dicts `shared` replaces (deprecated:
+            still filled, with a DeprecationWarning).
 
     Returns:
         ModelComparison with one ConditionRow per `<bos>` condition.
@@ -243,6 +269,12 @@ def compare_model(
             raise ValueError(f"{key} must be >= 1, got {value}")
     if spread_position < 0 or spread_position >= spread_tokens - 1:
         raise ValueError(f"spread_position must lie in [0, {spread_tokens - 1}), got {spread_position}")
+    if keep_sinks is not None or discoveries is not None:
+        warnings.warn("compare_model(keep_sinks=..., discoveries=...) is deprecated: pass shared=SharedPasses() "
+                      "or read ModelComparison.shared", DeprecationWarning, stacklevel=2)
+    shared = SharedPasses() if shared is None else shared
+    if discoveries is not None:
+        shared.discoveries = discoveries
     items = load_prompts(prompts)[:n_prompts]
     rows, timing, t0 = {}, {}, time.perf_counter()
     swapped = swap_then_spread(model, items[:spread_prompts], max_tokens=spread_tokens, position=spread_position,
@@ -260,6 +292,7 @@ def compare_model(
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
         scores = kept[bos] = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True,
                                          progress=progress)
+        shared.sinks[bos] = scores
         if keep_sinks is not None:
             keep_sinks[bos] = scores
         used = scores.max_tokens  # the longest content scored (the same in both conditions)
@@ -286,7 +319,7 @@ def compare_model(
         n_noop = min(noop_prompts, len(pool) // 2)  # held out from the scan
         disc = discover_heads(model, pool, scan_prompts=min(dormant_prompts, len(pool) - n_noop), noop_prompts=n_noop,
                               n_candidates=noop_heads, max_tokens=max_tokens, batch_size=batch_size,
-                              bos_token_id=bos_token_id, progress=progress, memo=discoveries)
+                              bos_token_id=bos_token_id, progress=progress, memo=shared.discoveries)
         scan, noop = disc.scan, disc.noop
         found = scan.if_else_heads()
         checked = [(r.layer, r.head) for r in noop.results] if noop is not None else found
@@ -301,10 +334,12 @@ def compare_model(
             noop_prompts=list(disc.noop_prompts),
         )
         timing["dormant"] = round(time.perf_counter() - t0, 2)
+    shared.n_prompts, shared.max_tokens = len(items), max_tokens
     return ModelComparison(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
         n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
         conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing, contrasts=contrasts,
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
                   "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
+        shared=shared,
     )

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from sinkmech.controls.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
@@ -55,7 +56,8 @@ class ReportContext:
     length_tokens: int = 256  # longest evaluation length; halved length_steps - 1 times
     length_steps: int = 3
     progress: bool = True
-    cache: dict = field(default_factory=dict)
+    shared: SharedPasses | None = None  # passes `compare_model` ran on the same prompts, to take over
+    cache: dict = field(default_factory=dict)  # what this report computed once: prompts, token text, sinks, chosen heads
 
     def prompt_list(self) -> list:
         if "prompts" not in self.cache:
@@ -75,6 +77,10 @@ class ReportContext:
 
     def sinks(self) -> dict[str, SinkScores]:
         """Sink scores with and without `<bos>` (computed once)."""
+        if "sinks" not in self.cache and self.shared is not None:
+            kept = self.shared.sinks_for(len(self.prompt_list()), self.max_tokens)
+            if kept is not None:
+                self.cache["sinks"] = kept
         if "sinks" not in self.cache:
             self.cache["sinks"] = {
                 bos: sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
@@ -101,6 +107,11 @@ class ReportContext:
             self.cache["chosen"] = {"top sink heads": as_heads(top), "least sink-like heads": as_heads(least),
                                     "most prompt-dependent heads": as_heads(rest[:k])}
         return self.cache["chosen"]
+
+    def discoveries(self) -> dict:
+        """The memo of `discover_heads` this report shares (with `compare_model`
+        through `shared`, else its own)."""
+        return self.shared.discoveries if self.shared is not None else self.cache.setdefault("discoveries", {})
 
     def figure(self, name: str, draw: Callable[[Path], Path]) -> list[str]:
         """Draw a figure as PNG and SVG under out/figures; returns the relative paths."""

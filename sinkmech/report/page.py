@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import html
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
 
 from sinkmech import render
+from sinkmech.controls.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.files import json_text, make_dir, staged_dir, write_text
 from sinkmech.report.context import SETTINGS, ReportContext, Section
@@ -81,7 +83,15 @@ def build_report(
         Report with the written paths and the summary dict.
     """
     out = Path(out)
+    if "cache" in settings:  # the dict `shared` replaces
+        warnings.warn("build_report(cache={...}) is deprecated: pass shared=ModelComparison.shared (a SharedPasses)",
+                      DeprecationWarning, stacklevel=2)
+        cache = settings.pop("cache") or {}
+        check = ReportContext(model=model, out=out, **settings)
+        settings["shared"] = SharedPasses(sinks=cache.get("sinks") or {}, n_prompts=len(check.prompt_list()),
+                                          max_tokens=check.max_tokens, discoveries=cache.get("discoveries", {}))
     unknown = set(settings) - set(ReportContext.__dataclass_fields__) - {"model", "out", "cache"}
+    # `shared` is a ReportContext field: compare's passes on the same prompts (SharedPasses)
     if unknown:
         raise ValueError(f"unknown report settings: {sorted(unknown)}")
     check = ReportContext(model=model, out=out, **settings)

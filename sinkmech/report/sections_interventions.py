@@ -116,7 +116,7 @@ def dormant_section(ctx: ReportContext) -> Section:
     disc = discover_heads(model, items, scan_prompts=min(ctx.scan_prompts, len(items) - n_noop), noop_prompts=n_noop,
                           n_candidates=ctx.n_heads, max_tokens=ctx.max_tokens, batch_size=ctx.batch_size,
                           bos_token_id=ctx.bos_token_id, progress=ctx.progress,
-                          memo=ctx.cache.setdefault("discoveries", {}))
+                          memo=ctx.discoveries())
     scan, noop = disc.scan, disc.noop
     found = scan.if_else_heads()
     ranked = found or scan.ranked()
