@@ -51,3 +51,13 @@ def test_every_moved_target_exists_and_no_old_file_is_left():
     for old, new in sinkmech.MOVED.items():
         assert importlib.util.find_spec(new) is not None, new
         assert not (REPO / (old.replace(".", "/") + ".py")).exists(), old
+
+
+def test_the_project_speaks_of_itself_only():
+    """No file says how the work was organised (when, in which round, by whom)."""
+    words = ["moon" + "shot", "was " + "lent", "GPU " + "lent", "15-minute " + "budget", "this " + "session"]
+    files = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *PACKAGE.rglob("*.py"), *(REPO / "scripts").glob("*"),
+             *(REPO / "tests").rglob("*.py")]
+    hits = [f"{p.relative_to(REPO)}: {w}" for p in files if p.is_file()
+            for w in words if w.lower() in p.read_text(encoding="utf-8", errors="replace").lower()]
+    assert hits == []
