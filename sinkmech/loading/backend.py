@@ -2,8 +2,10 @@
 
 TransformerLens 3.x gives a `HookedTransformer`; TransformerLens 4.x removed it
 and gives a `TransformerBridge` around a Hugging Face model. The installed
-TransformerLens decides which (`BACKEND`); every analysis, the report and the
-CLI go through this module and never ask which one it is. What they use:
+TransformerLens decides which (`CAPABILITIES`, `sinkmech.loading.capabilities`);
+every analysis, the report and the CLI go through this module and never ask
+which one it is: where the two differ in what they can do (train, re-index a
+cache, load any architecture), they ask `CAPABILITIES`. What they use:
 
 - hooks by name (`blocks.{l}.attn.hook_pattern`, `hook_z`, `hook_v`,
   `hook_resid_pre`, ...), attached through `model.hooks(...)`;
@@ -35,21 +37,32 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-try:  # TransformerLens 3.x
+from sinkmech.loading.capabilities import CAPABILITIES, Capabilities
+
+BACKEND = CAPABILITIES.backend
+IS_BRIDGE = BACKEND == "TransformerBridge"  # the seam's own branches below; callers ask CAPABILITIES
+if IS_BRIDGE:  # TransformerLens 4.x removed HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge as Model
+else:
     from transformer_lens import HookedTransformer as Model
 
-    BACKEND = "HookedTransformer"
-except ImportError:  # TransformerLens 4.x removed it (its ImportError carries a migration note)
-    from transformer_lens.model_bridge import TransformerBridge as Model
-
-    BACKEND = "TransformerBridge"
-
-IS_BRIDGE = BACKEND == "TransformerBridge"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-__all__ = ["Model", "BACKEND", "IS_BRIDGE", "DTYPES", "forward", "writable_hooks", "unembed", "learned_sinks", "has_learned_sinks", "learned_sink_note",
+__all__ = ["Model", "CAPABILITIES", "Capabilities", "BACKEND", "IS_BRIDGE", "DTYPES", "model_from_config", "forward", "writable_hooks", "unembed", "learned_sinks", "has_learned_sinks", "learned_sink_note",
            "NO_LEARNED_SINKS", "W_O", "W_V", "b_V", "attn_scale",
            "versions", "version_text", "move"]
+
+
+def model_from_config(**fields) -> Model:
+    """A freshly initialised HookedTransformer from HookedTransformerConfig fields
+    (`CAPABILITIES.from_config`: what `sinkmech.train` builds); a RuntimeError
+    naming the backend where the installed TransformerLens has no such models."""
+    if not CAPABILITIES.from_config:
+        raise RuntimeError(f"models built from a config are TransformerLens 3.x HookedTransformers; this environment "
+                           f"has {CAPABILITIES.described}: install transformer-lens<4")
+    from transformer_lens import HookedTransformerConfig
+
+    return Model(HookedTransformerConfig(**fields))
 
 
 class _Stopped(Exception):

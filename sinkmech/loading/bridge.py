@@ -1,12 +1,14 @@
-"""Loading for the TransformerBridge backend (TransformerLens 4): a GGUF file or
-a local Hugging Face folder -> transformers model -> `TransformerBridge`.
+"""Loading for the TransformerBridge backend (TransformerLens 4): a resolved
+`ModelSource` (`sinkmech.loading.names`) -> transformers model ->
+`TransformerBridge` (`load_bridge`).
 
-GGUF files are read by transformers' own GGUF reader (every architecture it
-reads: llama, qwen2/3, gemma3, ...), dequantized to float32 once, and saved as
-a plain Hugging Face folder (config + safetensors + tokenizer) in the
-converted-model cache (`sinkmech.loading.cache.ModelCache.root / "hf"`), keyed
-by the file's SHA256. A warm load reads that folder and boots the Bridge; it
-never parses the GGUF again.
+GGUF files (and the packaged models) are read by transformers' own GGUF reader
+(every architecture it reads: llama, qwen2/3, gemma3, ...), dequantized to
+float32 once, and saved as a plain Hugging Face folder (config + safetensors +
+tokenizer) in the converted-model cache (`sinkmech.loading.cache.ModelCache.root
+/ "hf"`), keyed by the file's SHA256. A warm load reads that folder and boots
+the Bridge; it never parses the GGUF again. Local folders boot as they are, hub
+repo ids through transformers (they need the network).
 
 The Bridge runs transformers' eager attention on the raw weights (no
 compatibility mode: its hook names are already TransformerLens' own, and its
@@ -25,9 +27,47 @@ from pathlib import Path
 
 import torch
 
+from sinkmech.loading.cache import ModelCache, packaged_gguf_path, packaged_sha256
 from sinkmech.loading.gguf import GGUFError, check_gguf_file
+from sinkmech.loading.names import ModelSource, check_hf_folder, unknown_model
 
 HF_ENTRY_VERSION = 1
+
+
+def load_bridge(source: ModelSource, *, device: str, dtype: torch.dtype, n_ctx: int, cache: ModelCache | None):
+    """The TransformerBridge over the model `source` names, in `dtype` on `device`, in eval mode.
+
+    Args:
+        n_ctx: context length (capped at the model's own).
+        cache: where GGUF and packaged models are converted once into Hugging
+            Face folders (None: a temporary folder every time).
+    """
+    if source.kind == "hub":
+        return _from_hub(source, device=device, dtype=dtype)
+    if source.kind == "folder":
+        folder = source.path
+    elif source.kind == "package":
+        warm = hf_folder_entry(cache, packaged_sha256(source.location)) if cache is not None else None
+        if warm is not None and (warm / "config.json").is_file():
+            folder = warm  # a warm load never assembles the file
+        else:
+            folder = cached_hf_folder(packaged_gguf_path(source.location, cache), cache)
+    else:
+        folder = cached_hf_folder(source.path, cache)
+    return boot_bridge(folder, device=device, dtype=dtype, n_ctx=n_ctx, name=source.name)
+
+
+def _from_hub(source: ModelSource, *, device: str, dtype: torch.dtype):
+    """`TransformerBridge.boot_transformers` on a hub repo id or a looked-up official name (needs the network)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    try:
+        model = TransformerBridge.boot_transformers(source.official or source.location, device=device, dtype=dtype)
+    except Exception as e:
+        raise unknown_model(source, e, "a path to a .gguf file or a local Hugging Face folder. Hub names need the "
+                            "network", "boot_transformers") from e
+    model.tokenizer.padding_side = "right"
+    return model.eval()
 
 
 def read_gguf_transformers(path: Path):
@@ -73,9 +113,8 @@ def save_hf_folder(hf, tokenizer, folder: Path) -> Path:
     return folder
 
 
-def hf_folder_entry(cache, sha256: str) -> Path:
-    """Where `cache` (a `ModelCache`) keeps the Hugging Face folder converted
-    from the GGUF file with this SHA256."""
+def hf_folder_entry(cache: ModelCache, sha256: str) -> Path:
+    """Where `cache` keeps the Hugging Face folder converted from the GGUF file with this SHA256."""
     return cache.root / "hf" / f"{sha256}-v{HF_ENTRY_VERSION}"
 
 
@@ -83,9 +122,9 @@ def _complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
-def cached_hf_folder(path: Path, cache) -> Path:
+def cached_hf_folder(path: Path, cache: ModelCache | None) -> Path:
     """The Hugging Face folder converted from GGUF `path`, built once into `cache`
-    (a `ModelCache`) or into a temporary folder when `cache` is None."""
+    or into a temporary folder when `cache` is None."""
     path = check_gguf_file(path).resolve()
     if cache is None:
         folder = Path(tempfile.mkdtemp(prefix="sinkmech-hf-")) / "model"
@@ -97,15 +136,6 @@ def cached_hf_folder(path: Path, cache) -> Path:
     with _quiet_logging():
         save_hf_folder(hf, tokenizer, folder)
     del hf
-    return folder
-
-
-def check_hf_folder(folder: Path) -> Path:
-    """A local Hugging Face folder: config.json and safetensors weights."""
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a Hugging Face model folder: no config.json")
-    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        raise FileNotFoundError(f"{folder} has a config.json but no weights (*.safetensors)")
     return folder
 
 

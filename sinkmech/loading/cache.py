@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -27,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sinkmech.loading.backend import Model
-
 from sinkmech.files import json_text
+from sinkmech.loading.backend import Model
+from sinkmech.loading.names import PACKAGED_MODELS
 
 CACHE_ENV = "SINKMECH_CACHE"
 # Bump when a converter's output changes, so stale entries miss instead of loading.
@@ -246,6 +247,38 @@ class ModelCache:
         if model is None:
             raise CacheError(f"cache entry {self.entry_dir(key)} was unreadable right after writing it")
         return model
+
+
+def packaged_sha256(name: str) -> str:
+    """The SHA256 a packaged model's package states for its GGUF file (a warm
+    load keys the cache on it and never assembles the file)."""
+    return importlib.import_module(PACKAGED_MODELS[name].package).EXPECTED_SHA256
+
+
+def packaged_gguf_path(name: str, cache: ModelCache | None = None) -> Path:
+    """The assembled .gguf of a packaged model, joined once into the cache folder.
+
+    Args:
+        name: a key of `PACKAGED_MODELS`, e.g. "gemma3-270m".
+        cache: where the file goes (default: the user cache).
+    """
+    pkg = importlib.import_module(PACKAGED_MODELS[name].package)
+    cache = cache or ModelCache()
+    target = cache.root / "gguf" / pkg.MODEL_NAME
+    if target.is_file() and cache.file_sha256(target) == pkg.EXPECTED_SHA256:
+        return target
+    cache.ensure_writable()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # assemble() writes in place; join into a temporary name so a killed run
+    # never leaves a half file under the real one.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pkg.assemble(tmp, overwrite=True)  # checks the SHA256 itself
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return target
 
 
 def config_to_json(cfg) -> dict:

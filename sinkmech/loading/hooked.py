@@ -1,12 +1,15 @@
-"""TransformerLens 3.9: GGUF files and local Hugging Face folders to a
-CPU float32 HookedTransformer (the Bridge's counterpart is
-`sinkmech.loading.bridge`).
+"""TransformerLens 3.9: a resolved `ModelSource` (`sinkmech.loading.names`) to a
+HookedTransformer (`load_hooked`; the Bridge's counterpart is
+`sinkmech.loading.bridge.load_bridge`).
 
-Two GGUF converters: llama-family files (SmolLM2) go through sinkmech's own
-dequantizer (`sinkmech.loading.gguf`); any other architecture that transformers' GGUF
+GGUF files and packaged models are converted once into the converted-model
+cache (`sinkmech.loading.cache`) and loaded warm from it. Two GGUF converters:
+llama-family files (SmolLM2) go through sinkmech's own dequantizer
+(`sinkmech.loading.gguf`); any other architecture that transformers' GGUF
 loader reads and TransformerLens knows by name (Gemma 3) is dequantized by
 transformers and converted by `HookedTransformer.from_pretrained_no_processing`.
-`sinkmech.loading.models` caches what these build.
+Local Hugging Face folders are converted from their config.json, hub names by
+`HookedTransformer.from_pretrained`.
 """
 
 from __future__ import annotations
@@ -19,31 +22,76 @@ from pathlib import Path
 
 import torch
 
-from sinkmech.loading.backend import Model
+from sinkmech.loading.backend import Model, move
+from sinkmech.loading.cache import ModelCache, entry_key, packaged_gguf_path, packaged_sha256
 from sinkmech.loading.gguf import SUPPORTED_ARCHITECTURES, GGUFError, check_gguf_file, gguf_metadata, read_gguf
+from sinkmech.loading.names import ModelSource, check_hf_folder, folder_architecture, unknown_model
 
 BRIDGE_LOADS = ("the TransformerBridge backend loads it: TransformerLens 4 (`make setup-tl4`, "
                 "then .venv-tl4/bin/sinkmech)")
 
 
-def _architecture(folder: Path) -> str:
-    """The folder's `architectures` entry, as its config.json names it."""
-    import json
+def load_hooked(
+    source: ModelSource, *, device: str, dtype: torch.dtype, n_ctx: int, cache: ModelCache | None
+) -> Model:
+    """The HookedTransformer `source` names, on `device`, in eval mode: built in
+    float32 (so is a cache entry), then cast to `dtype`.
+
+    Args:
+        n_ctx: context length (capped at the model's own).
+        cache: where GGUF and packaged models are converted once (None: convert every time).
+    """
+    if source.kind == "folder":
+        model = hooked_from_hf_folder(source.path, n_ctx, architecture=source.architecture)
+        return move(_finish(model, source.name, device), dtype=dtype)
+    if source.kind == "hub":
+        return move(_from_hub(source, device), dtype=dtype)
+    if source.kind == "package":
+        # The package states the file's SHA256: a warm load never assembles it.
+        key = entry_key(packaged_sha256(source.location)) if cache is not None else None
+        build = lambda: convert_gguf(packaged_gguf_path(source.location, cache), n_ctx=n_ctx,  # noqa: E731
+                                     tl_name=source.official)
+    else:
+        path = check_gguf_file(source.path).resolve()
+        key = entry_key(cache.file_sha256(path)) if cache is not None else None
+        build = lambda: convert_gguf(path, n_ctx=n_ctx)  # noqa: E731
+    model = build()[0] if cache is None else cache.get_or_build(key, build, device=device, n_ctx=n_ctx)
+    return move(_finish(model, source.name, device), dtype=dtype)
+
+
+def _finish(model: Model, name: str, device: str) -> Model:
+    model.cfg.model_name = name
+    if model.tokenizer is not None:
+        model.tokenizer.padding_side = "right"
+    move(model, device)
+    model.eval()
+    return model
+
+
+def _from_hub(source: ModelSource, device: str) -> Model:
+    """`HookedTransformer.from_pretrained` on the looked-up official name (needs the network)."""
+    from transformer_lens import HookedTransformer
 
     try:
-        names = json.loads((folder / "config.json").read_text()).get("architectures") or ["unnamed architecture"]
-        return str(names[0])
-    except (OSError, ValueError, AttributeError):
-        return "unreadable config.json"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
+            model = HookedTransformer.from_pretrained(source.official or source.location, device=device)
+    except Exception as e:
+        raise unknown_model(source, e, "or a path to a .gguf file. Other TransformerLens names need their weights "
+                            "downloaded, which this machine cannot do", "from_pretrained") from e
+    if model.tokenizer is not None:
+        model.tokenizer.padding_side = "right"
+    return model
 
 
-def hooked_from_hf_folder(folder: Path, n_ctx: int) -> Model:
+def hooked_from_hf_folder(folder: Path, n_ctx: int, *, architecture: str | None = None) -> Model:
     """HookedTransformer from a local Hugging Face folder (TransformerLens 3.9
-    derives the config from the folder's config.json)."""
+    derives the config from the folder's config.json, whose `architectures`
+    entry is `architecture`, read from the folder when not given)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformer_lens import HookedTransformer
 
-    from sinkmech.loading.bridge import _quiet_logging, check_hf_folder
+    from sinkmech.loading.bridge import _quiet_logging
 
     from transformer_lens import HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import convert_hf_model_config, get_pretrained_state_dict
@@ -71,8 +119,9 @@ def hooked_from_hf_folder(folder: Path, n_ctx: int) -> Model:
             model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
                                               fold_value_biases=False, refactor_factored_attn_matrices=False)
     except Exception as e:
-        raise ValueError(f"TransformerLens 3.9 cannot load {folder} ({_architecture(folder)}: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); {BRIDGE_LOADS}") from e
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        raise ValueError(f"TransformerLens 3.9 cannot load {folder} ({architecture or folder_architecture(folder)}: "
+                         f"{reason}); {BRIDGE_LOADS}") from e
     finally:
         link.unlink()
         link.parent.rmdir()

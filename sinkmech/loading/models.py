@@ -2,10 +2,13 @@
 folder, or a hub name, on the backend the installed TransformerLens gives
 (`sinkmech.loading.backend`), in float32, bfloat16 or float16, on any device.
 
-TransformerBridge (TransformerLens 4): every GGUF goes through transformers'
-reader into a Hugging Face folder in the cache, which the Bridge boots
-(`sinkmech.loading.bridge`). HookedTransformer (TransformerLens 3.9): the
-GGUF converters live in `sinkmech.loading.hooked`. Both are converted once and then loaded warm from `sinkmech.loading.cache`.
+The spec is read once, by `sinkmech.loading.names.resolve_source`, into a
+`ModelSource` (package, GGUF file, folder or hub name); the installed
+backend's loader takes it from there: `sinkmech.loading.hooked.load_hooked`
+(TransformerLens 3.9: GGUF converted to a HookedTransformer, cached as weights)
+or `sinkmech.loading.bridge.load_bridge` (TransformerLens 4: GGUF converted to
+a Hugging Face folder, cached, booted as a TransformerBridge). Both convert once
+and then load warm from `sinkmech.loading.cache`.
 
 Every loaded model has a tokenizer that pads on the right (so a causal model
 never lets padding touch a real token) and a known `<bos>` id: read it with
@@ -20,19 +23,15 @@ import contextlib
 import functools
 import sys
 import time
-import importlib
-import importlib.util
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 
-from sinkmech.loading.backend import DTYPES, IS_BRIDGE, Model, move
-from sinkmech.loading.gguf import check_gguf_file
-from sinkmech.loading.hooked import convert_gguf, hooked_from_hf_folder
-from sinkmech.loading.cache import ModelCache, entry_key
+from sinkmech.loading.backend import CAPABILITIES, DTYPES, Model
+from sinkmech.loading.bridge import load_bridge
+from sinkmech.loading.cache import ModelCache, packaged_gguf_path  # noqa: F401  (re-exported)
+from sinkmech.loading.hooked import load_hooked
 from sinkmech.loading.names import (  # noqa: F401  (re-exported: sinkmech.loading.models is where callers look)
     DEFAULT_MODEL,
     GEMMA3_270M,
@@ -41,37 +40,13 @@ from sinkmech.loading.names import (  # noqa: F401  (re-exported: sinkmech.loadi
     SMOLLM2_INSTALL,
     SMOLLM2_PACKAGE,
     ModelNotFoundError,
+    ModelSource,
     PackagedGGUF,
     check_device,
     check_model_spec,
+    resolve_source,
     smollm2_path,
 )
-
-def packaged_gguf_path(name: str, cache: ModelCache | None = None) -> Path:
-    """The assembled .gguf of a packaged model, joined once into the cache folder.
-
-    Args:
-        name: a key of `PACKAGED_MODELS`, e.g. "gemma3-270m".
-        cache: where the file goes (default: the user cache).
-    """
-    entry = _packaged(name)
-    pkg = importlib.import_module(entry.package)
-    cache = cache or ModelCache()
-    target = cache.root / "gguf" / pkg.MODEL_NAME
-    if target.is_file() and cache.file_sha256(target) == pkg.EXPECTED_SHA256:
-        return target
-    cache.ensure_writable()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # assemble() writes in place; join into a temporary name so a killed run
-    # never leaves a half file under the real one.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pkg.assemble(tmp, overwrite=True)  # checks the SHA256 itself
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return target
 
 
 def load_model(
@@ -101,8 +76,7 @@ def load_model(
     warn_slow_cpu_dtype(dtype, device)  # before anything is cast
     # TransformerLens prints "Moving model to device" on stdout: stdout is for results.
     with contextlib.redirect_stdout(sys.stderr):
-        model = _load(spec, device, n_ctx, cache, dtype)
-    return move(model, dtype=dtype)
+        return _load(spec, device, n_ctx, cache, dtype)
 
 
 # Half-precision on a CPU: without native instructions (x86: AVX-512 BF16 / FP16
@@ -188,73 +162,16 @@ def check_dtype(dtype: str | torch.dtype) -> torch.dtype:
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
+# One loader per backend, each taking a resolved source (never the spec) and
+# returning the model on the device, in the dtype, in eval mode.
+LOADERS = {"HookedTransformer": load_hooked, "TransformerBridge": load_bridge}
+
+
 def _load(spec, device, n_ctx, cache, dtype) -> Model:
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
+    source = resolve_source(spec)
     if not isinstance(n_ctx, int) or n_ctx < 1:
         raise ValueError(f"n_ctx must be a positive integer, got {n_ctx!r}")
-    store = _as_cache(cache)
-    if IS_BRIDGE:
-        return _load_bridge(spec, device, n_ctx, store, dtype)
-    if Path(spec).is_dir():
-        return _finish(hooked_from_hf_folder(Path(spec), n_ctx), Path(spec).name, device)
-    if spec == DEFAULT_MODEL:
-        return _from_gguf(smollm2_path(), device, n_ctx, name=DEFAULT_MODEL, cache=store)
-    if spec in PACKAGED_MODELS:
-        return _from_package(spec, device, n_ctx, cache=store)
-    if spec.endswith(".gguf") or Path(spec).is_file():
-        return _from_gguf(Path(spec), device, n_ctx, name=Path(spec).stem, cache=store)
-    from transformer_lens import HookedTransformer
-
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "HookedTransformer.from_pretrained is deprecated", DeprecationWarning)
-            model = HookedTransformer.from_pretrained(spec, device=device)
-    except Exception as e:
-        raise _unknown_model(spec, e, "or a path to a .gguf file. Other TransformerLens names need their weights "
-                             "downloaded, which this machine cannot do", "from_pretrained") from e
-    if model.tokenizer is not None:
-        model.tokenizer.padding_side = "right"
-    return model
-
-
-def _unknown_model(spec: str, error: Exception, what_else: str, loader: str) -> ModelNotFoundError:
-    """The one 'unknown model' message: what works offline, and the loader's first line of complaint."""
-    reason = str(error).splitlines()[0] if str(error) else ""
-    reason = reason if len(reason) <= 160 else reason[:160] + " ..."
-    return ModelNotFoundError(
-        f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, {what_else} "
-        f"({loader} said: {type(error).__name__}: {reason})"
-    )
-
-
-def _load_bridge(spec: str, device: str, n_ctx: int, store: ModelCache | None, dtype: torch.dtype) -> Model:
-    """TransformerBridge: GGUF -> (cached) Hugging Face folder -> Bridge."""
-    from sinkmech.loading.bridge import boot_bridge, cached_hf_folder, hf_folder_entry
-
-    boot = lambda folder, name: boot_bridge(folder, device=device, dtype=dtype, n_ctx=n_ctx, name=name)  # noqa: E731
-    if spec == DEFAULT_MODEL:
-        return boot(cached_hf_folder(smollm2_path(), store), DEFAULT_MODEL)
-    if spec in PACKAGED_MODELS:
-        entry = _packaged(spec)
-        sha = importlib.import_module(entry.package).EXPECTED_SHA256
-        warm = hf_folder_entry(store, sha) if store is not None else None
-        if warm is not None and (warm / "config.json").is_file():
-            return boot(warm, spec)  # a warm load never assembles the file
-        return boot(cached_hf_folder(packaged_gguf_path(spec, store), store), spec)
-    if Path(spec).is_dir():
-        return boot(Path(spec), Path(spec).name)
-    if spec.endswith(".gguf") or Path(spec).is_file():
-        return boot(cached_hf_folder(Path(spec), store), Path(spec).stem)
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-
-        model = TransformerBridge.boot_transformers(spec, device=device, dtype=dtype)
-    except Exception as e:
-        raise _unknown_model(spec, e, "a path to a .gguf file or a local Hugging Face folder. Hub names need the "
-                             "network", "boot_transformers") from e
-    model.tokenizer.padding_side = "right"
-    return model.eval()
+    return LOADERS[CAPABILITIES.backend](source, device=device, dtype=dtype, n_ctx=n_ctx, cache=_as_cache(cache))
 
 
 def _as_cache(cache: bool | ModelCache) -> ModelCache | None:
@@ -265,54 +182,6 @@ def _as_cache(cache: bool | ModelCache) -> ModelCache | None:
     if cache is False:
         return None
     raise ValueError(f"cache must be True, False or a ModelCache, got {cache!r}")
-
-
-def _packaged(name: str) -> PackagedGGUF:
-    entry = PACKAGED_MODELS[name]
-    missing = [m for m in (entry.package, *entry.parts) if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ModelNotFoundError(
-            f"model {name!r} is not installed (missing {', '.join(missing)}); run `{entry.install}`"
-        )
-    return entry
-
-
-def _from_package(name: str, device: str, n_ctx: int, *, cache: ModelCache | None) -> Model:
-    entry = _packaged(name)
-
-    def build():
-        path = packaged_gguf_path(name, cache)
-        return convert_gguf(path, n_ctx=n_ctx, tl_name=entry.tl_name)
-
-    if cache is None:
-        model, _ = build()
-    else:
-        # The package states the file's SHA256: a warm load never assembles it.
-        sha = importlib.import_module(entry.package).EXPECTED_SHA256
-        model = cache.get_or_build(entry_key(sha), build, device=device, n_ctx=n_ctx)
-    return _finish(model, name, device)
-
-
-def _from_gguf(
-    path: Path, device: str, n_ctx: int, *, name: str, cache: ModelCache | None
-) -> Model:
-    path = check_gguf_file(path).resolve()
-    build = lambda: convert_gguf(path, n_ctx=n_ctx)  # noqa: E731
-    if cache is None:
-        model, _ = build()
-    else:
-        key = entry_key(cache.file_sha256(path))
-        model = cache.get_or_build(key, build, device=device, n_ctx=n_ctx)
-    return _finish(model, name, device)
-
-
-def _finish(model: Model, name: str, device: str) -> Model:
-    model.cfg.model_name = name
-    if model.tokenizer is not None:
-        model.tokenizer.padding_side = "right"
-    move(model, device)
-    model.eval()
-    return model
 
 
 def bos_token_id(model: Model) -> int:

