@@ -44,14 +44,14 @@ def add_train_parser(sub) -> None:
 def cmd_train(args) -> None:
     if args.out is None:
         raise UsageError("sinkmech train needs --out DIR for one run (or `sinkmech train study NAME` for a study)")
-    from sinkmech.loading.backend import BACKEND, IS_BRIDGE
+    from sinkmech.loading.backend import CAPABILITIES
     from sinkmech.plots.training import training_curves
     from sinkmech.prompts import CONDITIONS
 
-    if IS_BRIDGE:
+    if not CAPABILITIES.can_train:
         raise UsageError(f"sinkmech train builds its models as TransformerLens 3.x HookedTransformers; this "
-                         f"environment has the {BACKEND} backend (TransformerLens 4): install transformer-lens<4 to train")
-    from sinkmech.train.run import train  # TL 3.x only: imported once the backend is known
+                         f"environment has {CAPABILITIES.described}: install transformer-lens<4 to train")
+    from sinkmech.train.run import train  # the training code, once the backend can train
 
     cfg = TrainConfig(
         data=args.data, packing=args.packing, fixed_bos=args.fixed_bos, context_length=args.context_length,
@@ -179,7 +179,7 @@ def cmd_study(args) -> None:
 
 def run_study(args) -> list[dict]:
     """One of `TRAINING_STUDIES` with the parsed flags; its rows."""
-    from sinkmech.loading.backend import BACKEND, IS_BRIDGE
+    from sinkmech.loading.backend import CAPABILITIES
     from sinkmech.train import studies
     from sinkmech.train.presets import StudySettings, parse_sets
 
@@ -187,9 +187,9 @@ def run_study(args) -> list[dict]:
                              seed=args.seed, eval_every=args.eval_every, sets=tuple(args.sets), out=args.out,
                              runs_dir=args.runs_dir, prefix=args.prefix, jobs=args.jobs, quiet=args.quiet)
     parse_sets(settings.sets)  # a bad KEY=VALUE is an error before anything trains
-    if IS_BRIDGE:
+    if not CAPABILITIES.can_train:
         raise UsageError(f"training studies build their models as TransformerLens 3.x HookedTransformers; this "
-                         f"environment has the {BACKEND} backend (TransformerLens 4): install transformer-lens<4 to train")
+                         f"environment has {CAPABILITIES.described}: install transformer-lens<4 to train")
     if args.study == "packing":
         return studies.packing(settings)
     if args.study == "positional":

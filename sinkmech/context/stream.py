@@ -41,7 +41,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.context import check_fits, first_scored
-from sinkmech.loading.backend import IS_BRIDGE, Model
+from sinkmech.loading.backend import CAPABILITIES, Model
 from sinkmech.hooks import act_name
 from sinkmech.loss import masked_loss
 from sinkmech.prompts import Bos, TokenBatch, tokenize
@@ -70,11 +70,12 @@ def window_hook(window: int, keep: int) -> Callable:
 
 
 def check_reindex(model: Model) -> None:
-    """`reindex` needs what it recomputes: rotary positions on a TL 3.x
-    HookedTransformer (its rotary tables and its own score function), with no
-    length-dependent query scaling (log-n attention, dynamic NTK)."""
+    """`reindex` needs what it recomputes: rotary positions on a backend that can
+    re-index the cache (`CAPABILITIES.can_reindex_cache`: a TL 3.x HookedTransformer's
+    rotary tables and its own score function), with no length-dependent query
+    scaling (log-n attention, dynamic NTK)."""
     cfg = model.cfg
-    if IS_BRIDGE:
+    if not CAPABILITIES.can_reindex_cache:
         raise ValueError("reindex is implemented on TransformerLens 3.x HookedTransformers, not the TL 4 bridge")
     if cfg.positional_embedding_type != "rotary":
         raise ValueError(f"reindex re-assigns rotary positions; this model's positions are "

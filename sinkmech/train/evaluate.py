@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from transformer_lens import HookedTransformer
 
+from sinkmech.loading.backend import Model
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
 from sinkmech.sinks import format_eps, sink_scores
 from sinkmech.train.data import TrainData, make_inputs, post_trigger, sink_tokens
@@ -62,7 +62,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: HookedTransformer, data: TrainData) -> EvalResult:
+def evaluate(model: Model, data: TrainData) -> EvalResult:
     """Validation loss and sink statistics, with `<bos>` at position 0 and without.
 
     Both conditions predict the same T-1 targets of the validation windows, so

@@ -1,5 +1,6 @@
 """The small models trained from scratch and their loss: `build_model` (a
-HookedTransformer for a `TrainConfig`, with the `mask_self` hook and the
+HookedTransformer for a `TrainConfig`, built through the model seam's
+`model_from_config`, with the `mask_self` hook and the
 frozen zero positions of `positional="none"`), the packing hooks, and the
 next-token loss of a packed window."""
 
@@ -11,18 +12,18 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from sinkmech.hooks import act_name
+from sinkmech.loading.backend import Model, model_from_config
 from sinkmech.train.config import Packing, TrainConfig
 from sinkmech.train.data import same_document
 
 
-def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransformer:
+def build_model(cfg: TrainConfig, device: str | None = None) -> Model:
     """A freshly initialised HookedTransformer for `cfg` (no tokenizer; d_vocab =
     content tokens + `<bos>` + pad)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    hcfg = HookedTransformerConfig(
+    model = model_from_config(
         n_layers=cfg.n_layers,
         d_model=cfg.d_model,
         n_heads=cfg.n_heads,
@@ -38,7 +39,6 @@ def build_model(cfg: TrainConfig, device: str | None = None) -> HookedTransforme
         seed=cfg.seed,
         device=device,
     )
-    model = HookedTransformer(hcfg)
     if cfg.mask_self:
         for layer in range(cfg.n_layers):
             model.add_hook(act_name("attn_scores", layer), mask_self_hook, is_permanent=True)
@@ -77,7 +77,7 @@ def packing_hooks(tokens: Tensor, *, packing: Packing, bos_id: int, fixed_bos: b
 
 
 def packed_token_losses(
-    model: HookedTransformer,
+    model: Model,
     inputs: Int[Tensor, "batch pos"],
     targets: Int[Tensor, "batch pos"],
     *,

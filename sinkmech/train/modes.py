@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from sinkmech.hooks import act_name
+from sinkmech.loading.backend import Model
 
 GROUPS = ("first", "self", "prev", "copy", "rest")
 STATS = (*GROUPS, "entropy")
@@ -54,7 +54,7 @@ class AttentionBreakdown:
 
 @torch.no_grad()
 def attention_breakdown(
-    model: HookedTransformer,
+    model: Model,
     tokens: Int[Tensor, "batch pos"],
     classes: dict[str, Bool[Tensor, "batch pos"]],
 ) -> AttentionBreakdown:
@@ -137,7 +137,7 @@ class ModeAttention:
 
 @torch.no_grad()
 def mode_attention(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], *, n_triggers: int
+    model: Model, tokens: Int[Tensor, "batch pos"], *, n_triggers: int
 ) -> ModeAttention:
     """Per-head attention on the first key, self, the previous key (the copy
     source of a trigger query), other copies of the next token and the rest,

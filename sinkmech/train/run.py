@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
 from sinkmech.files import json_text, write_text
+from sinkmech.loading.backend import Model
 from sinkmech.results import Result
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
 from sinkmech.train.data import TrainData
@@ -68,7 +68,7 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 class TrainResult(Result):
     """A finished run: the model, its config, the log, and where it was saved."""
 
-    model: HookedTransformer
+    model: Model  # a HookedTransformer (`sinkmech.loading.backend.model_from_config`)
     config: TrainConfig
     log: dict  # the JSON written to log.json; see `train`
     out_dir: Path | None = None
@@ -182,7 +182,7 @@ def train_to_log(cfg_dict: dict, out_dir: str, progress: bool = False) -> dict:
     return {**result.log, "hardware": hardware()}
 
 
-def save_checkpoint(model: HookedTransformer, cfg: TrainConfig, out_dir: str | Path) -> Path:
+def save_checkpoint(model: Model, cfg: TrainConfig, out_dir: str | Path) -> Path:
     """Weights to `model.safetensors` (never pickle), config to `config.json`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,7 +192,7 @@ def save_checkpoint(model: HookedTransformer, cfg: TrainConfig, out_dir: str | P
     return out / "model.safetensors"
 
 
-def load_checkpoint(out_dir: str | Path, device: str | None = None) -> tuple[HookedTransformer, TrainConfig]:
+def load_checkpoint(out_dir: str | Path, device: str | None = None) -> tuple[Model, TrainConfig]:
     """The model and config saved by `save_checkpoint` in `out_dir`."""
     out = Path(out_dir)
     for name in ("model.safetensors", "config.json"):
