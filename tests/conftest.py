@@ -19,7 +19,7 @@ import torch
 import matplotlib.pyplot  # noqa: F401
 import transformer_lens  # noqa: F401
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE, Model
+from sinkmech.loading.backend import CAPABILITIES, IS_BRIDGE, Model
 
 
 def _reuse_jaxtyping_checkers() -> None:
@@ -57,10 +57,6 @@ def _reuse_jaxtyping_checkers() -> None:
 _reuse_jaxtyping_checkers()
 
 TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; tests pass this id)
-# Tests that set a HookedTransformer's weights by hand, or test what only
-# TransformerLens 3.x has, are skipped on the Bridge with this reason.
-NEEDS_HOOKED = pytest.mark.skipif(
-    IS_BRIDGE, reason=f"hand-built HookedTransformer (TransformerLens 3.x); this run's backend is {BACKEND}")
 _TINY_DIR = Path(tempfile.mkdtemp(prefix="sinkmech-tiny-"))
 _TESTS = Path(__file__).resolve().parent
 # Fixtures that load a real model: every test using one is marked `slow`
@@ -79,6 +75,40 @@ REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
 MODEL_WORDS = re.compile(
     r"\b(tiny_model|smollm2|gemma\w*|make_tiny|tiny_hf|save_tiny|load_model|HookedTransformer\w*|TransformerBridge|"
     r"from_pretrained|subprocess|run_path|sinkmech\.models|cli\.main|main|train|build_model|load_checkpoint|study)\b")
+
+
+def needs(*capabilities: str, why: str = "", **values: bool) -> pytest.MarkDecorator:
+    """The one backend skip: a test (a module's `pytestmark`, a parameter's `marks=`)
+    that needs the installed TransformerLens to have each of `capabilities`, or each
+    `name=value` (False: a test of what happens without it), of
+    `sinkmech.loading.backend.CAPABILITIES`, skipped where it has not; the reason
+    names what is missing, `why` the test needs it, and the backend (pytest -rs lists
+    them). No capability asked: never skipped."""
+    wanted = {**dict.fromkeys(capabilities, True), **values}
+    unmet = [("with " if want else "without ") + name for name, want in wanted.items()
+             if getattr(CAPABILITIES, name) != want]
+    reason = f"runs only {' and '.join(unmet)}" + (f" ({why})" if why else "") + f"; this run has {CAPABILITIES.described}"
+    return pytest.mark.skipif(bool(unmet), reason=reason)
+
+
+def require(*capabilities: str, why: str = "", **values: bool) -> None:
+    """`needs`, where a helper builds its model in the middle of a test (tests/planted.py): skips now."""
+    mark = needs(*capabilities, why=why, **values)
+    if mark.args[0]:
+        pytest.skip(mark.kwargs["reason"])
+
+
+# What TransformerLens 3.9 (with transformers 5) loads from a Hugging Face folder of
+# tests/tiny_hf.py: measured; the others stop in its config conversion ("... is not
+# currently supported", or GPT-2's config without `n_ctx`; Gemma 3's config comes from
+# the official name only). The Bridge (`any_architecture`) loads them all.
+TL39_LOADS = frozenset({"llama", "qwen2", "qwen3", "gpt_neox", "mistral", "phi3", "mixtral", "gpt_oss"})
+
+
+def loads_folder(arch: str) -> pytest.MarkDecorator:
+    """`needs` for a test of one architecture's folder: nothing for those
+    TransformerLens 3.9 loads too, `any_architecture` for the others."""
+    return needs() if arch in TL39_LOADS else needs("any_architecture", why=f"TransformerLens 3.9 refuses {arch}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -166,7 +196,7 @@ def _code_names(code) -> set[str]:
 def _pure_tests_build_no_model(request, monkeypatch):
     """A test marked `pure` is left out of the TransformerLens 4 suite: on 3.9, building a
     model in one fails, so a test that touches a model cannot be left out by mistake."""
-    if IS_BRIDGE or request.node.get_closest_marker("pure") is None:
+    if not CAPABILITIES.from_config or request.node.get_closest_marker("pure") is None:
         return
 
     def refuse(*a, **k):
@@ -186,9 +216,10 @@ _GUARD = getattr(_pure_tests_build_no_model, "__wrapped__", _pure_tests_build_no
 
 
 def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None) -> Model:
-    """A tiny random model: a HookedTransformer (LayerNorm, GELU) on TransformerLens
-    3.x; on the Bridge a tiny random Llama saved as a Hugging Face folder, same sizes."""
-    if IS_BRIDGE:
+    """A tiny random model: a HookedTransformer (LayerNorm, GELU) built from a config
+    where the backend can (TransformerLens 3.x); on the Bridge a tiny random Llama
+    saved as a Hugging Face folder, same sizes."""
+    if not CAPABILITIES.from_config:
         from sinkmech.loading.models import load_model
         from tiny_hf import save_tiny
 

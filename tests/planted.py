@@ -4,12 +4,11 @@ positional-null heads."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE, Model
+from sinkmech.loading.backend import Model
 
-from conftest import TINY_BOS, make_tiny
+from conftest import TINY_BOS, make_tiny, require
 
 
 def plant_sink_head(model: Model, layer: int = 0, head: int = 0, strength: float = 12.0) -> Model:
@@ -42,8 +41,7 @@ def plant_sink_head(model: Model, layer: int = 0, head: int = 0, strength: float
 
 
 def planted_model(seed: int = 1) -> Model:
-    if IS_BRIDGE:
-        pytest.skip(f"the planted sink head is set in a HookedTransformer's weights (TransformerLens 3.x); backend here: {BACKEND}")
+    require("from_config", why="the planted sink head is set in a HookedTransformer's weights")
     return plant_sink_head(make_tiny(seed, n_layers=2, n_heads=4, d_head=8))
 
 
@@ -72,8 +70,7 @@ def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -
     against the sink's +15, so whole prompts are active or dormant whatever
     the query token; the value at <bos> is 0).
     """
-    if IS_BRIDGE:
-        pytest.skip(f"planted heads are set in a HookedTransformer's weights (TransformerLens 3.x); backend here: {BACKEND}")
+    require("from_config", why="planted heads are set in a HookedTransformer's weights")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(

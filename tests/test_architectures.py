@@ -17,7 +17,8 @@ import sys
 import pytest
 import torch
 
-from sinkmech.loading.backend import IS_BRIDGE, forward, learned_sinks, unembed
+from conftest import TL39_LOADS, loads_folder, needs
+from sinkmech.loading.backend import forward, learned_sinks, unembed
 from sinkmech.cli import main
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.loss import content_loss
@@ -26,10 +27,6 @@ from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
 from tiny_hf import BOS, MATRIX, save_tiny
 
-# What TransformerLens 3.9 (with transformers 5) loads from a folder: measured,
-# the others stop in its config conversion ("... is not currently supported",
-# or GPT-2's config without `n_ctx`).
-TL39_LOADS = {"llama", "qwen2", "qwen3", "gpt_neox", "mistral", "phi3", "mixtral", "gpt_oss"}
 LAYER, HEAD = 1, 1  # the head ablated against transformers (layer 1: after a window or a full layer)
 
 
@@ -45,11 +42,9 @@ def folders(tmp_path_factory):
     return {arch: save_tiny(root / arch, arch, seed=3, n_kv=2) for arch in MATRIX}
 
 
-@pytest.fixture(scope="module", params=MATRIX)
+@pytest.fixture(scope="module", params=[pytest.param(a, marks=loads_folder(a)) for a in MATRIX])
 def arch_model(request, folders):
     arch = request.param
-    if not IS_BRIDGE and arch not in TL39_LOADS:
-        pytest.skip(f"TransformerLens 3.9 refuses {arch} (test_tl39_refuses_in_one_line_naming_the_bridge)")
     return arch, folders[arch], load_model(str(folders[arch]), device="cpu")
 
 
@@ -134,11 +129,10 @@ def test_mask_first_kl_matches_transformers(arch_model):
     assert abs(float(ours.effects[0, 0]) - ref) <= 1e-4 * ref + 1e-7, arch
 
 
+@loads_folder("gpt_oss")
 def test_drop_sink_kl_matches_transformers_with_the_sink_logit_removed(folders):
     """gpt-oss: drop_sink for one head equals transformers with that head's sink
     logit set to -inf; every head's effect is positive (each sink held mass)."""
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     folder = folders["gpt_oss"]
     model = load_model(str(folder), device="cpu")
     batch = tokenize(model, _rows(2, batch=3, n=10), bos="prepend", bos_token_id=BOS)
@@ -177,13 +171,12 @@ def test_drop_sink_is_refused_for_a_model_without_learned_sinks(folders, tmp_pat
             assert len(err) == 1 and err[0].startswith("error: --mode drop_sink") and "learned sink" in err[0]
 
 
+@loads_folder("gpt_oss")
 def test_gpt_oss_through_the_cli(folders, tmp_path, capsys):
     """`sinks --bos both --json -` carries learned_sink_scores per condition (the
     library's numbers); `ablate --mode drop_sink` runs and lists heads."""
     import json
 
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     folder, rows = str(folders["gpt_oss"]), _rows(3, batch=3, n=8)
     prompts = _prompt_file(tmp_path, rows)
     assert main(["sinks", "--model", folder, "--prompts", prompts, "--bos", "both", "--json", "-"]) == 0
@@ -198,7 +191,7 @@ def test_gpt_oss_through_the_cli(folders, tmp_path, capsys):
     assert result["mode"] == "drop_sink" and (torch.tensor(result["effects"]) > 0).all()
 
 
-@pytest.mark.skipif(IS_BRIDGE, reason="TransformerLens 3.9's refusals; the Bridge loads every architecture here")
+@needs(any_architecture=False, why="TransformerLens 3.9's refusals; the Bridge loads every architecture here")
 @pytest.mark.parametrize("arch", sorted(set(MATRIX) - TL39_LOADS))
 def test_tl39_refuses_in_one_line_naming_the_bridge(folders, arch, capsys):
     with pytest.raises(ValueError, match="TransformerBridge backend loads it") as e:
@@ -209,13 +202,12 @@ def test_tl39_refuses_in_one_line_naming_the_bridge(folders, arch, capsys):
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
 
 
+@loads_folder("gpt_oss")
 def test_heads_counts_key_0_plus_the_learned_sink_as_dormant(folders):
     """gpt-oss: `heads` cuts on key 0 plus the learned sink's share, from
     transformers' own attention (every query after the first, as the scan's means)."""
     from sinkmech.dormant.scan import scan_heads
 
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     folder = folders["gpt_oss"]
     model = load_model(str(folder), device="cpu")
     batch = tokenize(model, _rows(4, batch=4, n=12), bos="prepend", bos_token_id=BOS)
@@ -249,9 +241,8 @@ def test_row_check_admits_the_sink_share_and_catches_nan_inf_and_zero_rows():
     check_rows(padded, torch.tensor([[1.0, 1.0, 0.0]]), 0, learned=True)
 
 
+@loads_folder("gpt_oss")
 def test_a_nan_sink_logit_is_caught_not_reported(folders):
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     model = load_model(str(folders["gpt_oss"]), device="cpu")
     sinks = [p for n, p in model.named_parameters() if n.endswith("sinks")]
     assert len(sinks) == model.cfg.n_layers
@@ -261,7 +252,7 @@ def test_a_nan_sink_logit_is_caught_not_reported(folders):
         sink_scores(model, _rows(), bos_token_id=BOS, progress=False)
 
 
-@pytest.mark.skipif(not IS_BRIDGE, reason="the Bridge's load-time readout check (TransformerLens 4)")
+@needs("any_architecture", why="the Bridge's load-time readout check")
 def test_a_readout_that_misses_the_model_s_own_is_refused_at_load(folders, monkeypatch):
     """Granite divides its logits by `logits_scaling`; a readout that rebuilds
     the final norm and unembedding by hand misses it, and the load says so."""
@@ -283,13 +274,12 @@ def test_a_readout_that_misses_the_model_s_own_is_refused_at_load(folders, monke
         load_model(str(folders["llama"]), device="cpu")
 
 
+@loads_folder("gpt_oss")
 def test_gpt_oss_sink_shards_merge_to_the_unsharded_json(folders, tmp_path):
     """`sinks --shard i/2` parts carry the learned-sink mass; `merge` gives the
     whole run's `learned_sink_scores`."""
     import json
 
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     args = ["sinks", "--model", str(folders["gpt_oss"]), "--prompts", _prompt_file(tmp_path, _rows(5, batch=4)),
             "--bos", "both"]
     whole, merged = tmp_path / "whole.json", tmp_path / "merged.json"
@@ -305,14 +295,13 @@ def test_gpt_oss_sink_shards_merge_to_the_unsharded_json(folders, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["mask_first", "drop_sink"])
+@loads_folder("gpt_oss")
 def test_attribution_s_ablated_output_is_the_hooked_run_s_on_gpt_oss(folders, mode):
     """What attribution patching takes as a head's ablated output (`ablated_z`)
     is exactly what the mode's hook makes the head write, sink share included."""
     from sinkmech.hooks import act_name, cached_run, drop_sink_hook, expand_kv, mask_first_hook
     from sinkmech.interventions.attribution import ablated_z
 
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     model = load_model(str(folders["gpt_oss"]), device="cpu")
     tokens = torch.tensor(_rows(6, batch=2, n=9))
     names = [act_name(n, LAYER) for n in ("z", "pattern", "v")]
@@ -326,9 +315,8 @@ def test_attribution_s_ablated_output_is_the_hooked_run_s_on_gpt_oss(folders, mo
     assert (ours - z[:, :, HEAD]).abs().max() > 1e-3  # the ablation changes the head: the check can fail
 
 
+@loads_folder("gpt_oss")
 def test_learned_sink_mass_in_the_long_table(folders):
-    if not IS_BRIDGE and "gpt_oss" not in TL39_LOADS:
-        pytest.skip("TransformerLens 3.9 does not load gpt_oss")
     r = sink_scores(load_model(str(folders["gpt_oss"]), device="cpu"), _rows(), bos_token_id=BOS, progress=False)
     df = r.to_dataframe()
     row = df[(df["prompt"] == 2) & (df["layer"] == 1) & (df["head"] == 3)].iloc[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE
+from conftest import loads_folder
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch
@@ -24,15 +24,12 @@ from tiny_hf import ARCHS, BOS, save_tiny
 N_PROMPTS, N_CONTENT = 4, 10
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=[pytest.param(a, marks=loads_folder(a)) for a in ARCHS])
 def both(request, tmp_path_factory):
     """(sinkmech's model, transformers' eager model) over one tiny folder, and content rows."""
     from transformers import AutoModelForCausalLM
 
     arch = request.param
-    if arch == "gemma3" and not IS_BRIDGE:
-        pytest.skip("TransformerLens 3.9 derives a Gemma 3 config from the official name only, not from a "
-                    f"folder's config.json (backend here: {BACKEND})")
     folder = save_tiny(tmp_path_factory.mktemp(arch), arch, seed=7, n_kv=2)
     hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, attn_implementation="eager").eval()
     g = torch.Generator().manual_seed(11)

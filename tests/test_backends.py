@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE, W_O, W_V, b_V, forward, unembed, version_text
+from conftest import loads_folder
+from sinkmech.loading.backend import BACKEND, W_O, W_V, b_V, forward, unembed, version_text
 from sinkmech.cli import main
 from sinkmech.hooks import cached_run
 from sinkmech.loss import content_loss
@@ -23,12 +24,9 @@ def _tokens(seed: int = 0, batch: int = 5, n: int = 12) -> list[list[int]]:
     return torch.randint(3, 50, (batch, n), generator=g).tolist()
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=[pytest.param(a, marks=loads_folder(a)) for a in ARCHS])
 def tiny_folder(request, tmp_path_factory):
     arch = request.param
-    if arch == "gemma3" and not IS_BRIDGE:
-        pytest.skip("TransformerLens 3.9 derives a Gemma 3 config from the official name only, not from a "
-                    f"folder's config.json (backend here: {BACKEND})")
     return arch, save_tiny(tmp_path_factory.mktemp(arch), arch, seed=3, n_kv=2)
 
 
@@ -187,3 +185,39 @@ def test_gemma_bfloat16_holds_sink_rates_within_2_points(gemma):
     assert (bf16.scores - f32.scores).abs().mean() < 1e-2
     for eps in (0.3, 0.8):
         assert abs(bf16.sink_rate(eps) - f32.sink_rate(eps)) < 2.0, eps
+
+
+def test_the_capability_table_is_what_the_installed_transformer_lens_has():
+    """`CAPABILITIES` is read from TransformerLens' version without importing it;
+    each entry is checked here against the imported library itself."""
+    import importlib.metadata
+    import importlib.util
+
+    from sinkmech.loading.backend import CAPABILITIES, Model, model_from_config
+
+    try:
+        from transformer_lens import HookedTransformerConfig  # noqa: F401  (TransformerLens 4 raises ImportError)
+        has_config = True
+    except ImportError:
+        has_config = False
+    assert CAPABILITIES.from_config == CAPABILITIES.can_train == has_config
+    assert Model.__name__ == CAPABILITIES.backend
+    assert CAPABILITIES.transformer_lens == min(int(importlib.metadata.version("transformer-lens")[0]), 4)
+    bridge = importlib.util.find_spec("transformer_lens.model_bridge") is not None and not has_config
+    assert CAPABILITIES.any_architecture == CAPABILITIES.hub_ids == bridge
+    if CAPABILITIES.can_reindex_cache:  # it recomputes scores with HookedTransformer's rotary and score functions
+        from transformer_lens.components import AbstractAttention
+
+        assert has_config and all(hasattr(AbstractAttention, f) for f in ("rotate_every_two", "calculate_attention_scores"))
+    else:
+        assert not has_config
+    assert CAPABILITIES.official_name("gpt2") == "gpt2"
+    with pytest.raises(ValueError):
+        CAPABILITIES.official_name("no-such-model-xyz")
+    if has_config:
+        model = model_from_config(n_layers=1, d_model=8, n_heads=2, d_head=4, n_ctx=8, d_vocab=10, act_fn="gelu",
+                                  device="cpu")
+        assert isinstance(model, Model) and model.cfg.n_layers == 1
+    else:
+        with pytest.raises(RuntimeError, match=r"TransformerBridge backend \(TransformerLens 4\)"):
+            model_from_config(n_layers=1)

@@ -7,7 +7,7 @@ import json
 import pytest
 from jaxtyping import TypeCheckError
 
-from conftest import NEEDS_HOOKED, TINY_BOS, toy_tokenizer
+from conftest import TINY_BOS, needs, toy_tokenizer
 from sinkmech.prompts import load_prompts, tokenize
 
 
@@ -444,7 +444,7 @@ def test_short_prompt_warning_prints_once_for_both_conditions(cli_tiny, tmp_path
     assert len(warned) == 1 and "2 of 2 prompts have fewer than 60 content tokens" in warned[0]
 
 
-@NEEDS_HOOKED  # the cache entry it corrupts holds a HookedTransformer's weights (the Bridge caches an HF folder)
+@needs("from_config", why="the cache entry it corrupts holds a HookedTransformer's weights")
 @pytest.mark.slow
 def test_the_corrupt_cache_warning_is_one_line_without_python_source(tmp_path):
     """Run in a fresh interpreter: pytest captures warnings, so only a real

@@ -122,6 +122,7 @@ def test_text_windows_are_training_windows_from_two_halves_of_the_validation_spl
         assert len(set(starts)) == n
 
 
+@needs("can_train", why="a model built as sinkmech.train builds it")
 def test_masking_key_0_in_every_head_is_removing_bos_in_a_rotary_model():
     """Rotary attention sees only offsets, so once no head may attend to `<bos>`
     it changes nothing downstream: the top-all share is 1 by construction."""
@@ -175,6 +176,7 @@ def planted_bos_reader(cfg, held):
     return model
 
 
+@needs("can_train", why="a model built as sinkmech.train builds it")
 def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
     from sinkmech.train.bos_cost import bos_cost_findings, checkpoint_bos_cost, text_windows
     from sinkmech.train.config import TrainConfig
@@ -204,6 +206,7 @@ def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
     assert flat["train.text.bos_cost.planted.eval.head_sets.other_heads.share_detectable"] is False
 
 
+@needs("can_train", why="a model built as sinkmech.train builds it")
 def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():
     """Planted null: learned positions carry the whole cost (each position
     predicts the token it expects next, so removing `<bos>` puts every

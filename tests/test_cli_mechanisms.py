@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from sinkmech.loading.backend import IS_BRIDGE
+from sinkmech.loading.backend import CAPABILITIES
 import sinkmech.cli.stream as stream_cmd
 from conftest import TINY_BOS
 from sinkmech.loading import models
@@ -97,7 +97,7 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
                                                 bos_token_id=TINY_BOS), window=8, keep=(0, 4), progress=False)
     assert f[f"{prefix}.full_ppl"] == pytest.approx(none.full_ppl)
     assert [f[f"{prefix}.results.{i}.ppl"] for i in range(2)] == pytest.approx(list(none.ppl))
-    if IS_BRIDGE:  # TL 4: refused with one error line (no HookedTransformer rotary tables to re-index with)
+    if not CAPABILITIES.can_reindex_cache:  # TL 4: refused with one error line
         assert main(["stream", "--window", "8", "--keep", "0", "4", "--max-tokens", "40", "--reindex"]) == 2
         assert "bridge" in capsys.readouterr().err
     else:

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import sinkmech.loading.cache as mc
-from conftest import NEEDS_HOOKED, make_tiny
+from conftest import make_tiny, needs
 from sinkmech.loading.cache import CACHE_ENV, ModelCache, default_cache_dir, entry_key
 
 # The Bridge caches Hugging Face folders instead (tests/test_backends.py).
-pytestmark = NEEDS_HOOKED
+pytestmark = needs("from_config", why="entries hold a HookedTransformer built from a config")
 KEY = entry_key("ab" * 32)
 TOKENS = torch.tensor([[1, 5, 9, 20, 33, 2]])
 

@@ -18,13 +18,9 @@ import pytest
 import torch
 
 import sinkmech
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE
 from sinkmech.files import json_text
 from sinkmech.results import Result
-from tests.conftest import TINY_BOS
-
-# sinkmech.train builds HookedTransformers (TransformerLens 3.x): not importable on the Bridge
-HOOKED_ONLY = ("sinkmech.train",) if IS_BRIDGE else ()
+from tests.conftest import TINY_BOS, needs
 
 
 def strict_loads(text: str):
@@ -36,7 +32,7 @@ def strict_loads(text: str):
 
 def all_result_classes() -> set[type]:
     for mod in pkgutil.walk_packages(sinkmech.__path__, "sinkmech."):
-        if ".cli" not in mod.name and not mod.name.startswith(HOOKED_ONLY):
+        if ".cli" not in mod.name:
             importlib.import_module(mod.name)
     out, todo = set(), [Result]
     while todo:
@@ -205,7 +201,7 @@ def _summary_row(m, rows, batch):
     return summary_rows(json.loads(log.read_text()))[0]  # a committed training log
 
 
-TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # sinkmech.train: not imported on the Bridge (HOOKED_ONLY)
+TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sinkmech.train)
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
     "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
@@ -220,7 +216,7 @@ FACTORIES = {
 
 def test_every_result_class_is_covered_and_complete():
     classes = all_result_classes()
-    assert {c.__name__ for c in classes} == set(FACTORIES) - (TRAIN_RESULTS if IS_BRIDGE else set())
+    assert {c.__name__ for c in classes} == set(FACTORIES)
     for c in classes:
         assert dataclasses.is_dataclass(c) and c.__dataclass_params__.frozen, c
         for name in ("to_dict", "to_dataframe"):
@@ -276,10 +272,9 @@ def nulls(value) -> int:
     return 0
 
 
-@pytest.mark.parametrize("name", sorted(FACTORIES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=needs("can_train") if n in TRAIN_RESULTS else ())
+                                  for n in sorted(FACTORIES)])
 def test_nan_and_infinities_are_written_as_null(name, tiny_model, rows, batch):
-    if name in TRAIN_RESULTS and IS_BRIDGE:
-        pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}")
     result = FACTORIES[name](tiny_model, rows, batch)
     assert type(result).__name__ == name
     clean = strict_loads(result.to_json())

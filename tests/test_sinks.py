@@ -8,18 +8,17 @@ import math
 import pytest
 import torch
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE, Model
+from sinkmech.loading.backend import Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS, WordTokenizer, toy_tokenizer
+from tests.conftest import TINY_BOS, WordTokenizer, require, toy_tokenizer
 
 
 def planted_model() -> Model:
     """Attention-only, no positional rotation: head 0 always attends to <bos>
     (id 1), head 1 attends uniformly, heads 2-3 stay random."""
-    if IS_BRIDGE:
-        pytest.skip(f"planted heads are set in a HookedTransformer's weights (TransformerLens 3.x); backend here: {BACKEND}")
+    require("from_config", why="planted heads are set in a HookedTransformer's weights")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(

@@ -11,7 +11,7 @@ from sinkmech.hooks import act_name, cached_run
 from sinkmech.loss import resid_token_losses
 from sinkmech.prompts import tokenize
 from sinkmech.context.stream import StreamResult, stream_perplexity, window_mask
-from tests.conftest import TINY_BOS
+from tests.conftest import TINY_BOS, needs
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +124,10 @@ def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
     """One pass with --reindex equals StreamingLLM's rolling cache run token by token;
     the default (original positions) does not, and the W + k control is the same
     either way (it keeps no first keys)."""
-    from sinkmech.loading.backend import IS_BRIDGE
+    from sinkmech.loading.backend import CAPABILITIES
 
     window, scored_from = 6, 9
-    if IS_BRIDGE:  # TL 4: the bridge has no HookedTransformer rotary tables to re-index with; it says so
+    if not CAPABILITIES.can_reindex_cache:  # TL 4: no HookedTransformer rotary tables to re-index with; it says so
         with pytest.raises(ValueError, match="bridge"):
             stream_perplexity(tiny_model, seq, window=window, keep=(keep,), reindex=True, progress=False)
         return
@@ -144,11 +144,8 @@ def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
     assert d["reindex"] is True and d["positions"].startswith("reindexed")
 
 
+@needs("from_config", "can_reindex_cache", why="a HookedTransformer with learned positions")
 def test_reindex_needs_rotary_positions(seq):
-    from sinkmech.loading.backend import IS_BRIDGE
-
-    if IS_BRIDGE:
-        pytest.skip("builds a TL 3.x HookedTransformer with learned positions (the bridge refuses reindex outright)")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=64, d_vocab=50, act_fn="gelu",

@@ -9,11 +9,7 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE
-
-if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
-    pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
-                allow_module_level=True)
+from conftest import needs
 from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.run import (
@@ -33,6 +29,8 @@ from sinkmech.train.data import (
     document_ids,
     stream_documents,
 )
+
+pytestmark = needs("can_train")  # sinkmech.train builds its models from a config
 
 TINY = dict(context_length=32, tokens_per_step=512, n_layers=1, d_model=32, n_heads=4,
             eval_every=30, eval_prompts=4, val_windows=4, threads=1, warmup=5)

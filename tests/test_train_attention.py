@@ -11,11 +11,7 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE
-
-if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
-    pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
-                allow_module_level=True)
+from conftest import needs
 from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.data import corpus_documents, python_docs, text_streams
@@ -25,6 +21,8 @@ from sinkmech.train.modes import attention_breakdown, mode_attention, trigger_cl
 from sinkmech.train.parallel import same_config
 from sinkmech.train.run import TrainConfig, TrainData, build_model, load_checkpoint, save_checkpoint, train
 from sinkmech.train.summary import layer_rates
+
+pytestmark = needs("can_train")  # sinkmech.train builds its models from a config
 
 TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=2, d_model=32, n_heads=2,
             eval_prompts=4, val_windows=4, threads=1, warmup=2, positional="rotary")

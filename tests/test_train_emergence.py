@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sinkmech.loading.backend import BACKEND, IS_BRIDGE
-
-if IS_BRIDGE:  # sinkmech.train builds its models as HookedTransformers
-    pytest.skip(f"sinkmech.train needs TransformerLens 3.x's HookedTransformer; backend here: {BACKEND}",
-                allow_module_level=True)
+from conftest import needs
 from sinkmech.sinks import sink_scores
 from sinkmech.train.data import post_trigger, sink_tokens
 from sinkmech.hooks import act_name
@@ -25,6 +21,8 @@ from sinkmech.train.emergence import emergence, first_crossing, stable_crossing
 from sinkmech.train.evaluate import evaluate
 from sinkmech.train.model import packed_token_losses
 from sinkmech.train.run import TrainConfig, TrainData, build_model, train
+
+pytestmark = needs("can_train")  # sinkmech.train builds its models from a config
 
 TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_layers=1, d_model=32, n_heads=2,
             eval_prompts=4, val_windows=8, threads=1, warmup=2)
