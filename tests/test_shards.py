@@ -125,15 +125,15 @@ def test_partial_file_round_trips_float64_exactly(tmp_path, model, ragged):
     assert back.settings == part.settings and back.shards == (2,) and back.n_shards == 2
 
 
-def test_parts_under_the_older_format_name_still_merge(tmp_path, model, ragged):
-    """Parts written before the format was named "sinkmech.sharding.parts" say
-    "sinkmech.partial" (same version, checksum over that name): they read and
-    merge, with new parts too, to the same result."""
+def test_parts_under_the_other_format_name_still_merge(tmp_path, model, ragged):
+    """Parts are written as "sinkmech.partial"; parts that say
+    "sinkmech.sharding.parts" (same version, checksum over that name) read and
+    merge, with the others, to the same result."""
     parts = sharded(model, ragged, 3, batch_size=4)
     paths = [write_partial(tmp_path / f"s{i}.partial.json", p) for i, p in enumerate(parts, 1)]
     d = json.loads(paths[1].read_text())
-    assert d["format"] == FORMAT
-    body = {k: v for k, v in d.items() if k != "sha256"} | {"format": "sinkmech.partial"}
+    assert d["format"] == FORMAT == "sinkmech.partial"
+    body = {k: v for k, v in d.items() if k != "sha256"} | {"format": "sinkmech.sharding.parts"}
     old = tmp_path / "old.partial.json"
     old.write_text(json.dumps({**body, "sha256": checksum(body)}))
     got, want = read_parts([paths[0], old, paths[2]]), read_parts(paths)

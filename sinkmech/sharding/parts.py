@@ -37,8 +37,8 @@ import numpy as np
 from sinkmech.files import cannot, json_text
 from sinkmech.sharding.arrays import decode, encode
 
-FORMAT = "sinkmech.sharding.parts"
-FORMATS = (FORMAT, "sinkmech.partial")  # what a part's "format" may say: the older name reads the same
+FORMAT = "sinkmech.partial"  # the file format's name (a contract: it does not follow the module's path)
+FORMATS = (FORMAT, "sinkmech.sharding.parts")  # also read: the name a development version wrote
 FORMAT_VERSION = 1
 SUFFIX = ".partial.json"
 
