@@ -1,5 +1,6 @@
 """Context windows: loss and sinks past the training length (`length`) and
-StreamingLLM windows with their sink tokens (`stream`).
+StreamingLLM windows with their sink tokens (`stream`); the length sweep's shard
+parts (`parts`).
 
 `first_scored` (the window leaves a token to score) and `check_fits` (the
 text fits the model's context) are the checks the library and `sinkmech

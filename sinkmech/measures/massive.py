@@ -147,7 +147,7 @@ def massive_sums(model: Model, batch: TokenBatch, *, batch_size: int = 16, progr
     """The additive statistics behind `massive_dims`: float64 sums over the
     prompts of `batch` of each per-prompt statistic (`MASSIVE_SUMS`), by name,
     plus "n_prompts". Sums of shards of the prompts add up to the sums of the
-    whole corpus (`sinkmech.sharding.mechanisms`).
+    whole corpus (`sinkmech.measures.parts`).
 
     Returns:
         name -> float64 tensor [resid_layer, d_model] (|h_0|, median_t |h_t|,
