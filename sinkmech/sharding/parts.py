@@ -27,14 +27,13 @@ import importlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from sinkmech.files import cannot, json_text
+from sinkmech.files import cannot, json_text, write_text
 from sinkmech.sharding.arrays import decode, encode
 
 FORMAT = "sinkmech.partial"  # the file format's name (a contract: it does not follow the module's path)
@@ -243,20 +242,9 @@ def differing_setting(a: dict, b: dict, prefix: str = "") -> tuple[str, object, 
 # Files: written whole or not at all; read with a one-line error.
 
 def write_partial(path: str | os.PathLike, part: Partial) -> Path:
-    """Write `part` to `path` atomically (a temporary file beside it, then a rename),
-    so an interrupted run never leaves a truncated part under the final name."""
-    path = Path(path)
-    with cannot("write", path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(part.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return path
+    """Write `part` to `path` atomically (`sinkmech.files.write_text`), so an
+    interrupted run never leaves a truncated part under the final name."""
+    return write_text(path, part.to_json())
 
 
 def read_partial(path: str | os.PathLike) -> Partial:
