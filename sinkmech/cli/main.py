@@ -45,7 +45,7 @@ def version_line() -> str:
 
     import torch
 
-    from sinkmech.loading.names import is_bridge_installed
+    from sinkmech.loading.capabilities import CAPABILITIES
 
     def version(dist: str) -> str:
         try:
@@ -54,7 +54,7 @@ def version_line() -> str:
             return "not installed"
 
     return (f"sinkmech {version('sinkmech')} (TransformerLens {version('transformer-lens')}, torch {torch.__version__}, "
-            f"backend {'TransformerBridge' if is_bridge_installed() else 'HookedTransformer'}, "
+            f"backend {CAPABILITIES.backend}, "
             f"device {'cuda' if torch.cuda.is_available() else 'cpu'})")
 
 
