@@ -155,7 +155,7 @@ def test_failed_store_leaves_no_entry(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(mc, "write_atomic", boom)
+    monkeypatch.setattr(mc, "write_bytes", boom)
     with pytest.raises(OSError, match="disk full"):
         cache.store(KEY, make_tiny())
     assert not cache.entry_dir(KEY).exists()

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sinkmech.files import json_text
+from sinkmech.files import atomic_path, json_text, write_bytes
 from sinkmech.loading.backend import Model
 from sinkmech.loading.names import PACKAGED_MODELS
 
@@ -67,18 +67,6 @@ def sha256_file(path: str | os.PathLike) -> str:
         while block := f.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, then rename it over."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def entry_key(sha256: str) -> str:
@@ -135,7 +123,7 @@ class ModelCache:
         sha = sha256_file(path)
         memo = _read_json(memo_path) or {}  # another process may have written meanwhile
         memo[str(path)] = {**stamp, "sha256": sha}
-        write_atomic(memo_path, json_text(memo, sort_keys=True).encode())
+        write_bytes(memo_path, json_text(memo, sort_keys=True).encode())
         return sha
 
     def load(
@@ -198,7 +186,7 @@ class ModelCache:
                 },
             }
             # The manifest is written last: an entry without one is partial.
-            write_atomic(tmp / MANIFEST, json_text(manifest).encode())
+            write_bytes(tmp / MANIFEST, json_text(manifest).encode())
             if folder.exists():
                 self.discard(key)
             try:
@@ -271,13 +259,8 @@ def packaged_gguf_path(name: str, cache: ModelCache | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     # assemble() writes in place; join into a temporary name so a killed run
     # never leaves a half file under the real one.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pkg.assemble(tmp, overwrite=True)  # checks the SHA256 itself
-        os.replace(tmp, target)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(target) as tmp:
+        pkg.assemble(str(tmp), overwrite=True)  # checks the SHA256 itself
     return target
 
 
