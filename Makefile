@@ -140,6 +140,16 @@ test-fast: $(STAMP) browser
 	$(BIN)/ruff check
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow"
 
+# One tier of tests/ on TransformerLens 3.9 (without the long runs): unit/ mirrors
+# the package (loading/, measures/, dormant/, ...), cli/ the command line,
+# integration/ real models end to end (set-up, notebook), contracts/ the
+# definitions, JSON contracts, the quoted findings and the package's shape.
+# helpers/ holds what the tests share (tiny Hugging Face folders, planted heads, the browser).
+TIERS := unit cli integration contracts
+.PHONY: $(addprefix test-,$(TIERS))
+$(addprefix test-,$(TIERS)): test-%: $(STAMP) browser
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -m "not long" tests/$*
+
 # Every test on both backends, the long ones included (about an hour on two cores).
 test-all:
 	$(MAKE) both-suites MARKS=

@@ -1,6 +1,6 @@
 """Calibrate the dormant-head cut (`high`, `low`) on planted heads and nulls.
 
-Tiny attention-only models with hand-set layer-0 heads (`tests/planted.py`):
+Tiny attention-only models with hand-set layer-0 heads (`tests/helpers/planted.py`):
 an if-else head (rests on `<bos>`, wakes on one token), the positional null
 (mode follows position) and the prompt-following null (whole prompts active
 or dormant, whatever the token), each scaled by a strength factor f that
@@ -32,7 +32,7 @@ def corpus(n: int, seed: int):
     """One prompt in five opens with MARKER and is 30 % TRIGGER; the others hold TRIGGER at 8 %."""
     import torch
 
-    from tests.planted import MARKER, TRIGGER
+    from tests.helpers.planted import MARKER, TRIGGER
 
     g = torch.Generator().manual_seed(seed)
     c = torch.randint(2, 50, (n, 20), generator=g)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     from sinkmech.dormant.scan import scan_heads
     from sinkmech.files import json_text, write_text
     from tests.conftest import TINY_BOS
-    from tests.planted import planted_dormant_model
+    from tests.helpers.planted import planted_dormant_model
 
     roles = {"L0.H0": "if_else", "L0.H1": "position", "L0.H2": "prompt"}
     counts: dict[str, dict] = {}

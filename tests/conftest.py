@@ -59,6 +59,8 @@ _reuse_jaxtyping_checkers()
 TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; tests pass this id)
 _TINY_DIR = Path(tempfile.mkdtemp(prefix="sinkmech-tiny-"))
 _TESTS = Path(__file__).resolve().parent
+TESTS = _TESTS  # the tests folder (conftest.py and helpers/ sit here)
+REPO = _TESTS.parent  # the repository root (scripts/, figures/, docs/)
 # Fixtures that load a real model: every test using one is marked `slow`
 # automatically, so `pytest -m "not slow"` never loads a real model.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
@@ -92,14 +94,14 @@ def needs(*capabilities: str, why: str = "", **values: bool) -> pytest.MarkDecor
 
 
 def require(*capabilities: str, why: str = "", **values: bool) -> None:
-    """`needs`, where a helper builds its model in the middle of a test (tests/planted.py): skips now."""
+    """`needs`, where a helper builds its model in the middle of a test (tests/helpers/planted.py): skips now."""
     mark = needs(*capabilities, why=why, **values)
     if mark.args[0]:
         pytest.skip(mark.kwargs["reason"])
 
 
 # What TransformerLens 3.9 (with transformers 5) loads from a Hugging Face folder of
-# tests/tiny_hf.py: measured; the others stop in its config conversion ("... is not
+# tests/helpers/tiny_hf.py: measured; the others stop in its config conversion ("... is not
 # currently supported", or GPT-2's config without `n_ctx`; Gemma 3's config comes from
 # the official name only). The Bridge (`any_architecture`) loads them all.
 TL39_LOADS = frozenset({"llama", "qwen2", "qwen3", "gpt_neox", "mistral", "phi3", "mixtral", "gpt_oss"})
@@ -156,7 +158,7 @@ def _touches_model(item) -> bool:
 
 def _in_tests(obj) -> bool:
     try:
-        return Path(inspect.getfile(obj)).resolve().parent == _TESTS
+        return Path(inspect.getfile(obj)).resolve().is_relative_to(_TESTS)
     except (TypeError, OSError):
         return False
 
@@ -172,8 +174,8 @@ def _source(f) -> str:
 def _local_imports(source: str) -> dict:
     """What `from <tests module> import a, b` inside a function binds."""
     found = {}
-    for module, what in re.findall(r"from\s+(\w+)\s+import\s+\(?([\w\s,]+)", source):
-        if not (_TESTS / f"{module}.py").exists():
+    for module, what in re.findall(r"from\s+([\w.]+)\s+import\s+\(?([\w\s,]+)", source):
+        if not (_TESTS / (module.replace(".", "/") + ".py")).exists():
             continue
         mod = importlib.import_module(module)
         if _in_tests(mod):
@@ -221,7 +223,7 @@ def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int
     saved as a Hugging Face folder, same sizes."""
     if not CAPABILITIES.from_config:
         from sinkmech.loading.models import load_model
-        from tiny_hf import save_tiny
+        from helpers.tiny_hf import save_tiny
 
         folder = _TINY_DIR / f"llama-{seed}-{n_layers}-{n_heads}-{d_head}-{n_kv}"
         if not folder.exists():

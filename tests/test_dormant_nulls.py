@@ -13,7 +13,8 @@ import torch
 
 from sinkmech.dormant.scan import scan_heads
 from tests.conftest import TINY_BOS
-from tests.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model
+from tests.helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model
+from conftest import REPO
 
 KW = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
 
@@ -173,9 +174,8 @@ def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_
     that shares its prompts; the chosen cut is the rule's (most planted heads,
     no null; ties to the larger high, then the larger low)."""
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "calibrate_dormant.py"
+    path = REPO / "scripts" / "calibrate_dormant.py"
     spec = importlib.util.spec_from_file_location("calibrate_dormant", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

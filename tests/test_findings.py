@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from sinkmech.findings import flatten, record
+from conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")
 HEAD = re.compile(r"\bL\d+\.H\d+\b")
 # Written by `make demo` (compare, report) and by scripts/train_sinks.py (training).

@@ -9,7 +9,7 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from conftest import needs
+from conftest import REPO, needs
 from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.run import (
@@ -310,7 +310,7 @@ def test_config_literals_are_the_checked_choices():
 
 
 def test_run_names_match_the_committed_logs():
-    logs = Path(__file__).resolve().parents[1] / "figures" / "train" / "logs"
+    logs = REPO / "figures" / "train" / "logs"
     names = {TrainConfig(packing=p, fixed_bos=f, context_length=128).run_name for p, f in RECIPES}
     # seedN_ (more seeds of Table 2) and explore_ logs sit beside the preset runs
     assert names == {p.stem for p in (logs / "packing").glob("*.json") if not p.stem.startswith(("seed", "explore_"))}

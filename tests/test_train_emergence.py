@@ -7,12 +7,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import needs
+from conftest import REPO, needs
 from sinkmech.sinks import sink_scores
 from sinkmech.train.data import post_trigger, sink_tokens
 from sinkmech.hooks import act_name
@@ -29,7 +28,7 @@ TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_la
 
 
 def _load(name: str):
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    path = REPO / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -16,8 +16,9 @@ from sinkmech.train.parallel import read_json
 from sinkmech.train.presets import PRESETS, StudySettings, parse_sets, recipe_name
 from sinkmech.train.readouts import modes
 from sinkmech.train.summary import SummaryRow, summary_rows
+from conftest import REPO
 
-TRAIN = Path(__file__).resolve().parents[1] / "figures" / "train"
+TRAIN = REPO / "figures" / "train"
 
 
 def _committed_copy(tmp_path: Path, *names: str) -> Path:

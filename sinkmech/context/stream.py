@@ -21,7 +21,7 @@ first keys move, to distance keep + W - 1 - s; their scores are recomputed
 with the query rotated back by t - (keep + W - 1) positions. Every token is
 still processed as the query it was, with its own window, so this equals a
 token-by-token run with StreamingLLM's cache (keys cached before the rotary,
-evicted from the middle; see tests/test_streaming.py).
+evicted from the middle; see tests/unit/context/test_stream.py).
 
 Keeping k first keys also gives a query k more keys than the window alone, so
 every keep > 0 comes with its control: a plain window of W + k keys

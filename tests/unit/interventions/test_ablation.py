@@ -7,7 +7,7 @@ import torch
 from jaxtyping import TypeCheckError
 
 from conftest import TINY_BOS, make_tiny
-from planted import planted_model
+from helpers.planted import planted_model
 from sinkmech.interventions.ablation import MODES, check_mode, head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
 from sinkmech.sinks import sink_scores

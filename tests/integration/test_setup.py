@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).parents[1]
+ROOT = REPO
 
 
 def _make_browser(tmp_path: Path, uid: str) -> subprocess.CompletedProcess:
@@ -55,7 +56,7 @@ def test_every_test_target_checks_the_browser_and_runs_ruff():
 
 
 def test_a_missing_browser_fails_the_browser_tests(monkeypatch):
-    import browser
+    from helpers import browser
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(pytest.fail.Exception, match="apt-get install -y chromium"):

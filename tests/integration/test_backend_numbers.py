@@ -19,7 +19,7 @@ from sinkmech.measures.massive import massive_dims
 from sinkmech.loading.models import load_model
 from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
 from sinkmech.prompts import tokenize
-from tiny_hf import ARCHS, BOS, save_tiny
+from helpers.tiny_hf import ARCHS, BOS, save_tiny
 
 N_PROMPTS, N_CONTENT = 4, 10
 

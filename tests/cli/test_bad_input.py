@@ -7,7 +7,7 @@ import json
 import pytest
 from jaxtyping import TypeCheckError
 
-from conftest import TINY_BOS, needs, toy_tokenizer
+from conftest import REPO, TESTS, TINY_BOS, needs, toy_tokenizer
 from sinkmech.prompts import load_prompts, tokenize
 
 
@@ -451,11 +451,10 @@ def test_the_corrupt_cache_warning_is_one_line_without_python_source(tmp_path):
     process shows what a user sees on stderr."""
     import subprocess
     import sys
-    from pathlib import Path
 
     script = f"""
 import sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
+sys.path.insert(0, {str(TESTS)!r})
 from conftest import make_tiny
 from sinkmech.loading import models
 from sinkmech.cli import main
@@ -473,7 +472,7 @@ models.load_model = load
 sys.exit(main(["sinks", "--n-prompts", "2"]))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).parents[1])
+                          cwd=REPO)
     lines = proc.stderr.splitlines()
     assert proc.returncode == 1, proc.stderr
     assert lines[-1] == "error: stop after the load"

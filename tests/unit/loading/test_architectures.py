@@ -25,7 +25,7 @@ from sinkmech.loss import content_loss
 from sinkmech.loading.models import load_model
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
-from tiny_hf import BOS, MATRIX, save_tiny
+from helpers.tiny_hf import BOS, MATRIX, save_tiny
 
 LAYER, HEAD = 1, 1  # the head ablated against transformers (layer 1: after a window or a full layer)
 

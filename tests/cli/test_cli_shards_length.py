@@ -21,7 +21,7 @@ LENGTH = ["length", "--lengths", "4", "8", "16", "100", "--n-prompts", "6", "--t
 
 @pytest.fixture
 def cli_model(monkeypatch):
-    """The tiny model and word tokenizer of tests/test_cli_shards.py."""
+    """The tiny model and word tokenizer of tests/cli/test_cli_shards.py."""
     return base.cli_model.__wrapped__(monkeypatch)
 
 

@@ -15,7 +15,7 @@ import sinkmech.loading.cache as mc
 from conftest import make_tiny, needs
 from sinkmech.loading.cache import CACHE_ENV, ModelCache, default_cache_dir, entry_key
 
-# The Bridge caches Hugging Face folders instead (tests/test_backends.py).
+# The Bridge caches Hugging Face folders instead (tests/unit/loading/test_backends.py).
 pytestmark = needs("from_config", why="entries hold a HookedTransformer built from a config")
 KEY = entry_key("ab" * 32)
 TOKENS = torch.tensor([[1, 5, 9, 20, 33, 2]])

@@ -16,7 +16,7 @@ from sinkmech.loss import content_loss
 from sinkmech.loading.models import check_dtype, load_model
 from sinkmech.prompts import tokenize
 from sinkmech.sinks import sink_scores
-from tiny_hf import ARCHS, BOS, eager_reference, save_tiny
+from helpers.tiny_hf import ARCHS, BOS, eager_reference, save_tiny
 
 
 def _tokens(seed: int = 0, batch: int = 5, n: int = 12) -> list[list[int]]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sinkmech.loading import models
-from tiny_hf import save_tiny
+from helpers.tiny_hf import save_tiny
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import importlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 HEAVY = ("torch", "transformer_lens", "transformers", "ray")
 
 # In one fresh interpreter: the CLI's entry point on each argv in turn, and after

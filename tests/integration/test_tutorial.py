@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import REPO
 
-ROOT = Path(__file__).parents[1]
+ROOT = REPO
 NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"
 # A script fetched from the network: <script src="https://...">, or a module
 # script's `import ... from "https://..."` / `import("https://...")` (circuitsvis' cdn_src).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_BOS
+from conftest import REPO, TINY_BOS
 from sinkmech.controls.first_token import bos_position_study, first_token_study
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.sinks import sink_scores
@@ -95,14 +95,13 @@ def test_gemma_first_tokens_match_transformers(gemma):
     alpha_0 within 2e-3 and the content-target loss within 1e-3 nats of
     transformers' own eager Gemma on the same ids (default-corpus windows 120-121)."""
     import sys
-    from pathlib import Path
 
     from transformers import AutoModelForCausalLM
 
     from sinkmech.loading.models import packaged_gguf_path
     from sinkmech.prompts import default_corpus, tokenize
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(REPO / "scripts"))
     from first_token import first_tokens
 
     prefixes, _ = first_tokens(gemma)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).parents[1] / "scripts"
+from conftest import REPO
+
+SCRIPTS = REPO / "scripts"
 
 # Run in a fresh interpreter: after a long test session the allocator may hand
 # back pages it already holds, and the peak would (rightly) not move.

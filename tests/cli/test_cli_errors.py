@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from sinkmech.cli import main
 from sinkmech.cli.common import UsageError
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_module_entry_point_prints_help():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import TINY_BOS, WordTokenizer, make_tiny, toy_tokenizer
+from conftest import REPO, TINY_BOS, WordTokenizer, make_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
 
@@ -173,9 +173,8 @@ def test_theory_script_writes_paired_intervals_and_findings(cli_model, tmp_path)
     """scripts/theory.py on the tiny model: each mean with an interval around it, the
     with/without difference paired by prompt, everything also in the findings file."""
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "theory.py"
+    path = REPO / "scripts" / "theory.py"
     spec = importlib.util.spec_from_file_location("theory", path)
     theory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(theory)

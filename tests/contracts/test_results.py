@@ -21,6 +21,7 @@ import sinkmech
 from sinkmech.files import json_text
 from sinkmech.results import Result
 from tests.conftest import TINY_BOS, needs
+from conftest import REPO
 
 
 def strict_loads(text: str):
@@ -193,11 +194,10 @@ def _head_losses(m, rows, batch):
 
 def _summary_row(m, rows, batch):
     import json
-    from pathlib import Path
 
     from sinkmech.train.summary import summary_rows
 
-    log = Path(__file__).resolve().parents[1] / "figures/train/logs/mask_self/rotary-maskself-seed0.json"
+    log = REPO / "figures/train/logs/mask_self/rotary-maskself-seed0.json"
     return summary_rows(json.loads(log.read_text()))[0]  # a committed training log
 
 

@@ -15,13 +15,13 @@ from sinkmech.cli.main import main
 
 @pytest.fixture
 def cli_model(monkeypatch):
-    """The tiny model and word tokenizer of tests/test_cli_shards.py."""
+    """The tiny model and word tokenizer of tests/cli/test_cli_shards.py."""
     return base.cli_model.__wrapped__(monkeypatch)
 
 
 @pytest.fixture
 def prompts(tmp_path):
-    """9 prompts of 5 to 15 words (tests/test_cli_shards.py)."""
+    """9 prompts of 5 to 15 words (tests/cli/test_cli_shards.py)."""
     return base.prompts.__wrapped__(tmp_path)
 
 

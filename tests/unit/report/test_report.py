@@ -11,7 +11,7 @@ import pytest
 import torch
 from circuitsvis.tokens import colored_tokens
 
-from browser import Dom, dump_dom, screenshot
+from helpers.browser import Dom, dump_dom, screenshot
 from conftest import TINY_BOS
 from sinkmech import cli, render, report
 from sinkmech.plots import core as figures
