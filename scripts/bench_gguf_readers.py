@@ -2,7 +2,7 @@
 on TransformerLens 3.9: it against the general path, side by side in one run.
 
 Own: GGUF -> `read_gguf` -> HookedTransformer. General: transformers' GGUF
-reader -> a Hugging Face folder -> HookedTransformer (`hooked_loading.
+reader -> a Hugging Face folder -> HookedTransformer (`loading.hooked.
 hooked_from_hf_folder`), the path every other architecture takes. Prints the
 cold conversion time of each, their ratio, and how far apart the two models'
 tokens, logits, log-probabilities and first-token attention are on 16 prompts
