@@ -15,7 +15,7 @@ from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
 from tests.conftest import TINY_BOS, make_tiny
-from tests.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model
+from tests.helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model
 
 @pytest.fixture(scope="module")
 def planted():
@@ -158,6 +158,51 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
                 assert v == pytest.approx(fb[k], abs=1e-5), k
     with pytest.raises(ValueError, match="method"):
         noop_check(model, batch, heads, method="fast", progress=False)
+
+
+def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkeypatch):
+    """The default method stacks the three interventions of one set of queries in one
+    restarted pass, on the prompts that hold an intervened query only, and unembeds
+    across passes; it must give what one restarted pass per intervention and one
+    full forward pass per intervention give, prompt by prompt (the t intervals
+    over prompts would move if a prompt's change landed on another)."""
+    import sinkmech.dormant.noop as noop
+    from sinkmech.findings import flatten
+    from sinkmech.hooks import act_name
+    from sinkmech.prompts import tokenize
+    from tests.helpers.planted import planted_corpus
+
+    model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
+    corpus = planted_corpus(n=9, seed=3)
+    no_trigger = [2, 5, 6]  # prompts without a trigger: the if-else head has no active query there
+    corpus[:, 3] = TRIGGER
+    for i in no_trigger:
+        corpus[i][corpus[i] == TRIGGER] = 3
+    prompts = [row[:n].tolist() for row, n in zip(corpus, (20, 12, 20, 7, 16, 20, 9, 20, 14))]  # padded batches
+    batch = tokenize(model, prompts, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20)
+    heads = [(0, 0), (1, 3)]
+    _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    valid_q = batch.mask.clone()
+    valid_q[:, 0] = False
+    dormant, active = noop.force_mask(cache[act_name("pattern", 0)][:, 0, :, 0], valid_q, high=0.5, low=0.2)
+    assert dormant.any(1).all() and active.any(1).tolist() == [i not in no_trigger for i in range(9)]
+
+    monkeypatch.setattr(noop, "UNEMBED_ROWS", 13)  # chunks that straddle passes, heads and batches
+    got = {m: noop_check(model, batch, heads, batch_size=4, method=m, progress=False)
+           for m in ("restart", "restart_each", "full")}
+    a = got["restart"].results[0]
+    assert a.n_prompts_active == 6 and a.n_prompts_dormant == 9
+    assert a.checks["zero_out_active"]["matched_control"]["n_prompts"] == 6
+    for m in ("restart_each", "full"):
+        assert got[m].n_tokens == got["restart"].n_tokens
+        for x, y in zip(got["restart"].results, got[m].results):
+            fx, fy = flatten("", x.to_dict()), flatten("", y.to_dict())
+            assert fx.keys() == fy.keys()
+            for k, v in fx.items():
+                if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
+                    assert v == pytest.approx(fy[k], rel=1e-5, abs=1e-6), (m, k)
+                elif not isinstance(v, float):
+                    assert v == fy[k], (m, k)
 
 
 def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():

@@ -49,13 +49,13 @@ from sinkmech.dormant.noop_result import (  # the records and their statistics, 
 )
 from sinkmech.dormant.noop_result import _holm_in_place, _looks, _punctuation, _summarise
 from sinkmech.hooks import (
-    act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
+    Hook, act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
 )
 from sinkmech.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
 
 
-METHODS = ("restart", "full")
+METHODS = ("restart", "restart_each", "full")
 
 __all__ = ["INTERVENTIONS", "LOOKS", "METHODS", "MODES", "NoopCheck", "NoopResult", "force_mask",
            "matched_control", "noop_check", "noop_heads"]
@@ -105,11 +105,15 @@ def noop_check(
             callers still run.
         prompt_indices: where these prompts sit in a larger corpus (recorded
             only, so a reader can check they are disjoint from the scan's).
-        method: "restart" (default) restarts each intervened pass at the
-            head's layer from the clean residual and unembeds only the
-            positions it can change; "full", the reference, runs a whole
-            forward pass per intervention and scores every position. Equal up
-            to float rounding (tests; `scripts/bench_noop.py` times both).
+        method: "restart" (default) restarts the intervened passes at the
+            head's layer from the clean residual, on the prompts that hold an
+            intervened query, the three interventions of one set of queries
+            stacked in one pass, and unembeds only the positions they can
+            change, a full chunk at a time across passes; "restart_each" is
+            the same with one pass and one unembedding per intervention;
+            "full", the reference, runs a whole forward pass per intervention
+            and scores every position. Equal up to float rounding (tests;
+            `scripts/bench_noop.py` times all three).
         controls: also run each intervention on the matched control queries.
 
     Returns:
@@ -121,7 +125,6 @@ def noop_check(
         raise ValueError(f"need 0 < ci_level < 1 and n_boot >= 0, got {ci_level}, {n_boot}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    change = _loss_change if method == "restart" else _full_loss_change
     for layer, head in heads:
         check_head(model, layer, head)
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
@@ -131,9 +134,11 @@ def noop_check(
     punct = _punctuation(model, batch.tokens)
     kinds = ("mode", "control") if controls else ("mode",)
     # per prompt: summed loss change and intervened queries, per head, intervention, mode and kind
-    cells = [(i, m, k) for i in INTERVENTIONS for m in MODES for k in kinds]
-    per_prompt = {lh: {c: (torch.zeros(len(batch), dtype=torch.float64), torch.zeros(len(batch), dtype=torch.float64))
-                       for c in cells} for lh in heads}
+    cells = [(lh, (i, m, k)) for lh in heads for i in INTERVENTIONS for m in MODES for k in kinds]
+    cell_id = {c: n for n, c in enumerate(cells)}
+    n_prompts = len(batch)
+    pending = _Pending(model, len(cells) * n_prompts)  # summed loss change at cell_id * n_prompts + prompt
+    counts = torch.zeros(len(cells), n_prompts, dtype=torch.float64)
     looks = {lh: torch.zeros(len(LOOKS) + 1, dtype=torch.float64) for lh in heads}  # masses, then the count
     loss_sum, n_tokens = 0.0, 0
     for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not progress, unit="batch"):
@@ -164,16 +169,23 @@ def noop_check(
                 for kind, queries in targets.items():
                     if not queries.any():
                         continue
-                    hooks = {"move_to_first": (act_name("pattern", layer), all_to_first_hook(head, queries)),
-                             "zero_out": (act_name("z", layer), zero_head_hook(head, queries)),
-                             "mean_ablate": (act_name("z", layer), mean_head_hook(head, means[layer][head], queries))}
-                    for how, hook in hooks.items():
+                    ids = [cell_id[(lh, (how, mode, kind))] for how in INTERVENTIONS]
+                    counts[ids, rows] += queries.sum(1).double().cpu()
+                    out = torch.tensor(ids)[:, None] * n_prompts + torch.arange(rows.start, rows.stop)[None, :]
+                    if method == "restart":
+                        _stacked_changes(model, part.tokens, starts[layer], layer, head, means[layer][head], queries,
+                                         clean, valid_loss, out, pending)
+                        continue
+                    change = _loss_change if method == "restart_each" else _full_loss_change
+                    for i, hook in enumerate(_hooks(layer, head, means[layer][head], [queries] * len(INTERVENTIONS))):
                         delta = change(model, part.tokens, starts[layer], layer, hook, queries, clean, valid_loss)
-                        d_sum, q_sum = per_prompt[lh][(how, mode, kind)]
-                        d_sum[rows] += delta.double().cpu()
-                        q_sum[rows] += queries.sum(1).double().cpu()
+                        pending.delta.index_add_(0, out[i], delta.double().cpu())
     if n_tokens == 0:
         raise ValueError("no next-token predictions: every prompt has a single token")
+    deltas = pending.finish().view(len(cells), n_prompts)
+    per_prompt = {lh: {} for lh in heads}
+    for (lh, c), n in cell_id.items():
+        per_prompt[lh][c] = (deltas[n], counts[n])
     checks = {lh: _summarise(per_prompt[lh], controls, ci_level) for lh in heads}
     n_intervals = _holm_in_place(checks, 1 - ci_level)
     results = []
@@ -232,6 +244,80 @@ def _clean_run(model: Model, tokens: Tensor, layers: Sequence[int], fwd_hooks: l
     for a, b, nll in nll_chunks(model, cache[last], tokens, None):
         clean[:, a:b] = nll.float().cpu()
     return clean, {l: cache[n] for l, n in names.items()}
+
+
+def _hooks(layer: int, head: int, mean: Float[Tensor, " d_head"], masks: Sequence[Tensor]) -> list[Hook]:
+    """The interventions of INTERVENTIONS, in that order, each on its own
+    `queries` mask (one mask for all three, or one copy of the batch each)."""
+    move, zero, ablate = masks
+    return [(act_name("pattern", layer), all_to_first_hook(head, move)),
+            (act_name("z", layer), zero_head_hook(head, zero)),
+            (act_name("z", layer), mean_head_hook(head, mean, ablate))]
+
+
+class _Pending:
+    """Final residual rows waiting for their next-token loss, unembedded a full
+    chunk of UNEMBED_ROWS at a time across passes, and `delta`, the summed loss
+    change (intervened - clean) at each destination. Why across passes: on a
+    CPU the product with the unembedding runs at half the speed per row below
+    ~200 rows (Gemma 3's 262k vocabulary, one thread: 8 ms a row at 128 rows,
+    3.6 ms at 256), and each pass's changed positions end in such a remainder."""
+
+    def __init__(self, model: Model, n_out: int) -> None:
+        self.model = model
+        self.delta = torch.zeros(n_out, dtype=torch.float64)
+        self.parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.n = 0
+
+    def add(self, resid: Float[Tensor, "row d_model"], targets: Tensor, clean: Tensor, out: Tensor) -> None:
+        """Rows of final residual, their next tokens, clean losses and destinations."""
+        self.parts.append((resid, targets, clean, out))
+        self.n += len(out)
+        if self.n >= UNEMBED_ROWS:
+            self._score(self.n - self.n % UNEMBED_ROWS)
+
+    def finish(self) -> Float[Tensor, " out"]:
+        """Scores what is left; returns `delta`."""
+        if self.n:
+            self._score(self.n)
+        return self.delta
+
+    def _score(self, stop: int) -> None:
+        resid, targets, clean, out = (torch.cat(x) for x in zip(*self.parts))
+        for a in range(0, stop, UNEMBED_ROWS):
+            b = min(a + UNEMBED_ROWS, stop)
+            nll = next_token_nll(self.model, resid[a:b], targets[a:b]).cpu()
+            self.delta.index_add_(0, out[a:b], (nll - clean[a:b]).double())
+        self.parts = [(resid[stop:], targets[stop:], clean[stop:], out[stop:])] if stop < len(out) else []
+        self.n = len(out) - stop
+
+
+def _stacked_changes(model: Model, tokens: Tensor, start: Tensor, layer: int, head: int,
+                     mean: Float[Tensor, " d_head"], queries: Bool[Tensor, "batch pos"], clean: Tensor,
+                     valid: Tensor, out: Tensor, pending: _Pending) -> None:
+    """The interventions of INTERVENTIONS on `queries` in one pass restarted at
+    `layer` from the clean residual: the prompts that hold an intervened
+    query (the others' change is exactly 0), once per intervention along the
+    batch axis, each copy with its own hook. As in `_loss_change`, only the
+    positions at or after a prompt's first intervened query can change; their
+    final residual goes to `pending`, destined for `out[intervention, prompt]`."""
+    k = len(INTERVENTIONS)
+    rows = queries.any(1).nonzero()[:, 0]
+    q = queries[rows]  # [row, pos]: every row holds an intervened query
+    only = []
+    for i in range(k):  # copy i's hook intervenes on copy i's queries only
+        m = torch.zeros(k, *q.shape, dtype=torch.bool, device=q.device)
+        m[i] = q
+        only.append(m.flatten(0, 1))
+    resid = run(model, start[rows].repeat(k, 1, 1), _hooks(layer, head, mean, only), start_at_layer=layer,
+                stop_at_layer=model.cfg.n_layers)
+    pos = torch.arange(clean.shape[1], device=q.device)
+    changed = (pos[None, :] >= q.float().argmax(1)[:, None]) & valid.to(q.device)[rows]  # [row, pos_minus_1]
+    b, p = changed.nonzero(as_tuple=True)
+    stacked = (torch.arange(k, device=q.device)[:, None] * len(rows) + b[None, :]).flatten()
+    prompt, p_cpu = rows[b].cpu(), p.cpu()
+    pending.add(resid[stacked, p.repeat(k)], tokens[rows[b], p + 1].repeat(k), clean[prompt, p_cpu].repeat(k),
+                out[:, prompt].flatten())
 
 
 def _loss_change(model: Model, tokens: Tensor, start: Tensor, layer: int, hook, queries: Bool[Tensor, "batch pos"],
