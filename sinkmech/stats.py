@@ -73,6 +73,8 @@ def bootstrap_ratio_ci(
         return None
     d, q = num.double()[resample].sum(1), den.double()[resample].sum(1)
     ratio = (d / q)[q > 0]
+    if len(ratio) == 0:  # no resample with a positive denominator: no ratio to bound
+        return None
     lo, hi = percentile_interval(ratio, level).tolist()
     return (lo, hi)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sinkmech.stats import holm, percentile_interval, resample_counts, resamples, t_interval, t_quantile
+from sinkmech.stats import bootstrap_ratio_ci, holm, percentile_interval, resample_counts, resamples, t_interval, t_quantile
 
 
 def test_percentile_interval_equals_numpy_and_widens_with_the_correction():
@@ -42,3 +42,10 @@ def test_t_quantile_and_interval_match_the_table():
 def test_holm_adjusts_in_order_and_keeps_missing_values():
     # p sorted 0.01, 0.02, 0.04 -> 3 * 0.01, 2 * 0.02, max(previous, 0.04)
     assert holm([0.04, 0.01, None, 0.02]) == pytest.approx([0.04, 0.03, None, 0.04])
+
+
+def test_a_ratio_without_a_positive_denominator_has_no_interval():
+    resample = resamples(3, n_boot=50, seed=0)
+    assert bootstrap_ratio_ci(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([-1.0, -2.0, -0.5]), resample) is None
+    lo, hi = bootstrap_ratio_ci(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0]), resample)
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
