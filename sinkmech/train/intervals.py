@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 # Two-sided 95 % quantiles t_{0.975, df} of Student's t for df = 1..10 (any
 # statistics table, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2; checked against a
-# numerical integral of the t density in tests/test_train_attention.py).
+# numerical integral of the t density in tests/unit/train/test_train_attention.py).
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
