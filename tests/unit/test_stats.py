@@ -49,3 +49,21 @@ def test_a_ratio_without_a_positive_denominator_has_no_interval():
     assert bootstrap_ratio_ci(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([-1.0, -2.0, -0.5]), resample) is None
     lo, hi = bootstrap_ratio_ci(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0]), resample)
     assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+
+
+def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():
+    from sinkmech.stats import effect_text
+
+    assert effect_text(0.4245, (0.22, 0.80)) == "+0.4245 [+0.2200, +0.8000]"
+    assert effect_text(-0.0089, (-0.104, 0.085)) == "no detectable effect (-0.0089 [-0.1040, +0.0850])"
+    assert effect_text(None, None) == "n/a" and "no interval" in effect_text(0.1, None)
+
+
+def test_bootstrap_ratio_interval():
+    from sinkmech.stats import bootstrap_ratio_ci
+
+    delta, queries = torch.tensor([1.0, 4.0, 0.0]), torch.tensor([1.0, 2.0, 0.0])
+    # resamples holding one prompt each: ratios 1, 2 (prompt 2 forced nothing: dropped)
+    resample = torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 2]])
+    assert bootstrap_ratio_ci(delta, queries, resample, 0.5) == pytest.approx((1.25, 1.75))
+    assert bootstrap_ratio_ci(delta, torch.zeros(3), resample, 0.9) is None

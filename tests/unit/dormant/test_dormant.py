@@ -205,14 +205,6 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
                     assert v == fy[k], (m, k)
 
 
-def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():
-    from sinkmech.stats import effect_text
-
-    assert effect_text(0.4245, (0.22, 0.80)) == "+0.4245 [+0.2200, +0.8000]"
-    assert effect_text(-0.0089, (-0.104, 0.085)) == "no detectable effect (-0.0089 [-0.1040, +0.0850])"
-    assert effect_text(None, None) == "n/a" and "no interval" in effect_text(0.1, None)
-
-
 def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
     from sinkmech.dormant.discover import discover_heads, split_corpus
 
@@ -253,16 +245,6 @@ def test_a_shared_memo_reuses_a_discovery_only_for_the_same_model_prompts_and_se
     assert len(calls) == 4 and len(memo) == 4
     # without a memo nothing is stored or reused
     assert discover.discover_heads(model, corpus[:20], **kw) is not first and len(calls) == 5
-
-
-def test_bootstrap_ratio_interval():
-    from sinkmech.stats import bootstrap_ratio_ci
-
-    delta, queries = torch.tensor([1.0, 4.0, 0.0]), torch.tensor([1.0, 2.0, 0.0])
-    # resamples holding one prompt each: ratios 1, 2 (prompt 2 forced nothing: dropped)
-    resample = torch.tensor([[0, 0, 0], [1, 1, 1], [2, 2, 2]])
-    assert bootstrap_ratio_ci(delta, queries, resample, 0.5) == pytest.approx((1.25, 1.75))
-    assert bootstrap_ratio_ci(delta, torch.zeros(3), resample, 0.9) is None
 
 
 def test_streamed_profile_equals_brute_force():
