@@ -106,7 +106,10 @@ findings: demo
 	$(BIN)/python scripts/first_token.py --position-models gemma3-270m --out figures/first_token.json --findings figures/findings.json
 	# The share of Gemma's <bos> cost its sink heads carry: heads ranked by mask_first loss, top-k masked on held-out prompts.
 	$(BIN)/python scripts/bos_cost.py --models gemma3-270m --out figures/bos_cost.json --findings figures/findings.json
-	# The same in the natural-text models trained here (checkpoints of `sinkmech train study text --preset text --fixed-bos yes`).
+	# The same in the natural-text models trained here: their checkpoints first (about 2 hours on one thread; the
+	# study writes its own outputs to runs/train/text_study, so the committed figures/train logs are not reused).
+	$(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 2 --weight-decays 0 0.1 --out runs/train/text_study --runs-dir runs/train --quiet
+	for s in 0 1 2; do $(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 4 --weight-decays 0.1 --seed $$s --out runs/train/text_study --runs-dir runs/train --quiet || exit 1; done
 	$(BIN)/python scripts/bos_cost.py --checkpoints $(addprefix runs/train/text/text-,L2H4-wd0-fixedbos-s0 L2H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s1 L4H4-wd0.1-fixedbos-s2) --select 64 --eval 256 --logs figures/train/logs/text --out figures/train/text_bos_cost.json --findings figures/train/findings_train.json
 
 # The report tests open the page in headless Chromium. Installed here when we
