@@ -14,7 +14,7 @@ import pytest
 import torch
 # Imported before sinkmech: jaxtyping's import hook (pytest --jaxtyping-packages) gives the
 # cached bytecode of every module imported while a sinkmech module loads its own name, so
-# without these (and with PYTHONDONTWRITEBYTECODE) each session compiled transformers,
+# without these (and with PYTHONDONTWRITEBYTECODE) each test run compiled transformers,
 # TransformerLens, pandas and sympy from source: seconds per run.
 import matplotlib.pyplot  # noqa: F401
 import transformer_lens  # noqa: F401

@@ -12,7 +12,7 @@ from conftest import REPO
 
 SCRIPTS = REPO / "scripts"
 
-# Run in a fresh interpreter: after a long test session the allocator may hand
+# Run in a fresh interpreter: after a long test run the allocator may hand
 # back pages it already holds, and the peak would (rightly) not move.
 CHECK = f"""
 import sys
