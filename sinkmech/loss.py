@@ -28,11 +28,6 @@ from sinkmech.prompts import TokenBatch
 UNEMBED_ROWS = 256
 
 
-def _unembed(model: Model, resid: Tensor) -> Tensor:
-    """Logits from the last block's output (`sinkmech.loading.backend.unembed`)."""
-    return unembed(model, resid)
-
-
 def target_mask(batch: TokenBatch) -> Bool[Tensor, "batch pos"]:
     """True at the positions whose next token is a scored target: positions
     offset .. length - 2 (they predict content tokens 1 .. n - 1)."""
@@ -45,8 +40,13 @@ def next_token_nll(model: Model, resid: Float[Tensor, "*rows d_model"], targets:
     """-log p(target | last block's output), float32: the one place a residual
     row becomes a next-token loss (final norm, unembedding, log-softmax)."""
     with torch.no_grad():
-        lp = torch.log_softmax(_unembed(model, resid).float(), dim=-1)
-    return -lp.gather(-1, targets[..., None])[..., 0]
+        # ours to overwrite: the reused buffer, a float32 copy of it, or the Bridge's new tensor
+        logits = unembed(model, resid, scratch=True).float()
+        # the log-softmax at the target, in place: log sum exp(x - m) + m - x_target
+        peak = logits.amax(-1, keepdim=True)
+        at_target = logits.gather(-1, targets[..., None])
+        log_sum = logits.sub_(peak).exp_().sum(-1, keepdim=True).log_()
+    return (log_sum + peak - at_target)[..., 0]
 
 
 def nll_chunks(model: Model, resid: Tensor, tokens: Tensor, chunk: int | None, needed: Tensor | None = None):

@@ -158,9 +158,28 @@ def _resid_mid_writer(layer: int, fn: Callable) -> list[tuple[str, Callable]]:
     return [(f"blocks.{layer}.hook_resid_pre", keep_pre), (f"blocks.{layer}.hook_attn_out", write)]
 
 
-def unembed(model: Model, resid: Tensor) -> Tensor:
+# One logits buffer per device and dtype for `unembed(..., scratch=True)`: a
+# fresh 270 MB tensor per chunk of rows is memory the kernel maps and zeroes
+# every time (Gemma 3's 262k vocabulary, 256 rows, 2 threads: 0.50 s a chunk
+# against 0.38 s in a reused buffer; scripts/bench_unembed.py). It keeps the
+# largest chunk asked for.
+_SCRATCH: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+
+
+def _scratch(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    buf = _SCRATCH.get((device, dtype))
+    if buf is None or buf.numel() < n:
+        _SCRATCH.pop((device, dtype), None)  # free the smaller one first
+        buf = _SCRATCH[(device, dtype)] = torch.empty(n, device=device, dtype=dtype)
+    return buf[:n]
+
+
+def unembed(model: Model, resid: Tensor, scratch: bool = False) -> Tensor:
     """Logits from the last block's output [*rows d_model] -> [*rows d_vocab], by
     the model's own code: everything its forward pass does after the last block.
+    With `scratch`, TransformerLens 3.9 writes them into a buffer that the next
+    `scratch` call overwrites: for a caller that reduces them at once (and may
+    overwrite them); the Bridge always returns a new tensor.
 
     On the Bridge that is the final norm the Hugging Face model calls, then the
     causal LM's own forward from its base model's output on: the unembedding and
@@ -178,7 +197,12 @@ def unembed(model: Model, resid: Tensor) -> Tensor:
     # sweeps unembed a few positions at a time, so that copy was 3/4 of a
     # report's ablation section. The same product, on the weights in place.
     u = model.unembed
-    logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
+    if scratch:  # the same product, into the reused buffer
+        rows = resid.reshape(-1, resid.shape[-1])
+        out = _scratch(rows.shape[0] * u.W_U.shape[1], resid.device, resid.dtype).view(rows.shape[0], -1)
+        logits = torch.addmm(u.b_U, rows, u.W_U, out=out).view(*resid.shape[:-1], u.W_U.shape[1])
+    else:
+        logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
     cap = getattr(model.cfg, "output_logits_soft_cap", None)
     if cap is not None and cap > 0:
         logits = cap * torch.tanh(logits / cap)

@@ -83,3 +83,27 @@ def test_per_prompt_losses_and_their_intervals(tiny_model):
         assert rate == pytest.approx(s.sink_rate(0.3)) and rlo <= rate <= rhi
         assert float(s.prompt_sink_rate(0.3).mean()) == pytest.approx(s.sink_rate(0.3))
     assert sink_scores(tiny_model, batch, progress=False).loss_ci() is None  # no loss asked, no interval
+
+
+def test_next_token_nll_in_a_reused_buffer_equals_a_float64_log_softmax(tiny_model):
+    """The logits go into one buffer kept across calls and the log-softmax is
+    taken in place: a large call, then smaller and 1-row ones (the buffer is
+    reused, not grown), then a larger one (it grows), each against float64."""
+    from sinkmech.loading.backend import unembed
+    from sinkmech.loss import next_token_nll
+
+    g = torch.Generator().manual_seed(3)
+    resid = torch.randn(4, 9, tiny_model.cfg.d_model, generator=g) * 3
+    targets = torch.randint(0, tiny_model.cfg.d_vocab, (4, 9), generator=g)
+    with torch.no_grad():
+        logits = unembed(tiny_model, resid)  # a new tensor: the buffer is not involved
+        exact = -torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None])[..., 0]
+    for rows in (slice(0, 3), slice(1, 2), slice(3, 4), slice(0, 4)):
+        got = next_token_nll(tiny_model, resid[rows, 2:7], targets[rows, 2:7])  # strided rows, as the sweeps pass
+        assert got.shape == exact[rows, 2:7].shape
+        torch.testing.assert_close(got.double(), exact[rows, 2:7], rtol=0, atol=1e-5)
+    flat = next_token_nll(tiny_model, resid[0, 0], targets[0, 0])  # one row
+    assert flat.shape == () and abs(float(flat) - float(exact[0, 0])) < 1e-5
+    first = next_token_nll(tiny_model, resid[:2], targets[:2])
+    next_token_nll(tiny_model, resid[2:], targets[2:])  # overwrites the buffer
+    torch.testing.assert_close(first.double(), exact[:2], rtol=0, atol=1e-5)  # a result never aliases it
