@@ -49,7 +49,7 @@ test-tl4: $(STAMP4) browser
 	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long"
 
 test-tl4-fast: $(STAMP4)
-	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not slow"
+	$(VENV4)/bin/python -m pytest -q -rs -n 2 -m "backend and not slow"
 
 # Both suites side by side, TransformerLens 3.9 and 4.3 (one thread each: two
 # pytest processes fill two cores; each has its own temp folder; their logs are
@@ -76,7 +76,7 @@ setup: $(STAMP)
 # quoted number is merged into figures/findings.json by the command that
 # measured it. (`sinkmech report --model gemma3-270m --out DIR` gives Gemma's page.)
 demo: $(STAMP)
-	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --n-prompts 80 --noop-prompts 16 --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
+	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --n-prompts 80 --noop-prompts 8 --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
 
 # Every other number the README quotes: the long runs (an hour or more on two
 # cores; each Gemma run holds 4-7 GiB, so they run one after the other).
@@ -138,10 +138,11 @@ test-long: $(STAMP) browser
 	$(BIN)/python -m pytest -q -m long
 
 # The tests that load no real model, start no Ray cluster, train nothing and
-# spawn few processes (a minute on 2 cores).
+# spawn few processes (under a minute on 2 cores): two pytest-xdist workers of
+# one thread each, one per core.
 test-fast: $(STAMP) browser
 	$(BIN)/ruff check
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 -m "not slow"
 
 # One tier of tests/ on TransformerLens 3.9 (without the long runs): unit/ mirrors
 # the package (loading/, measures/, dormant/, ...), cli/ the command line,
