@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--heads", nargs="+", default=None, help="LAYER.HEAD (default: the heads the demo checks)")
-    p.add_argument("--n-prompts", type=int, default=16, help="held-out prompts (the demo's: 16, from prompt 64)")
+    p.add_argument("--n-prompts", type=int, default=16, help="held-out prompts (default 16, from prompt 64; the demo checks 8)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
