@@ -5,14 +5,22 @@ transformer_lens"` for reference (what every answer paid when the parser
 imported the analyses). Phases run interleaved (`benchtime.interleaved_medians`);
 medians of wall seconds. Target: under 2 s for each answer.
 
+`--ray-timeout S` also times, once, `sinks --ray 127.0.0.1:PORT --ray-timeout S`
+at a free loopback port where nothing listens: the run must end with exit 1
+and one `error:` line naming the address, within S seconds plus start-up.
+
     python scripts/bench_cli.py --repeats 5
+    python scripts/bench_cli.py --repeats 1 --no-reference --ray-timeout 60
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from benchtime import interleaved_medians
@@ -38,11 +46,32 @@ def run(args: list[str], expect: int) -> None:
         raise SystemExit(f"{' '.join(args)} exited {done.returncode}, expected {expect}: {done.stderr[-500:]}")
 
 
+def unanswered_ray(timeout_s: float) -> float:
+    """Wall seconds until `sinks --ray` at a loopback address where nothing
+    listens gives up (exit 1, one `error:` line naming the address)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"  # free once closed: nothing listens there
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "sinkmech.cli", "sinks", "--model", "smollm2", "--n-prompts", "2",
+                               "--ray", address, "--ray-timeout", str(timeout_s), "--json", f"{tmp}/sinks.json"],
+                              cwd=REPO, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    if done.returncode != 1 or len(errors) != 1 or address not in errors[0]:
+        raise SystemExit(f"--ray {address}: exit {done.returncode}, expected 1 and one error line: {done.stderr[-500:]}")
+    print(f"  {errors[0]}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--no-reference", action="store_true", help="skip the import torch / transformer_lens lines")
     p.add_argument("--json", type=Path, default=None, help="also write the medians here")
+    p.add_argument("--ray-timeout", type=float, default=None,
+                   help="also time `sinks --ray` at an unanswered loopback address with this timeout")
     args = p.parse_args(argv)
     phases = {k: v for k, v in PHASES.items() if k in ANSWERS or not args.no_reference}
     medians = interleaved_medians(
@@ -55,6 +84,10 @@ def main(argv: list[str] | None = None) -> dict:
         base = medians['python -c "import torch"']
         print("ratio to `import torch`: " + ", ".join(f"{k.split(' (')[0]} {medians[k] / base:.2f}x" for k in ANSWERS))
     out = {"repeats": args.repeats, "median_s": medians, "target_s": TARGET_S}
+    if args.ray_timeout is not None:
+        ray_s = out["unanswered_ray_s"] = unanswered_ray(args.ray_timeout)
+        print(f"  sinks --ray at an unanswered address, --ray-timeout {args.ray_timeout:g}: ended in {ray_s:.1f} s "
+              f"({ray_s - args.ray_timeout:+.1f} s past the timeout)")
     if args.json is not None:
         write_text(args.json, json_text(out, indent=2) + "\n")
     return out
