@@ -259,9 +259,10 @@ class _Pending:
     """Final residual rows waiting for their next-token loss, unembedded a full
     chunk of UNEMBED_ROWS at a time across passes, and `delta`, the summed loss
     change (intervened - clean) at each destination. Why across passes: on a
-    CPU the product with the unembedding runs at half the speed per row below
-    ~200 rows (Gemma 3's 262k vocabulary, one thread: 8 ms a row at 128 rows,
-    3.6 ms at 256), and each pass's changed positions end in such a remainder."""
+    CPU the product with the unembedding is slower per row in small chunks
+    (Gemma 3's 262k vocabulary, one thread: 3.4 ms a row at 128 rows, 2.7 ms
+    at 256; `scripts/bench_unembed.py --rows`), and each pass's changed
+    positions end in such a remainder."""
 
     def __init__(self, model: Model, n_out: int) -> None:
         self.model = model
