@@ -272,6 +272,15 @@ def toy_tokenizer(monkeypatch, model: Model, tokenizer) -> None:
     monkeypatch.setattr(model, "_tokenizer" if IS_BRIDGE else "tokenizer", tokenizer)
 
 
+def serve_tiny(monkeypatch, seed: int = 0) -> Model:
+    """For one test of the command line: `make_tiny(seed)` with the word
+    tokenizer, the model `load_model` returns whatever it is asked for."""
+    model = make_tiny(seed)
+    toy_tokenizer(monkeypatch, model, WordTokenizer())
+    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Model:
     return make_tiny()

@@ -6,27 +6,13 @@ import json
 
 import pytest
 
-from conftest import make_tiny, toy_tokenizer
+from conftest import serve_tiny
 from sinkmech.cli.main import main
-
-
-class WordTokenizer:
-    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0."""
-
-    bos_token_id = 1
-    pad_token_id = 0
-    padding_side = "right"
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
 
 
 @pytest.fixture
 def cli_model(monkeypatch):
-    model = make_tiny(7)
-    toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
-    return model
+    return serve_tiny(monkeypatch, 7)
 
 
 @pytest.fixture
@@ -69,17 +55,11 @@ def test_perturb_swap_and_errors(cli_model, prompts, tmp_path, capsys):
         main(["ablate", "--mode", "knockout", "--prompts", prompts])
 
 
-class DecodingWordTokenizer(WordTokenizer):
-    def decode(self, ids):  # the report shows token texts
-        return " ".join(f"w{i}" for i in ids)
-
-
 @pytest.mark.slow  # the whole report page, on the tiny model
 def test_compare_with_report_reuses_the_sink_passes(cli_model, monkeypatch, tmp_path, capsys):
     """`compare --report DIR` (make demo) writes the first model's report page from
     compare's own sink passes: the page's sink rates are compare's, and both land in
     the findings file."""
-    toy_tokenizer(monkeypatch, cli_model, DecodingWordTokenizer())
     words = "the cat sat on a warm mat and ran far from the big dog today".split()
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(" ".join(words[i:] + words[:i]) for i in range(8)) + "\n")

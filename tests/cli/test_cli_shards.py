@@ -7,23 +7,9 @@ import json
 import math
 
 import pytest
-from conftest import make_tiny, toy_tokenizer
+from conftest import serve_tiny
 
 from sinkmech.cli.main import main
-
-
-class WordTokenizer:
-    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0."""
-
-    bos_token_id = 1
-    pad_token_id = 0
-    padding_side = "right"
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [2 + sum(map(ord, w)) % 48 for w in text.split()]}
-
-    def decode(self, ids):
-        return " ".join(f"w{i}" for i in ids)
 
 
 WORDS = ["the", "cat", "sat", "on", "a", "warm", "mat", "while", "dogs", "ran", "far", "away", "from", "big", "red", "barns", "and", "quiet", "old", "mills"]
@@ -31,10 +17,7 @@ WORDS = ["the", "cat", "sat", "on", "a", "warm", "mat", "while", "dogs", "ran", 
 
 @pytest.fixture
 def cli_model(monkeypatch):
-    model = make_tiny(5)
-    toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
-    return model
+    return serve_tiny(monkeypatch, 5)
 
 
 @pytest.fixture

@@ -10,17 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, TINY_BOS, WordTokenizer, make_tiny, toy_tokenizer
+from conftest import REPO, TINY_BOS, WordTokenizer, make_tiny, serve_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
 
 
 @pytest.fixture
 def cli_model(monkeypatch):
-    model = make_tiny(7)
-    toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
-    return model
+    return serve_tiny(monkeypatch, 7)
 
 
 @pytest.fixture

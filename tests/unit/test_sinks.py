@@ -12,7 +12,7 @@ from sinkmech.loading.backend import Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS, WordTokenizer, require, toy_tokenizer
+from tests.conftest import TINY_BOS, require, toy_tokenizer
 
 
 def planted_model() -> Model:
@@ -308,13 +308,11 @@ def test_bos_position_flag_is_refused_before_the_model_loads(argv, message, monk
 
 
 def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypatch, tmp_path):
-    from conftest import make_tiny
+    from conftest import serve_tiny
 
     from sinkmech.cli import main
 
-    model = make_tiny(5)
-    toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
+    model = serve_tiny(monkeypatch, 5)
     prompts = tmp_path / "p.txt"
     prompts.write_text("the cat sat on the warm mat today\na cat ran far away from the big dog\n")
     out, findings = tmp_path / "s.json", tmp_path / "f.json"

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_BOS, WordTokenizer, needs
+from conftest import TINY_BOS, needs
 from sinkmech.controls.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
@@ -75,12 +75,10 @@ def test_bos_cost_ranks_on_one_set_and_measures_on_another(tiny_model, tiny_toke
 def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     """`ablate --metric loss`: the JSON holds each head's loss change (nats per
     content target), equal to head_loss_changes on the same prompts."""
-    from conftest import make_tiny, toy_tokenizer
+    from conftest import serve_tiny
     from sinkmech.cli.main import main
 
-    model = make_tiny(7)
-    toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
+    model = serve_tiny(monkeypatch, 7)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat sat on the warm mat today\na cat ran far away from the big dog\n")
     out = tmp_path / "loss.json"
