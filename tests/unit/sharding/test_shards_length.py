@@ -167,8 +167,7 @@ def test_stage2_parts_of_other_heads_are_refused(model, corpus):
 def test_shards_of_the_long_texts_tokenize_row_for_row_as_the_whole_list(monkeypatch):
     """`long_prompts` tokenizes each text alone: a shard's rows, cut to any measured length, are the
     whole corpus' rows (the batch pads to its own widest row, which the cut removes)."""
-    from conftest import toy_tokenizer
-    from test_cli_shards import WordTokenizer
+    from conftest import WordTokenizer, toy_tokenizer
 
     model = make_tiny(5)
     toy_tokenizer(monkeypatch, model, WordTokenizer())
