@@ -200,8 +200,9 @@ def unembed(model: Model, resid: Tensor, scratch: bool = False) -> Tensor:
     u = model.unembed
     if scratch:  # the same product, into the reused buffer
         rows = resid.reshape(-1, resid.shape[-1])
-        out = _scratch(rows.shape[0] * u.W_U.shape[1], resid.device, resid.dtype).view(rows.shape[0], -1)
-        logits = torch.addmm(u.b_U, rows, u.W_U, out=out).view(*resid.shape[:-1], u.W_U.shape[1])
+        n_rows, d_vocab = rows.shape[0], u.W_U.shape[1]
+        out = _scratch(n_rows * d_vocab, resid.device, resid.dtype).view(n_rows, d_vocab)
+        logits = torch.addmm(u.b_U, rows, u.W_U, out=out).view(*resid.shape[:-1], d_vocab)
     else:
         logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
     cap = getattr(model.cfg, "output_logits_soft_cap", None)

@@ -102,6 +102,7 @@ def test_next_token_nll_in_a_reused_buffer_equals_a_float64_log_softmax(tiny_mod
         got = next_token_nll(tiny_model, resid[rows, 2:7], targets[rows, 2:7])  # strided rows, as the sweeps pass
         assert got.shape == exact[rows, 2:7].shape
         torch.testing.assert_close(got.double(), exact[rows, 2:7], rtol=0, atol=1e-5)
+    assert next_token_nll(tiny_model, resid[:0], targets[:0]).shape == (0, 9)  # no rows at all
     flat = next_token_nll(tiny_model, resid[0, 0], targets[0, 0])  # one row
     assert flat.shape == () and abs(float(flat) - float(exact[0, 0])) < 1e-5
     first = next_token_nll(tiny_model, resid[:2], targets[:2])
