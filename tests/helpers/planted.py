@@ -129,3 +129,13 @@ def planted_corpus(n: int = 64, length: int = 20, seed: int = 0) -> torch.Tensor
     tokens[tokens == TRIGGER] = 2
     tokens[torch.rand(n, length, generator=g) < 0.1] = TRIGGER
     return tokens
+
+
+def trigger_corpus(n: int, seed: int, trigger_rate: float, g: torch.Generator) -> torch.Tensor:
+    """`planted_corpus(n, seed=seed)` with TRIGGER at `trigger_rate` of the
+    positions instead, placed by `g` (a corpus for a contrast: 0.0 is prose
+    that never wakes the planted if-else head)."""
+    tokens = planted_corpus(n=n, seed=seed)
+    tokens[tokens == TRIGGER] = 2
+    tokens[torch.rand(tokens.shape, generator=g) < trigger_rate] = TRIGGER
+    return tokens

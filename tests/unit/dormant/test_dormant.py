@@ -15,7 +15,7 @@ from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
 from tests.conftest import TINY_BOS, make_tiny
-from tests.helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model
+from tests.helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model, trigger_corpus
 
 @pytest.fixture(scope="module")
 def planted():
@@ -526,10 +526,7 @@ def test_contrast_finds_a_domain_dormant_head_and_nothing_between_like_corpora()
     g = torch.Generator().manual_seed(9)
 
     def corpus(seed: int, trigger_rate: float) -> torch.Tensor:
-        c = planted_corpus(n=32, seed=seed)
-        c[c == TRIGGER] = 2
-        c[torch.rand(c.shape, generator=g) < trigger_rate] = TRIGGER
-        return c
+        return trigger_corpus(32, seed, trigger_rate, g)
 
     kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False, sweep=False, n_boot=0, min_queries=0)
     prose, code, prose2 = (scan_heads(model, corpus(s, r), **kw) for s, r in ((5, 0.0), (6, 0.5), (7, 0.0)))

@@ -13,7 +13,7 @@ import torch
 
 from sinkmech.dormant.scan import scan_heads
 from tests.conftest import TINY_BOS
-from tests.helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model
+from tests.helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model, trigger_corpus
 from conftest import REPO
 
 KW = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
@@ -78,10 +78,7 @@ def test_null_contrasts_confirm_nothing_and_the_planted_head_stands_out_from_the
     g = torch.Generator().manual_seed(9)
 
     def corpus(seed: int, trigger_rate: float) -> torch.Tensor:
-        c = planted_corpus(n=48, seed=seed)
-        c[c == TRIGGER] = 2
-        c[torch.rand(c.shape, generator=g) < trigger_rate] = TRIGGER
-        return c
+        return trigger_corpus(48, seed, trigger_rate, g)
 
     kw = dict(KW, sweep=False, n_boot=0, min_queries=0)
     prose, code = (scan_heads(model, corpus(s, r), **kw) for s, r in ((5, 0.0), (6, 0.5)))
