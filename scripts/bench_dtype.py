@@ -30,7 +30,7 @@ from benchtime import interleaved_medians
 from sinkmech.files import json_text, write_text
 from sinkmech.loading.models import cpu_slowdown, load_model, native_cpu_dtype
 from sinkmech.prompts import default_corpus, tokenize
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 
 DTYPES = ("float32", "bfloat16", "float16")
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}

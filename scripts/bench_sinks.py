@@ -19,7 +19,7 @@ import torch
 from sinkmech.hooks import run
 from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 
 
 def _rss_kib(field: str) -> int:

@@ -13,7 +13,7 @@ import time
 
 
 from sinkmech.loading import models
-from sinkmech.theory.bound_ranking import pair_mask
+from sinkmech.studies.theory import pair_mask
 from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.theory.sensitivity import attention_patterns, jacobian_norms, jacobian_norms_hutchinson, path_weights, spearman
 

@@ -1,6 +1,6 @@
 """Benchmark: next-token losses from final residual rows, logits in a reused buffer vs new tensors.
 
-Every loss sinkmech computes from a residual row (`sinkmech.loss.next_token_nll`:
+Every loss sinkmech computes from a residual row (`sinkmech.measures.loss.next_token_nll`:
 the no-op check, the sink-score loss, the sweeps' references) unembeds a chunk
 of 256 rows at a time. Measured side by side in one run, on the same rows of a
 real model's last block output:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> dict:
     from sinkmech import load_model, tokenize
     from sinkmech.hooks import run
     from sinkmech.loading.backend import unembed
-    from sinkmech.loss import next_token_nll
+    from sinkmech.measures.loss import next_token_nll
 
     if args.threads:
         torch.set_num_threads(args.threads)

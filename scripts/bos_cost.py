@@ -1,4 +1,4 @@
-"""How much of the `<bos>` cost do the sink heads carry (`sinkmech.controls.bos_cost`)?
+"""How much of the `<bos>` cost do the sink heads carry (`sinkmech.studies.bos_cost`)?
 Each head's `mask_first` loss change on content targets, ranked on the first
 --select prompts; on the next --eval prompts (held out), the first key masked
 in the top 1, 2, 4, 8, 16 heads at once, against removing `<bos>`.
@@ -7,7 +7,7 @@ in the top 1, 2, 4, 8, 16 heads at once, against removing `<bos>`.
 
 With --checkpoints, models trained here (`sinkmech train study text`; each a
 directory `save_checkpoint` wrote) instead, on their own held-out text windows
-(`sinkmech.train.bos_cost`): --select windows from the first half of the
+(`sinkmech.studies.text_bos_cost`): --select windows from the first half of the
 validation split rank the heads, --eval windows from the second half are held
 out; findings under `train.text.bos_cost.<run>`. With --logs, each run's log
 beside its checkpoint is compared with the committed one of the same name.
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from sinkmech.loading import models
-from sinkmech.controls.bos_cost import bos_cost
+from sinkmech.studies.bos_cost import bos_cost
 from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
 from sinkmech.prompts import default_corpus
@@ -85,7 +85,7 @@ def trained(args, results: dict) -> int:
     """--checkpoints: each trained run on its own held-out windows."""
     import torch
 
-    from sinkmech.train.bos_cost import FINDINGS_PREFIX, bos_cost_findings, checkpoint_bos_cost, reproduction
+    from sinkmech.studies.text_bos_cost import FINDINGS_PREFIX, bos_cost_findings, checkpoint_bos_cost, reproduction
 
     torch.set_num_threads(args.threads)
     for run_dir in args.checkpoints:

@@ -32,7 +32,7 @@ def corpus(n: int, seed: int):
     """One prompt in five opens with MARKER and is 30 % TRIGGER; the others hold TRIGGER at 8 %."""
     import torch
 
-    from tests.helpers.planted import MARKER, TRIGGER
+    from helpers.planted import MARKER, TRIGGER
 
     g = torch.Generator().manual_seed(seed)
     c = torch.randint(2, 50, (n, 20), generator=g)
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from sinkmech.dormant.scan import scan_heads
     from sinkmech.files import json_text, write_text
-    from tests.conftest import TINY_BOS
-    from tests.helpers.planted import planted_dormant_model
+    from helpers.tiny import TINY_BOS
+    from helpers.planted import planted_dormant_model
 
     roles = {"L0.H0": "if_else", "L0.H1": "position", "L0.H2": "prompt"}
     counts: dict[str, dict] = {}

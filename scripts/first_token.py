@@ -1,5 +1,5 @@
 """Sink or token? First-token substitution and `<bos>` moved into the sequence
-(`sinkmech.controls.first_token`), on Gemma 3 270M (trained with a fixed `<bos>`) and
+(`sinkmech.studies.first_token`), on Gemma 3 270M (trained with a fixed `<bos>`) and
 SmolLM2 (the control).
 
 At position 0 in turn: `<bos>`, `<eos>`, `<pad>` (where it differs from
@@ -23,7 +23,7 @@ from pathlib import Path
 from sinkmech.loading import models
 from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
-from sinkmech.controls.first_token import bos_position_study, first_token_study
+from sinkmech.studies.first_token import bos_position_study, first_token_study
 from sinkmech.prompts import default_corpus
 
 

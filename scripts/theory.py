@@ -1,5 +1,5 @@
 """The paper's theory measured on the offline models, on CPU: (1) does the
-path-weight bound rank sensitivity (`sinkmech.theory.bound_ranking`: Spearman
+path-weight bound rank sensitivity (`sinkmech.studies.theory`: Spearman
 correlation of ||d h_j^(L) / d h_i^(0)||_F with the path weight over all
 causal pairs, content pairs and off-diagonal pairs, against a null that
 shuffles the path weights among pairs at the same distance), with and without
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from sinkmech.loading import models
-from sinkmech.theory.bound_ranking import bound_ranking, sign_flip_p, t_interval, validate_estimator
+from sinkmech.studies.theory import bound_ranking, sign_flip_p, t_interval, validate_estimator
 from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread

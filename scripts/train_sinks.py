@@ -1,4 +1,4 @@
-"""When do sinks form? The from-scratch training studies (`sinkmech.train.studies`)
+"""When do sinks form? The from-scratch training studies (`sinkmech.studies.training`)
 at a chosen scale; the same as `sinkmech train study NAME ...`.
 
     python scripts/train_sinks.py packing --preset cpu          # Table 2 + emergence

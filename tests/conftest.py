@@ -7,7 +7,6 @@ import importlib
 import inspect
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,9 @@ import torch
 import matplotlib.pyplot  # noqa: F401
 import transformer_lens  # noqa: F401
 
-from sinkmech.loading.backend import CAPABILITIES, IS_BRIDGE, Model
+from sinkmech.loading.backend import CAPABILITIES, Model
+
+from helpers.tiny import make_tiny
 
 
 def _reuse_jaxtyping_checkers() -> None:
@@ -56,11 +57,7 @@ def _reuse_jaxtyping_checkers() -> None:
 
 _reuse_jaxtyping_checkers()
 
-TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; tests pass this id)
-_TINY_DIR = Path(tempfile.mkdtemp(prefix="sinkmech-tiny-"))
 _TESTS = Path(__file__).resolve().parent
-TESTS = _TESTS  # the tests folder (conftest.py and helpers/ sit here)
-REPO = _TESTS.parent  # the repository root (scripts/, figures/, docs/)
 # Fixtures that load a real model: every test using one is marked `slow`
 # automatically, so `pytest -m "not slow"` never loads a real model.
 REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
@@ -77,40 +74,6 @@ REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
 MODEL_WORDS = re.compile(
     r"\b(tiny_model|smollm2|gemma\w*|make_tiny|tiny_hf|save_tiny|load_model|HookedTransformer\w*|TransformerBridge|"
     r"from_pretrained|subprocess|run_path|sinkmech\.models|cli\.main|main|train|build_model|load_checkpoint|study)\b")
-
-
-def needs(*capabilities: str, why: str = "", **values: bool) -> pytest.MarkDecorator:
-    """The one backend skip: a test (a module's `pytestmark`, a parameter's `marks=`)
-    that needs the installed TransformerLens to have each of `capabilities`, or each
-    `name=value` (False: a test of what happens without it), of
-    `sinkmech.loading.backend.CAPABILITIES`, skipped where it has not; the reason
-    names what is missing, `why` the test needs it, and the backend (pytest -rs lists
-    them). No capability asked: never skipped."""
-    wanted = {**dict.fromkeys(capabilities, True), **values}
-    unmet = [("with " if want else "without ") + name for name, want in wanted.items()
-             if getattr(CAPABILITIES, name) != want]
-    reason = f"runs only {' and '.join(unmet)}" + (f" ({why})" if why else "") + f"; this run has {CAPABILITIES.described}"
-    return pytest.mark.skipif(bool(unmet), reason=reason)
-
-
-def require(*capabilities: str, why: str = "", **values: bool) -> None:
-    """`needs`, where a helper builds its model in the middle of a test (tests/helpers/planted.py): skips now."""
-    mark = needs(*capabilities, why=why, **values)
-    if mark.args[0]:
-        pytest.skip(mark.kwargs["reason"])
-
-
-# What TransformerLens 3.9 (with transformers 5) loads from a Hugging Face folder of
-# tests/helpers/tiny_hf.py: measured; the others stop in its config conversion ("... is not
-# currently supported", or GPT-2's config without `n_ctx`; Gemma 3's config comes from
-# the official name only). The Bridge (`any_architecture`) loads them all.
-TL39_LOADS = frozenset({"llama", "qwen2", "qwen3", "gpt_neox", "mistral", "phi3", "mixtral", "gpt_oss"})
-
-
-def loads_folder(arch: str) -> pytest.MarkDecorator:
-    """`needs` for a test of one architecture's folder: nothing for those
-    TransformerLens 3.9 loads too, `any_architecture` for the others."""
-    return needs() if arch in TL39_LOADS else needs("any_architecture", why=f"TransformerLens 3.9 refuses {arch}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -215,70 +178,6 @@ def _pure_tests_build_no_model(request, monkeypatch):
 
 
 _GUARD = getattr(_pure_tests_build_no_model, "__wrapped__", _pure_tests_build_no_model)
-
-
-def make_tiny(seed: int = 0, *, n_layers: int = 2, n_heads: int = 4, d_head: int = 8, n_kv: int | None = None) -> Model:
-    """A tiny random model: a HookedTransformer (LayerNorm, GELU) built from a config
-    where the backend can (TransformerLens 3.x); on the Bridge a tiny random Llama
-    saved as a Hugging Face folder, same sizes."""
-    if not CAPABILITIES.from_config:
-        from sinkmech.loading.models import load_model
-        from helpers.tiny_hf import save_tiny
-
-        folder = _TINY_DIR / f"llama-{seed}-{n_layers}-{n_heads}-{d_head}-{n_kv}"
-        if not folder.exists():
-            save_tiny(folder, "llama", seed, n_layers=n_layers, n_heads=n_heads, d_head=d_head, n_kv=n_kv)
-        return load_model(str(folder), device="cpu")
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=n_layers,
-        d_model=n_heads * d_head,
-        n_heads=n_heads,
-        d_head=d_head,
-        d_mlp=4 * n_heads * d_head,
-        n_ctx=64,
-        d_vocab=50,
-        act_fn="gelu",
-        normalization_type="LN",
-        positional_embedding_type="rotary",
-        n_key_value_heads=n_kv,
-        seed=seed,
-        device="cpu",
-    )
-    model = HookedTransformer(cfg)
-    model.eval()
-    return model
-
-
-class WordTokenizer:
-    """One id per whitespace-separated word, in [2, 50); <bos> = 1, pad = 0;
-    the text '<s>' is the one special token (id 1)."""
-
-    bos_token_id = 1
-    pad_token_id = 0
-    padding_side = "right"
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [1 if w == "<s>" else 2 + sum(map(ord, w)) % 48 for w in text.split()]}
-
-    def decode(self, ids):
-        return " ".join(f"w{i}" for i in ids)
-
-
-def toy_tokenizer(monkeypatch, model: Model, tokenizer) -> None:
-    """Give `model` a toy tokenizer for one test (monkeypatch restores it). The
-    Bridge checks a tokenizer's class on assignment; sinkmech only calls it."""
-    monkeypatch.setattr(model, "_tokenizer" if IS_BRIDGE else "tokenizer", tokenizer)
-
-
-def serve_tiny(monkeypatch, seed: int = 0) -> Model:
-    """For one test of the command line: `make_tiny(seed)` with the word
-    tokenizer, the model `load_model` returns whatever it is asked for."""
-    model = make_tiny(seed)
-    toy_tokenizer(monkeypatch, model, WordTokenizer())
-    monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
-    return model
 
 
 @pytest.fixture(scope="session")

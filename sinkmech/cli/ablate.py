@@ -19,16 +19,9 @@ from sinkmech.cli.common import (
     prompts_arg,
     write_results,
 )
-from sinkmech.cli.shard import (
-    AnswersTask,
-    add_shard_flags,
-    already_done,
-    base_settings,
-    model_settings,
-    run_command_on_ray,
-    shard_run,
-)
-from sinkmech.sharding.parts import write_partial
+from sinkmech.cli.shard import AnswersTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
+from sinkmech.sharding.resume import already_done
+from sinkmech.sharding.format import write_partial
 
 
 def add_ablate_parser(sub) -> None:
@@ -76,7 +69,7 @@ class AblateTask(AnswersTask):
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.ablation import head_ablations
         from sinkmech.prompts import tokenize
-        from sinkmech.interventions.parts import ablate_partial
+        from sinkmech.sharding.interventions import ablate_partial
 
         model, ids = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
@@ -169,8 +162,8 @@ def _sink_note(model, mode: str) -> None:
 
 def ablate_loss(args, prompts) -> None:
     """--metric loss: each head ablated alone, the change of the next-token loss on
-    content targets in nats per target (`sinkmech.controls.bos_cost.head_loss_changes`)."""
-    from sinkmech.controls.bos_cost import head_loss_changes
+    content targets in nats per target (`sinkmech.studies.bos_cost.head_loss_changes`)."""
+    from sinkmech.studies.bos_cost import head_loss_changes
     from sinkmech.plots.core import heatmap_panels, save, shared_limits
     from sinkmech.hooks import head_label
 
@@ -203,7 +196,7 @@ def ablate_task(args, prompts, settings: dict) -> AblateTask:
 
 def merged_ablate(part, args) -> None:
     """`sinkmech merge` for ablate parts: the list and --json / --png as `ablate` writes them."""
-    from sinkmech.interventions.parts import ablate_result
+    from sinkmech.sharding.interventions import ablate_result
 
     s = part.settings
     run = Namespace(**{**vars(args), "model": s["model"], "mode": s["mode"], "bos": s["bos"], "metric": s["metric"],

@@ -18,7 +18,7 @@ from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record, report_findings
 
 if TYPE_CHECKING:  # annotations only: the module is imported when the command runs
-    from sinkmech.controls.compare import ModelComparison
+    from sinkmech.studies.compare import ModelComparison
 
 DEFAULT_MODELS = ["smollm2", "gemma3-270m"]
 CONFOUNDS = ("Confounds: the default models are 4-bit GGUF checkpoints (Gemma 3 270M Q4_K_M, SmolLM2-135M-Instruct "
@@ -172,7 +172,7 @@ def write_report(args, model, name: str, prompts, shared) -> None:
 
 
 def cmd_compare(args) -> None:
-    from sinkmech.controls.compare import compare_model
+    from sinkmech.studies.compare import compare_model
     from sinkmech.plots.compare import depth_curves, first_token_score_panels, spread_panels
     from sinkmech.prompts import CONDITIONS
 

@@ -42,7 +42,7 @@ class MassiveTask(ModelTask):
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.measures.massive import massive_sums
         from sinkmech.prompts import tokenize
-        from sinkmech.measures.parts import massive_partial
+        from sinkmech.sharding.measures import massive_partial
 
         if self.settings["top"] > model.cfg.d_model:
             raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {self.settings['top']}")
@@ -61,8 +61,8 @@ def massive_settings(args) -> dict:
 def merged_massive(part, args) -> None:
     """`sinkmech merge` for massive parts: the table and --json / --png as `massive --no-reset` writes them."""
     from sinkmech.plots.mechanisms import massive_figure
-    from sinkmech.measures.parts import massive_result
-    from sinkmech.sharding.parts import used
+    from sinkmech.sharding.measures import massive_result
+    from sinkmech.sharding.format import used
 
     s = part.settings
     md = massive_result(part, top_k=s["top"], threshold=s["threshold"], sun_min_abs=s["sun_min_abs"],

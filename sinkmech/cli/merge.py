@@ -1,9 +1,9 @@
 """`sinkmech merge PARTS... --json OUT [--png OUT]`: join the partial results of a
-sharded run (`--shard I/N`, see `sinkmech.sharding.parts`) and write exactly what the
+sharded run (`--shard I/N`, see `sinkmech.sharding.format`) and write exactly what the
 unsharded command writes. Refused, one line each: a missing or duplicate shard,
 parts whose settings differ (the setting is named), a corrupt or truncated
 part, a part of a newer format version, a kind of part this sinkmech does not
-know (`sinkmech.sharding.parts.KINDS`) or has no command for."""
+know (`sinkmech.sharding.format.KINDS`) or has no command for."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from sinkmech.cli.common import PNG_HELP, image_file, output_file, positive_int
-from sinkmech.sharding.parts import PartialError, check_kind, read_parts
+from sinkmech.sharding.format import PartialError, check_kind, read_parts
 
 
 def add_merge_parser(sub) -> None:
@@ -25,7 +25,7 @@ def add_merge_parser(sub) -> None:
 
 
 def mergers() -> dict:
-    """Part kind (one of `sinkmech.sharding.parts.KINDS`) -> the function that prints and
+    """Part kind (one of `sinkmech.sharding.format.KINDS`) -> the function that prints and
     writes its merged result: one for each kind a command writes."""
     from sinkmech.cli.ablate import merged_ablate
     from sinkmech.cli.heads import merged_heads

@@ -40,7 +40,7 @@ class PatchTask(AnswersTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.patching import bos_pair, patch
-        from sinkmech.interventions.parts import patch_partial
+        from sinkmech.sharding.interventions import patch_partial
 
         model, ids = state
         pair = bos_pair(model, prompts, max_tokens=self.max_tokens)
@@ -55,8 +55,8 @@ class PatchTask(AnswersTask):
 
 def merged_patch(part, args) -> None:
     """`sinkmech merge` for patch parts: the lines and --json / --png as `patch` writes them."""
-    from sinkmech.interventions.parts import patch_result
-    from sinkmech.sharding.parts import used
+    from sinkmech.sharding.interventions import patch_result
+    from sinkmech.sharding.format import used
 
     s = part.settings
     meta = {"model": s["model"], "act": s["act"], "by": s["by"], "metric": s["metric"], "n_layers": s["n_layers"],

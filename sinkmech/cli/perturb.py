@@ -55,7 +55,7 @@ class SpreadTask(BosTokenTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.perturb import perturbation_spread
-        from sinkmech.interventions.parts import spread_partial
+        from sinkmech.sharding.interventions import spread_partial
 
         model, bos_id = state
         r = perturbation_spread(model, prompts, perturbation=self.perturbation, max_tokens=self.max_tokens,
@@ -67,7 +67,7 @@ class SpreadTask(BosTokenTask):
 
 def merged_perturb(part, args) -> None:
     """`sinkmech merge` for perturb parts: the table and --json / --png as `perturb` writes them."""
-    from sinkmech.interventions.parts import spread_result
+    from sinkmech.sharding.interventions import spread_result
 
     spread, png_out = spread_output(spread_result(part), part.settings["model"], args)
     write_results(args, {"model": part.settings["model"], **spread}, png_out)

@@ -4,13 +4,12 @@ settings a part records so that `sinkmech merge` only merges like with like.
 
 `--shard I/N` runs the command on shard I (1-based) of N contiguous shards of
 the prompts and writes a partial (`--json NAME.partial.json`, see
-`sinkmech.sharding.parts`) instead of the result; `sinkmech merge` writes the result.
+`sinkmech.sharding.format`) instead of the result; `sinkmech merge` writes the result.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +17,8 @@ from pathlib import Path
 from sinkmech.cli.common import (
     FlagValueError, UsageError, answers, bos_token_arg, non_negative_float, positive_float, positive_int,
 )
-from sinkmech.files import json_text
-from sinkmech.sharding.parts import (
-    SUFFIX,
-    PartialError,
-    differing_setting,
-    parse_shard,
-    read_partial,
-    shard_span,
-)
+from sinkmech.sharding.format import SUFFIX, parse_shard, read_partial, shard_span
+from sinkmech.sharding.resume import ShardRun, already_done, run_settings
 
 
 def add_shard_flags(p: argparse.ArgumentParser, *, ray: bool = False) -> None:
@@ -57,17 +49,6 @@ def shard_spec(text: str) -> tuple[int, int]:
         raise FlagValueError(f"is written I/N with 1 <= I <= N, e.g. 2/8; got {text!r}") from None
 
 
-@dataclass(frozen=True)
-class ShardRun:
-    """Shard I of N: the global indices of its prompts and the settings known before the model loads."""
-
-    i: int
-    n: int
-    index: range
-    n_total: int
-    settings: dict
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelTask:
     """What every command's shard task (`sinkmech.sharding.ray.ShardTask`) holds: the
@@ -96,7 +77,7 @@ class ModelTask:
         return self.load_model()
 
     def where(self, shard: int, n_shards: int, index: range) -> dict:
-        """The keywords that place a part in the corpus (`sinkmech.sharding.parts`)."""
+        """The keywords that place a part in the corpus (`sinkmech.sharding.format`)."""
         return {"prompt_index": index, "shard": (shard, n_shards), "n_prompts_total": self.n_prompts_total}
 
 
@@ -131,41 +112,10 @@ class AnswersTask(ModelTask):
         return model, answers(model, argparse.Namespace(answers=self.answers))
 
 
-def sinkmech_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sinkmech")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def model_sha256(spec: str) -> str | None:
-    """sha256 of the model's file (memoized by the model cache), None for a model
-    known by name only (a TransformerLens download or a packaged model)."""
-    from sinkmech.loading.cache import ModelCache
-    from sinkmech.loading.models import DEFAULT_MODEL, smollm2_path
-
-    path = smollm2_path() if spec == DEFAULT_MODEL else Path(spec)
-    return ModelCache().file_sha256(path) if path.is_file() else None
-
-
-def prompts_sha256(prompts) -> str:
-    return hashlib.sha256(json_text(prompts, indent=None, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
 def base_settings(args, prompts, **extra) -> dict:
     """The settings every part of one run shares, known before the model loads."""
-    return {
-        "command": args.command,
-        "model": args.model,
-        "model_sha256": model_sha256(args.model),
-        "prompts_sha256": prompts_sha256(prompts),
-        "max_tokens": args.max_tokens,
-        "bos_token": getattr(args, "bos_token", None),
-        "sinkmech_version": sinkmech_version(),
-        **extra,
-    }
+    return run_settings(args.command, args.model, prompts, max_tokens=args.max_tokens,
+                        bos_token=getattr(args, "bos_token", None), **extra)
 
 
 def model_settings(model) -> dict:
@@ -212,34 +162,13 @@ def check_part_output(args) -> None:
         raise UsageError("--findings needs the whole corpus: not with --shard")
 
 
-def already_done(path: Path, run: ShardRun, kind: str) -> bool:
-    """With --resume: the part at `path` is whole, of this analysis and shard, and
-    shares every setting known before the model loads."""
-    if not path.exists():
-        return False
-    try:
-        part = read_partial(path)
-    except PartialError as e:
-        print(f"resume: {e}; running the shard again", file=sys.stderr)
-        return False
-    if part.kind != kind or part.shards != (run.i,) or part.n_shards != run.n:
-        print(f"resume: {path} holds another shard or analysis; running the shard again", file=sys.stderr)
-        return False
-    have = {k: part.settings.get(k) for k in run.settings}
-    diff = differing_setting(run.settings, have)
-    if diff is not None:
-        print(f"resume: {path} was run with another '{diff[0]}'; running the shard again", file=sys.stderr)
-        return False
-    return True
-
-
 def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage: str | None = None):
     """`--ray`: the prompts cut into `--shards` (default 4 per worker) shards, run by
     `task` on `--workers` Ray actors; each part written to JSON.shards/ (or, for a
     command run in stages, JSON.shards/STAGE/) as it arrives (`--resume` skips the
     parts already there); returns the merged part."""
     from sinkmech.sharding.ray import ClusterLost, require_ray, run_on_ray
-    from sinkmech.sharding.parts import write_partial
+    from sinkmech.sharding.format import write_partial
 
     try:
         require_ray()
@@ -286,7 +215,7 @@ def lost_message(e, folder: Path | None) -> str:
 def run_shard(args, prompts, run: ShardRun, task, kind: str) -> None:
     """`--shard I/N`: `task` on shard I's prompts, its part written to --json
     (skipped with --resume when that part is already on disk)."""
-    from sinkmech.sharding.parts import write_partial
+    from sinkmech.sharding.format import write_partial
 
     if args.resume and already_done(args.json, run, kind):
         print(f"shard {run.i}/{run.n} is already in {args.json}: skipped (--resume)", file=sys.stderr)

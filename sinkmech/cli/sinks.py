@@ -68,8 +68,8 @@ def merged_sinks(part, args) -> None:
     """`sinkmech merge` for sinks parts: the table, then --json / --png as `sinks` writes them."""
     from sinkmech.plots.sinks import sink_heatmap
 
-    from sinkmech.sharding.parts import detach
-    from sinkmech.measures.parts import key_sinks_result, sinks_result
+    from sinkmech.sharding.format import detach
+    from sinkmech.sharding.measures import key_sinks_result, sinks_result
 
     s = part.settings
     results, eps = sinks_result(part), s["eps"]
@@ -96,13 +96,13 @@ class SinksTask(BosTokenTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.prompts import tokenize
-        from sinkmech.measures.parts import sinks_partial
-        from sinkmech.sinks import sink_scores
+        from sinkmech.sharding.measures import sinks_partial
+        from sinkmech.measures.sinks import sink_scores
 
         from sinkmech.measures.key_sinks import key_sink_sums
-        from sinkmech.sharding.parts import attach
+        from sinkmech.sharding.format import attach
         from sinkmech.prompts import token_text
-        from sinkmech.measures.parts import key_sinks_partial
+        from sinkmech.sharding.measures import key_sinks_partial
 
         model, bos_id = state
         results, batches = {}, {}
@@ -224,7 +224,7 @@ def cmd_sinks(args) -> None:
     from sinkmech.plots.sinks import sink_heatmap
     from sinkmech.measures.key_sinks import key_sink_scores
     from sinkmech.prompts import tokenize
-    from sinkmech.sinks import paired_contrasts, sink_scores
+    from sinkmech.measures.sinks import paired_contrasts, sink_scores
 
     prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
     if args.ray is not None and args.findings is not None:

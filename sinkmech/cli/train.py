@@ -1,5 +1,5 @@
 """`sinkmech train`: train a small model from scratch and track its sinks; and
-`sinkmech train study NAME`: the training studies of `sinkmech.train.studies`
+`sinkmech train study NAME`: the training studies of `sinkmech.studies.training`
 (several runs, their summary, figures and findings)."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def add_study_parsers(train) -> None:
 
     forms = train.add_subparsers(dest="train_form", metavar="study")
     study = forms.add_parser("study", help="a training study: several runs, their summary, figures and findings",
-                             description="Training studies (sinkmech.train.studies); outputs under --out.")
+                             description="Training studies (sinkmech.studies.training); outputs under --out.")
     names = study.add_subparsers(dest="study", required=True)
     for name in TRAINING_STUDIES:
         p = names.add_parser(name, help=(_study_doc(name)))
@@ -162,7 +162,8 @@ def _study_doc(name: str) -> str:
 
 def cmd_study(args) -> None:
     from sinkmech.files import make_dir
-    from sinkmech.train import findings, readouts
+    from sinkmech.train import readouts
+    from sinkmech.studies import training_findings as findings
 
     for old, new in args.deprecated_flags:
         warnings.warn(f"{old} is deprecated: use {new}", FutureWarning, stacklevel=1)
@@ -180,7 +181,7 @@ def cmd_study(args) -> None:
 def run_study(args) -> list[dict]:
     """One of `TRAINING_STUDIES` with the parsed flags; its rows."""
     from sinkmech.loading.backend import CAPABILITIES
-    from sinkmech.train import studies
+    from sinkmech.studies import training as studies
     from sinkmech.train.presets import StudySettings, parse_sets
 
     settings = StudySettings(preset=args.preset, steps=args.steps, threads=args.threads, data=args.data,

@@ -34,7 +34,7 @@ from sinkmech.hooks import head_label
 from sinkmech.interventions.ablation import HeadAblation, head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
 from sinkmech.results import Result
-from sinkmech.sinks import SinkScores, check_eps, format_eps, sink_scores
+from sinkmech.measures.sinks import SinkScores, check_eps, format_eps, sink_scores
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
 UNIFORM_MULTIPLES = (2.0, 4.0)  # m in "alpha_0 > m x H_T / T"; 4 matches eps 0.3 at T = 64
@@ -154,7 +154,7 @@ def truncate(batch: TokenBatch, n_content: int) -> TokenBatch:
 
 
 # The sweep in named steps. `sinks_vs_length` runs them on one batch; a sharded
-# run (`sinkmech.context.parts`) runs the scores and the costs on each shard and
+# run (`sinkmech.sharding.context`) runs the scores and the costs on each shard and
 # the choice of heads and the assembly on the merged parts, through the same
 # functions.
 

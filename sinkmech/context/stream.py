@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 from sinkmech.context import check_fits, first_scored
 from sinkmech.loading.backend import CAPABILITIES, Model
 from sinkmech.hooks import act_name
-from sinkmech.loss import masked_loss
+from sinkmech.measures.loss import masked_loss
 from sinkmech.prompts import Bos, TokenBatch, tokenize
 from sinkmech.results import Result
 

@@ -5,7 +5,7 @@ bootstrap over prompts).
 A label that hangs on one cut (`high` 0.5, `low` 0.2) says little unless a
 reader can see whether it survives another; a fraction measured on a few dozen
 prompts says little without its interval. The scan keeps only what these need,
-so that a partial result of a shard stays small (`sinkmech.dormant.parts`): per
+so that a partial result of a shard stays small (`sinkmech.sharding.dormant`): per
 query, how many of the sweep's `low` cuts its first-token attention is under
 and, for an active query, its most attended key (one int32, zero elsewhere);
 per prompt and head, the counts and sums the bootstrap resamples at the scan's

@@ -37,7 +37,7 @@ class HeadScan(Result):
     """Per-(layer, head) profiles over a corpus. NaN where a mode never occurred."""
 
     # mean of A[t, 0] over real queries t >= 1, pooled over prompts: query 0 (which can
-    # only attend to itself) is left out, so this is not alpha_0 (`sinkmech.sinks.first_key_score`)
+    # only attend to itself) is left out, so this is not alpha_0 (`sinkmech.measures.sinks.first_key_score`)
     first_key_attention_excl_q0: Float[Tensor, "layer head_index"]
     dormant_fraction: Float[Tensor, "layer head_index"]
     active_fraction: Float[Tensor, "layer head_index"]

@@ -96,7 +96,7 @@ def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int =
                progress: bool = True, first_prompt: int = 0, n_pos: int | None = None) -> _Accumulator:
     """The scan's running sums over `batch`, before any label (a shard of a corpus:
     `first_prompt` is the global index of its first prompt, `n_pos` the position
-    width every shard shares; see `sinkmech.dormant.parts.heads_partial`)."""
+    width every shard shares; see `sinkmech.sharding.dormant.heads_partial`)."""
     acc = _Accumulator(model, batch, th, n_bins, first_prompt=first_prompt, n_pos=n_pos)
     for _, part in tqdm(batch.batches(batch_size), desc="scan heads", disable=not progress, unit="batch"):
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)

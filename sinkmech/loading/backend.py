@@ -162,7 +162,7 @@ def _resid_mid_writer(layer: int, fn: Callable) -> list[tuple[str, Callable]]:
 # fresh 270 MB tensor per chunk of rows is memory the kernel maps and zeroes
 # every time (Gemma 3's 262k vocabulary, 256 rows, 2 threads: 0.45 s a chunk
 # against 0.37 s in a reused buffer, with the in-place log-softmax of
-# sinkmech.loss.next_token_nll; scripts/bench_unembed.py). It keeps the
+# sinkmech.measures.loss.next_token_nll; scripts/bench_unembed.py). It keeps the
 # largest chunk asked for.
 _SCRATCH: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 

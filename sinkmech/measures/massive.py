@@ -19,7 +19,7 @@ are either
 - `sun_mean`: set to the first token's own mean value over the prompts (Sun
   et al.'s intervention, which keeps the magnitude and removes only its
   variation over inputs).
-Measured: the content next-token loss (sinkmech.loss targets) and the sink rate.
+Measured: the content next-token loss (sinkmech.measures.loss targets) and the sink rate.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, check_layer, run
-from sinkmech.loss import content_loss
+from sinkmech.measures.loss import content_loss
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
 from sinkmech.results import Result
-from sinkmech.sinks import first_key_score, format_eps, sink_rate
+from sinkmech.measures.sinks import first_key_score, format_eps, sink_rate
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def massive_sums(model: Model, batch: TokenBatch, *, batch_size: int = 16, progr
     """The additive statistics behind `massive_dims`: float64 sums over the
     prompts of `batch` of each per-prompt statistic (`MASSIVE_SUMS`), by name,
     plus "n_prompts". Sums of shards of the prompts add up to the sums of the
-    whole corpus (`sinkmech.measures.parts`).
+    whole corpus (`sinkmech.sharding.measures`).
 
     Returns:
         name -> float64 tensor [resid_layer, d_model] (|h_0|, median_t |h_t|,
@@ -298,7 +298,7 @@ def reset_dims_hook(dims: Sequence[int], lengths: Tensor, values: Tensor | None 
 
 def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer: int | None, progress: bool,
                      values: Tensor | None = None):
-    """Content loss (`sinkmech.loss.content_loss`) and alpha_0 (`sinkmech.sinks.first_key_score`)
+    """Content loss (`sinkmech.measures.loss.content_loss`) and alpha_0 (`sinkmech.measures.sinks.first_key_score`)
     from the same passes, with `dims` reset (to `values` when given) from `from_layer` on."""
     L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(batch)
     scores = torch.zeros(P, L, H)

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import W_O, Model
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, TokenBatch
-from sinkmech.sinks import first_key_score
+from sinkmech.measures.sinks import first_key_score
 from sinkmech.results import Result
 
 VectorKind = Literal["output", "value"]

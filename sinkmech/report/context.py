@@ -3,7 +3,7 @@ settings, output folder and the results sections share) and `Section` (one
 block of the page), plus the small HTML helpers sections write with.
 
 Shared results: sink scores with and without `<bos>` (Gu et al. 2025, as used
-by Barbero et al. 2025; see sinkmech.sinks), computed once per report.
+by Barbero et al. 2025; see sinkmech.measures.sinks), computed once per report.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from sinkmech.controls.compare import SharedPasses
+from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
 from sinkmech.render import View
-from sinkmech.sinks import SinkScores, sink_scores
+from sinkmech.measures.sinks import SinkScores, sink_scores
 
 
 @dataclass
@@ -47,7 +47,7 @@ class ReportContext:
     noop_prompts: int = 32  # no-op check of every if_else head and the top candidates
     ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
     ablation_tokens: int = 16
-    # the sections beyond the paper (sections_mechanisms): small, so the default
+    # the sections beyond the paper (sections.py, after the interventions): small, so the default
     # report grows by about a minute
     beyond_prompts: int = 16  # key sinks, massive activations, value-weighted attention
     stream_tokens: int = 256  # one long text (capped by the model's context)

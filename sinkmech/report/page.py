@@ -5,7 +5,7 @@ figures and returns HTML, JSON and circuitsvis views) and writes
 `DIR/index.html`, `DIR/summary.json` and `DIR/figures/`. The page references
 figures by relative path and inlines the circuitsvis bundle once, so the
 folder works offline wherever it is copied. Definitions: sink score and sink
-rate of Gu et al. 2025 as used by Barbero et al. 2025 (see sinkmech.sinks).
+rate of Gu et al. 2025 as used by Barbero et al. 2025 (see sinkmech.measures.sinks).
 
 `SECTIONS` (sinkmech.report.sections) is the default list. To add a section,
 write `def my_section(ctx: ReportContext) -> Section` and pass
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 
 from sinkmech import render
-from sinkmech.controls.compare import SharedPasses
+from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.files import json_text, make_dir, staged_dir, write_text
 from sinkmech.report.context import SETTINGS, ReportContext, Section

@@ -1,6 +1,6 @@
 """How a part writes an array in JSON: exactly (float64 values as Python's shortest
 repr that reads back to the same double), sparse where most values are zero, and
-strict (no bare NaN). The part format is `sinkmech.sharding.parts`.
+strict (no bare NaN). The part format is `sinkmech.sharding.format`.
 """
 
 from __future__ import annotations

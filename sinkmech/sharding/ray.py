@@ -1,6 +1,6 @@
 """Shards on a Ray cluster: an actor pool, one model per worker loaded once.
 
-The prompts are cut into shards (`sinkmech.sharding.parts.shard_span`); each shard's
+The prompts are cut into shards (`sinkmech.sharding.format.shard_span`); each shard's
 prompts are sent to a free worker, which runs the analysis on them and returns
 its `Partial`; the driver writes each part as it arrives (whole or not at all,
 so `--resume` can skip it) and merges them. A worker that dies is restarted by
@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
-from sinkmech.sharding.parts import Partial, merge
+from sinkmech.sharding.format import Partial, merge
 
 OBJECT_STORE_BYTES = 200 * 1024**2  # a local cluster's object store: parts are small
 RAY_TIMEOUT_S = 60.0  # how long a cluster may take to answer (`--ray-timeout`)

@@ -11,7 +11,7 @@ import torch
 
 from sinkmech.loading.backend import Model
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, Bos
-from sinkmech.sinks import format_eps, sink_scores
+from sinkmech.measures.sinks import format_eps, sink_scores
 from sinkmech.train.data import TrainData, make_inputs, post_trigger, sink_tokens
 from sinkmech.train.model import packed_token_losses
 from sinkmech.train.modes import attention_breakdown, trigger_classes
@@ -66,7 +66,7 @@ def evaluate(model: Model, data: TrainData) -> EvalResult:
     """Validation loss and sink statistics, with `<bos>` at position 0 and without.
 
     Both conditions predict the same T-1 targets of the validation windows, so
-    their losses compare; sinks are scored by `sinkmech.sinks.sink_scores`.
+    their losses compare; sinks are scored by `sinkmech.measures.sinks.sink_scores`.
     """
     cfg = data.cfg
     was_training = model.training

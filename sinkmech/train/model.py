@@ -87,7 +87,7 @@ def packed_token_losses(
 ) -> Float[Tensor, "batch pos"]:
     """Next-token cross-entropy (nats) at every position of a packed training
     window, against explicit `targets`, under the run's packing (intra-document
-    masking when asked); with gradients. Not `sinkmech.loss.token_losses`, which
+    masking when asked); with gradients. Not `sinkmech.measures.loss.token_losses`, which
     scores a prompt's own next tokens without gradients."""
     device = model.cfg.device
     hooks = packing_hooks(inputs, packing=packing, bos_id=bos_id, fixed_bos=fixed_bos)

@@ -12,7 +12,7 @@ from sinkmech.prompts import CONDITIONS
 from sinkmech.train.config import TrainConfig, run_name
 from sinkmech.train.parallel import read_json
 from sinkmech.train.presets import EMERGENCE_RUN
-from sinkmech.train.studies import write_emergence
+from sinkmech.studies.training import write_emergence
 
 MODE_STUDIES = ("positional", "mask_self", "depth")  # bigram-backcopy studies whose heads modes.json reads
 

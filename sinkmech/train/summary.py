@@ -2,7 +2,7 @@
 run's log, and the Markdown table in the shape of Barbero et al. 2025's Table 2.
 
 `SummaryRow.to_dict()` is the row of `<study>.json`; the findings
-(`sinkmech.train.findings`) read those files back as plain dicts, because
+(`sinkmech.studies.training_findings`) read those files back as plain dicts, because
 committed rows from older code lack fields a newer row has."""
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ import json
 import pytest
 from jaxtyping import TypeCheckError
 
-from conftest import REPO, TESTS, TINY_BOS, needs, toy_tokenizer
+from helpers.paths import REPO, TESTS
+from helpers.tiny import TINY_BOS, toy_tokenizer
+from helpers.backends import needs
 
 
 def _section(key: str, fail: BaseException | None = None):
@@ -122,7 +124,7 @@ def test_a_scan_on_too_few_queries_labels_no_head(tiny_model):
 
 
 def test_top_heads_rejects_a_bad_k(tiny_model):
-    from sinkmech.sinks import sink_scores
+    from sinkmech.measures.sinks import sink_scores
 
     scores = sink_scores(tiny_model, [[5, 6, 7]], bos="prepend", bos_token_id=TINY_BOS, progress=False)
     for k in (-1, 0):
@@ -318,7 +320,7 @@ def test_compare_with_good_names_goes_on_to_load(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("where", ["under_a_file", "in_proc"])
 def test_an_unwritable_cache_names_the_cache_and_the_fix(where, tmp_path, monkeypatch, capsys):
-    from conftest import make_tiny
+    from helpers.tiny import make_tiny
     from sinkmech.cli import main
     from sinkmech.loading.cache import CacheNotWritableError, ModelCache, entry_key
 
@@ -373,7 +375,7 @@ def test_the_corrupt_cache_warning_is_one_line_without_python_source(tmp_path):
     script = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
-from conftest import make_tiny
+from helpers.tiny import make_tiny
 from sinkmech.loading import models
 from sinkmech.cli import main
 from sinkmech.loading.cache import ModelCache, entry_key

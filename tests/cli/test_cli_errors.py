@@ -10,7 +10,7 @@ import pytest
 
 from sinkmech.cli import main
 from sinkmech.cli.common import UsageError
-from conftest import REPO
+from helpers.paths import REPO
 
 
 

@@ -12,7 +12,7 @@ import torch
 
 from sinkmech.loading.backend import CAPABILITIES
 import sinkmech.cli.stream as stream_cmd
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 from sinkmech.loading import models
 from sinkmech.cli.main import main
 from sinkmech.context.length import sinks_vs_length

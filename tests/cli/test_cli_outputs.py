@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 from sinkmech.loading import models
 from sinkmech.cli.main import main
 from sinkmech.context.length import sinks_vs_length

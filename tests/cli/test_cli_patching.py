@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import serve_tiny
+from helpers.tiny import serve_tiny
 from sinkmech.cli.main import main
 
 

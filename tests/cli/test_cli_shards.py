@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from conftest import serve_tiny
+from helpers.tiny import serve_tiny
 
 from sinkmech.cli.main import main
 

@@ -13,7 +13,7 @@ import test_cli_shards as base
 from test_cli_shards import assert_same_json, error_line
 
 from sinkmech.cli.main import main
-from sinkmech.sharding.parts import read_partial, write_partial
+from sinkmech.sharding.format import read_partial, write_partial
 
 # 6 windows of the default corpus (the word tokenizer: 63 content tokens each, the context's limit); 100 is skipped
 LENGTH = ["length", "--lengths", "4", "8", "16", "100", "--n-prompts", "6", "--top", "2", "--batch-size", "2"]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers.paths import REPO
 
 HEAVY = ("torch", "transformer_lens", "transformers", "ray")
 

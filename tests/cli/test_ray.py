@@ -14,7 +14,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from sinkmech.sharding.ray import ShardFailed, run_on_ray  # noqa: E402
-from sinkmech.sharding.parts import Partial, shard_span  # noqa: E402
+from sinkmech.sharding.format import Partial, shard_span  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from conftest import TINY_BOS  # noqa: E402
+from helpers.tiny import TINY_BOS  # noqa: E402
 from sinkmech.loading import models  # noqa: E402
 from sinkmech.sharding import ray as distributed  # noqa: E402
 from sinkmech.cli.main import main  # noqa: E402

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, TINY_BOS, WordTokenizer, make_tiny, serve_tiny, toy_tokenizer
+from helpers.paths import REPO
+from helpers.tiny import TINY_BOS, WordTokenizer, make_tiny, serve_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
 
@@ -132,7 +133,7 @@ def test_report_restoration_curve_keeps_the_no_bos_sink(tiny_model, tiny_tokens,
     1..n-1 only (the old curve also overwrote position 0, the no-<bos> run's sink)."""
     from sinkmech.interventions.patching import bos_pair, patch_resid_pre
     from sinkmech.report.context import ReportContext
-    from sinkmech.report.sections_interventions import ablation_section
+    from sinkmech.report.sections import ablation_section
 
     rows = tiny_tokens[:2, :8].tolist()
     ctx = ReportContext(model=tiny_model, out=tmp_path, prompts=rows, n_prompts=2, max_tokens=8, bos_token_id=TINY_BOS,

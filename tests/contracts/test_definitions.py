@@ -13,13 +13,13 @@ import torch
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.context.length import sinks_vs_length
 from sinkmech.hooks import act_name, cached_run
-from sinkmech.loss import content_loss, masked_loss, target_mask
+from sinkmech.measures.loss import content_loss, masked_loss, target_mask
 from sinkmech.measures.massive import reset_massive_dims
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import check_eps, first_key_score, sink_scores
+from sinkmech.measures.sinks import check_eps, first_key_score, sink_scores
 from sinkmech.context.stream import stream_perplexity
 from sinkmech.measures.value_weighted import value_weighted_first
-from tests.conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 
 
 @pytest.fixture(scope="module", params=["prepend", "none"])

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from sinkmech.findings import flatten, record
-from conftest import REPO
+from helpers.paths import REPO
 
 ROOT = REPO
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")

@@ -1,31 +1,16 @@
-"""The package's shape: folders by concern, few flat modules, none too long,
-one JSON writer, and the old import paths of moved modules still working."""
+"""The package's shape: one JSON writer, no outputs folder inside the package, and a
+project that speaks of itself."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
-import sys
 from pathlib import Path
 
-import pytest
 
 import sinkmech
 
 PACKAGE = Path(sinkmech.__file__).resolve().parent
 REPO = PACKAGE.parent
-
-
-def test_at_most_ten_modules_sit_flat_in_the_package():
-    flat = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert len(flat) <= 10, flat
-
-
-def test_no_module_passes_400_lines():
-    long = {str(p.relative_to(REPO)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
-    assert long == {}
 
 
 def test_json_is_written_only_by_the_one_writer():
@@ -37,20 +22,6 @@ def test_json_is_written_only_by_the_one_writer():
 
 def test_the_plotting_package_is_not_named_like_the_outputs_folder():
     assert not (PACKAGE / "figures").exists() and (PACKAGE / "plots" / "__init__.py").exists()
-
-
-@pytest.mark.parametrize("old, new", sorted(sinkmech.MOVED.items()))
-def test_a_moved_module_imports_under_its_old_path_with_a_warning(old, new):
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=re.escape(f"{old} moved to {new}")):
-        module = importlib.import_module(old)
-    assert module is importlib.import_module(new)
-
-
-def test_every_moved_target_exists_and_no_old_file_is_left():
-    for old, new in sinkmech.MOVED.items():
-        assert importlib.util.find_spec(new) is not None, new
-        assert not (REPO / (old.replace(".", "/") + ".py")).exists(), old
 
 
 def test_the_project_speaks_of_itself_only():

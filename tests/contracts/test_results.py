@@ -20,8 +20,9 @@ import torch
 import sinkmech
 from sinkmech.files import json_text
 from sinkmech.results import Result
-from tests.conftest import TINY_BOS, needs
-from conftest import REPO
+from helpers.tiny import TINY_BOS
+from helpers.backends import needs
+from helpers.paths import REPO
 
 
 def strict_loads(text: str):
@@ -56,7 +57,7 @@ def batch(tiny_model, rows):
 
 
 def _sink_scores(m, rows, batch):
-    from sinkmech.sinks import sink_scores
+    from sinkmech.measures.sinks import sink_scores
 
     return sink_scores(m, batch, loss=True, progress=False)
 
@@ -86,7 +87,7 @@ def _value_weighted(m, rows, batch):
 
 
 def _comparison(m, rows, batch):
-    from sinkmech.controls.compare import compare_model
+    from sinkmech.studies.compare import compare_model
 
     return compare_model(m, rows, n_prompts=4, max_tokens=12, spread_prompts=2, spread_tokens=8, spread_position=3,
                          dormant_prompts=4, noop_prompts=4, noop_heads=1,
@@ -174,20 +175,20 @@ def _contrast(m, rows, batch):
 
 
 def _bound_ranking(m, rows, batch):
-    from sinkmech.theory.bound_ranking import bound_ranking
+    from sinkmech.studies.theory import bound_ranking
 
     return bound_ranking(m, rows[:4], max_tokens=5, n_probes=2, n_shuffles=5, bos_token_id=TINY_BOS, progress=False)
 
 
 def _first_tokens(m, rows, batch):
-    from sinkmech.controls.first_token import first_token_study
+    from sinkmech.studies.first_token import first_token_study
 
     return first_token_study(m, rows[:5], {"bos": [TINY_BOS], "none": []}, max_tokens=6, swap_position=2,
                              progress=False)
 
 
 def _head_losses(m, rows, batch):
-    from sinkmech.controls.bos_cost import head_loss_changes
+    from sinkmech.studies.bos_cost import head_loss_changes
 
     return head_loss_changes(m, batch, progress=False)
 

@@ -8,7 +8,8 @@ import torch
 
 from sinkmech.loading.backend import Model
 
-from conftest import TINY_BOS, make_tiny, require
+from helpers.tiny import TINY_BOS, make_tiny
+from helpers.backends import require
 
 
 def plant_sink_head(model: Model, layer: int = 0, head: int = 0, strength: float = 12.0) -> Model:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import loads_folder
+from helpers.backends import loads_folder
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.interventions.patching import bos_pair, patch

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers.paths import REPO
 
 SCRIPTS = REPO / "scripts"
 

@@ -9,7 +9,7 @@ import time
 
 import nbformat
 import pytest
-from conftest import REPO
+from helpers.paths import REPO
 
 ROOT = REPO
 NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 from sinkmech.prompts import load_prompts, tokenize
 
 
@@ -77,7 +77,7 @@ def test_tokenize_records_the_context_only_where_it_cut(tiny_model):
 def test_tokens_that_already_start_with_bos_are_refused_not_doubled(tiny_model, tiny_tokens):
     import torch
 
-    from sinkmech.sinks import sink_scores
+    from sinkmech.measures.sinks import sink_scores
 
     with_bos = torch.cat([torch.full((len(tiny_tokens), 1), TINY_BOS), tiny_tokens], dim=1)
     for bos in (None, "prepend"):  # the default for prompts is "prepend"

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 from sinkmech.interventions.ablation import ablation_setup, head_ablations
 from sinkmech.interventions.attribution import attribute_ablations
 from sinkmech.interventions.patching import bos_pair
 from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, corpus_swaps, perturbation_spread
 from sinkmech.prompts import as_batch, tokenize
 from sinkmech.theory.sensitivity import rank_collapse, sensitivity
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ import torch
 from sinkmech.context.length import sinks_vs_length, truncate
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS, needs
+from sinkmech.measures.sinks import sink_scores
+from helpers.tiny import TINY_BOS
+from helpers.backends import needs
 
 
 @pytest.fixture(scope="module")

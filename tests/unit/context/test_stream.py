@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from sinkmech.hooks import act_name, cached_run
-from sinkmech.loss import resid_token_losses
+from sinkmech.measures.loss import resid_token_losses
 from sinkmech.prompts import tokenize
 from sinkmech.context.stream import StreamResult, stream_perplexity, window_mask
-from tests.conftest import TINY_BOS, needs
+from helpers.tiny import TINY_BOS
+from helpers.backends import needs
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from sinkmech.dormant.bands import band_layout, band_norms
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
-from tests.conftest import TINY_BOS, make_tiny
-from tests.helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model, trigger_corpus
+from helpers.tiny import TINY_BOS, make_tiny
+from helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model, trigger_corpus
 
 @pytest.fixture(scope="module")
 def planted():
@@ -119,7 +119,7 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
     intervention as a full forward pass and scores every position."""
     from sinkmech.dormant.noop import force_mask
     from sinkmech.hooks import act_name, all_to_first_hook, zero_head_hook
-    from sinkmech.loss import token_losses
+    from sinkmech.measures.loss import token_losses
     from sinkmech.prompts import tokenize
 
     model = make_tiny(3, n_layers=3)
@@ -170,7 +170,7 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
     from sinkmech.findings import flatten
     from sinkmech.hooks import act_name
     from sinkmech.prompts import tokenize
-    from tests.helpers.planted import planted_corpus
+    from helpers.planted import planted_corpus
 
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus(n=9, seed=3)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from sinkmech.dormant.scan import scan_heads
-from tests.conftest import TINY_BOS
-from tests.helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model, trigger_corpus
-from conftest import REPO
+from helpers.tiny import TINY_BOS
+from helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model, trigger_corpus
+from helpers.paths import REPO
 
 KW = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
 
@@ -121,7 +121,7 @@ def test_noop_check_reports_totals_controls_mean_ablation_holm_and_where_active_
     Holm's p-values are the raw ones stepped up over the whole family."""
     from sinkmech.dormant.noop import noop_check
     from sinkmech.hooks import act_name, mean_head_hook
-    from sinkmech.loss import token_losses
+    from sinkmech.measures.loss import token_losses
     from sinkmech.prompts import tokenize
 
     model = planted_dormant_model({0: "if_else", 1: "sink"})

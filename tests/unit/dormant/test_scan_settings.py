@@ -9,7 +9,7 @@ from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.prompts import tokenize
 
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 
 
 def test_thresholds_object_and_field_shortcut_give_the_same_scan(tiny_model, tiny_tokens):

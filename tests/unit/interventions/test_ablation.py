@@ -6,11 +6,11 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from conftest import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, make_tiny
 from helpers.planted import planted_model
 from sinkmech.interventions.ablation import MODES, check_mode, head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 
 
 @pytest.fixture(scope="module")

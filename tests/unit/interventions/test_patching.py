@@ -8,7 +8,7 @@ from transformer_lens.patching import generic_activation_patch
 
 from jaxtyping import TypeCheckError
 
-from conftest import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, make_tiny
 from sinkmech.hooks import act_name
 from sinkmech.interventions.metrics import KL, LogitDiff, resolve_metric
 from sinkmech.prompts import check_bos

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 from sinkmech.hooks import act_name
 from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
 
@@ -73,7 +73,7 @@ def test_uniform_head_has_normalised_entropy_one_in_both_conditions(rows):
     # W_Q = 0: every score is 0, so every row is uniform over its causal keys.
     # Raw entropy differs (the <bos> run has one more key per query: log(t+2) vs
     # log(t+1)); normalised entropy H / log(n_keys) is exactly 1 in both.
-    from conftest import make_tiny
+    from helpers.tiny import make_tiny
 
     model = make_tiny(3)
     with torch.no_grad():

@@ -17,14 +17,14 @@ import sys
 import pytest
 import torch
 
-from conftest import TL39_LOADS, loads_folder, needs
+from helpers.backends import TL39_LOADS, loads_folder, needs
 from sinkmech.loading.backend import forward, learned_sinks, unembed
 from sinkmech.cli import main
 from sinkmech.interventions.ablation import head_ablations
-from sinkmech.loss import content_loss
+from sinkmech.measures.loss import content_loss
 from sinkmech.loading.models import load_model
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 from helpers.tiny_hf import BOS, MATRIX, save_tiny
 
 LAYER, HEAD = 1, 1  # the head ablated against transformers (layer 1: after a window or a full layer)
@@ -223,7 +223,7 @@ def test_heads_counts_key_0_plus_the_learned_sink_as_dormant(folders):
 
 
 def test_row_check_admits_the_sink_share_and_catches_nan_inf_and_zero_rows():
-    from sinkmech.sinks import check_rows
+    from sinkmech.measures.sinks import check_rows
 
     valid = torch.ones(1, 3)
     row = torch.tensor([0.5, 0.3, 0.1])  # sums to 0.9: the sink holds 0.1

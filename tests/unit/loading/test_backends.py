@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import loads_folder
+from helpers.backends import loads_folder
 from sinkmech.loading.backend import BACKEND, W_O, W_V, b_V, forward, unembed, version_text
 from sinkmech.cli import main
 from sinkmech.hooks import cached_run
-from sinkmech.loss import content_loss
+from sinkmech.measures.loss import content_loss
 from sinkmech.loading.models import check_dtype, load_model
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 from helpers.tiny_hf import ARCHS, BOS, eager_reference, save_tiny
 
 

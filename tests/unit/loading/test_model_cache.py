@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import sinkmech.loading.cache as mc
-from conftest import make_tiny, needs
+from helpers.tiny import make_tiny
+from helpers.backends import needs
 from sinkmech.loading.cache import CACHE_ENV, ModelCache, default_cache_dir, entry_key
 
 # The Bridge caches Hugging Face folders instead (tests/unit/loading/test_backends.py).

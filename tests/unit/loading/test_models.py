@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import needs
+from helpers.backends import needs
 from sinkmech.loading.gguf import GGUFError, read_gguf, unpermute_rope_rows
 from sinkmech.loading.cache import ModelCache
 from sinkmech.loading.models import (

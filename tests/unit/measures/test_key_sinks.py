@@ -10,7 +10,7 @@ import torch
 from sinkmech.hooks import act_name, cached_run
 from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
-from tests.conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 
 
 @pytest.fixture(scope="module")

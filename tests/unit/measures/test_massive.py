@@ -7,11 +7,11 @@ import torch
 from jaxtyping import TypeCheckError
 
 from sinkmech.hooks import act_name, residual_stack
-from sinkmech.loss import content_loss
+from sinkmech.measures.loss import content_loss
 from sinkmech.measures.massive import massive_dims, reset_massive_dims
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS
+from sinkmech.measures.sinks import sink_scores
+from helpers.tiny import TINY_BOS
 
 
 @pytest.fixture(scope="module")

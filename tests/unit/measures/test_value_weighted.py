@@ -9,7 +9,7 @@ from jaxtyping import TypeCheckError
 from sinkmech.hooks import act_name, cached_run, kv_head_index
 from sinkmech.prompts import tokenize
 from sinkmech.measures.value_weighted import value_weighted_first
-from tests.conftest import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, make_tiny
 
 
 def brute(model, batch, vector):

@@ -10,26 +10,14 @@ import pytest
 import torch
 from circuitsvis.tokens import colored_tokens
 
-from conftest import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, make_tiny
+from helpers.markup import PLANTED, planted_str
 from sinkmech.loading.backend import IS_BRIDGE
 from sinkmech import render
 from sinkmech.measures.attention import head_attention
 from sinkmech.hooks import act_name
 
 # Token strings an attacker (or just Python source) can put in a prompt.
-PLANTED = {
-    5: "</script><script>document.title='PWNED-script'</script>",
-    6: "<img src=x onerror=\"document.title='PWNED-img'\">",
-    7: 'a & b "quoted" \'single\'',
-    8: "&lt;not an entity",
-    9: "<!--",
-}
-
-
-def planted_str(i: int) -> str:
-    return PLANTED.get(i, f"t{i}")
-
-
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 
 

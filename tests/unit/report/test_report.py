@@ -12,7 +12,7 @@ import torch
 from circuitsvis.tokens import colored_tokens
 
 from helpers.browser import Dom, dump_dom, screenshot
-from conftest import TINY_BOS
+from helpers.tiny import TINY_BOS
 from sinkmech import cli, render, report
 from sinkmech.plots import core as figures
 from sinkmech.measures.attention import head_attention
@@ -21,8 +21,8 @@ from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.noop import noop_check
 from sinkmech.interventions.patching import bos_pair, patch_resid_pre
 from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
-from sinkmech.sinks import sink_scores
-from test_render import PLANTED, planted_str
+from sinkmech.measures.sinks import sink_scores
+from helpers.markup import PLANTED, planted_str
 
 TITLE = "sinkmech report: tiny"
 

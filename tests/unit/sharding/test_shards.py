@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny
+from helpers.tiny import make_tiny
 
-from sinkmech.sharding.parts import (
+from sinkmech.sharding.format import (
     FORMAT,
     FORMAT_VERSION,
     PartialError,
@@ -25,8 +25,8 @@ from sinkmech.sharding.parts import (
     write_partial,
 )
 from sinkmech.prompts import tokenize
-from sinkmech.measures.parts import SINK_ROWS, sinks_partial, sinks_result
-from sinkmech.sinks import sink_scores
+from sinkmech.sharding.measures import SINK_ROWS, sinks_partial, sinks_result
+from sinkmech.measures.sinks import sink_scores
 
 N_PROMPTS = 10
 
@@ -209,12 +209,12 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
     previous-token head: the merged scan labels them as the one-pass scan does,
     with the same triggers and the same numbers (the trigger halves follow each
     prompt's global index)."""
-    from conftest import TINY_BOS
-    from test_dormant import TRIGGER, planted_corpus, planted_model
+    from helpers.tiny import TINY_BOS
+    from helpers.planted import TRIGGER, planted_corpus, planted_dormant_model as planted_model
 
     from sinkmech.dormant.labels import Thresholds
     from sinkmech.dormant.scan import accumulate, scan_heads
-    from sinkmech.dormant.parts import heads_partial, heads_result
+    from sinkmech.sharding.dormant import heads_partial, heads_result
 
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus(n=45).tolist()  # shard 2 of 3 starts at prompt 15: an odd one
@@ -244,7 +244,7 @@ def test_ablation_shards_merged_in_any_order_equal_the_one_pass_result(model, ra
     prompts (logit difference): weighted back into sums, the parts merge to the
     one-pass effects to float32 rounding."""
     from sinkmech.interventions.ablation import head_ablations
-    from sinkmech.interventions.parts import ablate_partial, ablate_result
+    from sinkmech.sharding.interventions import ablate_partial, ablate_result
 
     kw = {"mode": "zero", "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None}
 

@@ -1,4 +1,4 @@
-"""The registry of part kinds (`sinkmech.sharding.parts.KINDS`): every kind an
+"""The registry of part kinds (`sinkmech.sharding.format.KINDS`): every kind an
 adapter or a command writes is there, each names the function that turns a merged
 part back into its result, next to that result; an unknown kind is refused with
 one line, by the library and by `sinkmech merge`."""
@@ -17,7 +17,7 @@ from torch import Tensor
 import sinkmech
 from sinkmech.cli.main import main
 from sinkmech.cli.merge import mergers
-from sinkmech.sharding.parts import (
+from sinkmech.sharding.format import (
     KINDS, Partial, PartialError, check_kind, result_function, row_fields, write_partial,
 )
 
@@ -70,11 +70,12 @@ def test_every_kind_a_command_writes_is_registered_and_merged_by_sinkmech_merge(
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_each_kind_names_its_result_function_next_to_its_result(kind):
+def test_each_kind_names_its_result_function_in_the_sharding_package(kind):
+    """Each kind's adapters sit in sharding/, one module per folder of results."""
     f = result_function(kind)
     assert callable(f) and f.__name__.endswith("_result")
-    package = f.__module__.rsplit(".", 1)
-    assert package[1] == "parts" and package[0] != "sinkmech.sharding", f.__module__  # not in the sharding package
+    package, module = f.__module__.rsplit(".", 1)
+    assert package == "sinkmech.sharding" and module in ("measures", "dormant", "interventions", "context"), f.__module__
 
 
 def test_an_unknown_kind_is_refused_with_one_line(tmp_path, capsys):
@@ -108,7 +109,7 @@ def test_rows_are_the_fields_with_a_prompt_axis_that_every_result_has():
 
 
 def test_the_sink_rows_are_the_row_names_of_a_sinks_part_file():
-    from sinkmech.measures.parts import SINK_ROWS
+    from sinkmech.sharding.measures import SINK_ROWS
 
     # the rows a sinks part (format version 1) holds per condition: a new per-prompt
     # field of SinkScores without a default would ask older part files for rows they lack

@@ -1,4 +1,4 @@
-"""The evaluation-length sweep in two sharded stages (sinkmech.context.parts):
+"""The evaluation-length sweep in two sharded stages (sinkmech.sharding.context):
 shards of 1, 2 and 3, each stage merged in any order, give the one-pass
 `sinks_vs_length`: the same per-prompt rows, the same chosen heads, the same
 sweep (the mask_first costs to float32 rounding: each shard's KL is its own mean)."""
@@ -11,17 +11,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, make_tiny
 
 from sinkmech.context.length import (
     check_sweep, choose_heads, length_costs, length_scores, long_prompt_texts, plan_lengths, sinks_vs_length, truncate,
 )
-from sinkmech.context.parts import (
+from sinkmech.sharding.context import (
     costs_partial, length_heads, length_result, prompt_rows, row_key, scores_partial, scores_result, scores_shard,
 )
-from sinkmech.measures.parts import SINK_ROWS
+from sinkmech.sharding.measures import SINK_ROWS
 from sinkmech.prompts import tokenize
-from sinkmech.sharding.parts import PartialError, detach, merge, shard_span
+from sinkmech.sharding.format import PartialError, detach, merge, shard_span
 
 N_PROMPTS = 7
 LENGTHS = (4, 16, 24, 32, 64)  # 32: beyond the shortest prompt (30), which only shard 3 of 3 holds; 64: the context
@@ -167,7 +167,7 @@ def test_stage2_parts_of_other_heads_are_refused(model, corpus):
 def test_shards_of_the_long_texts_tokenize_row_for_row_as_the_whole_list(monkeypatch):
     """`long_prompts` tokenizes each text alone: a shard's rows, cut to any measured length, are the
     whole corpus' rows (the batch pads to its own widest row, which the cut removes)."""
-    from conftest import WordTokenizer, toy_tokenizer
+    from helpers.tiny import WordTokenizer, toy_tokenizer
 
     model = make_tiny(5)
     toy_tokenizer(monkeypatch, model, WordTokenizer())

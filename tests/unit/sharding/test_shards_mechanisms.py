@@ -10,9 +10,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from conftest import make_tiny
+from helpers.tiny import make_tiny
 
-from sinkmech.sharding.parts import merge, shard_span
+from sinkmech.sharding.format import merge, shard_span
 from sinkmech.prompts import tokenize
 
 N_PROMPTS = 10
@@ -53,7 +53,7 @@ def assert_sums_close(got, want, rel=1e-9):
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_value_weighted_shards_equal_the_one_pass_result(model, ragged, n):
-    from sinkmech.measures.parts import value_weighted_partial, value_weighted_result
+    from sinkmech.sharding.measures import value_weighted_partial, value_weighted_result
     from sinkmech.measures.value_weighted import value_weighted_first
 
     def run(idx):
@@ -74,7 +74,7 @@ def test_massive_shards_equal_the_one_pass_result(model, ragged, n):
     same way by the merged shards: same sums, onset, top and massive dims."""
     from sinkmech.hooks import act_name
     from sinkmech.measures.massive import massive_dims, massive_sums
-    from sinkmech.measures.parts import massive_partial, massive_result
+    from sinkmech.sharding.measures import massive_partial, massive_result
 
     def plant(resid, hook):
         out = resid.clone()
@@ -107,7 +107,7 @@ def test_massive_shards_equal_the_one_pass_result(model, ragged, n):
 def test_perturbation_spread_shards_equal_the_one_pass_result(model, ragged, n, noise):
     """The noise of each prompt is the one the whole corpus' run draws for it."""
     from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
-    from sinkmech.interventions.parts import spread_partial, spread_result
+    from sinkmech.sharding.interventions import spread_partial, spread_result
 
     prompts = [[7, 8, *p] for p in ragged]  # every prompt holds the swapped token at content position 0
     pert = EmbeddingNoise(0.5, 2, seed=3) if noise else TokenSwap([7], [9])
@@ -155,7 +155,7 @@ def test_patch_shards_merged_in_any_order_equal_the_one_pass_result(model, ragge
     to float32 rounding. The shards' prompts are shorter than the corpus'
     longest in some shards: their missing positions count as unpatched."""
     from sinkmech.interventions.patching import bos_pair, patch
-    from sinkmech.interventions.parts import patch_partial, patch_result
+    from sinkmech.sharding.interventions import patch_partial, patch_result
 
     kw = {"act": act, "by": by, "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None,
           "progress": False}
@@ -184,7 +184,7 @@ def test_key_sinks_shards_equal_the_one_pass_result(model, ragged, n, bos):
     prompt-averaged alpha by position (sums to 1e-9) and same flagged heads."""
     from sinkmech.measures.key_sinks import key_sink_scores, key_sink_sums
     from sinkmech.prompts import token_text
-    from sinkmech.measures.parts import key_sinks_partial, key_sinks_result
+    from sinkmech.sharding.measures import key_sinks_partial, key_sinks_result
 
     def part(idx, sh):
         batch = batch_of(model, ragged, idx, bos)

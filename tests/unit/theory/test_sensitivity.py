@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from conftest import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, make_tiny
 from sinkmech.loading.backend import forward
 from sinkmech.hooks import act_name
 from sinkmech.theory.sensitivity import (

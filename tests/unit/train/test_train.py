@@ -9,7 +9,8 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from conftest import REPO, needs
+from helpers.paths import REPO
+from helpers.backends import needs
 from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.run import (

@@ -11,11 +11,11 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from conftest import needs
+from helpers.backends import needs
 from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.data import corpus_documents, python_docs, text_streams
-from sinkmech.train.findings import text_findings, text_seed_findings, text_step_findings
+from sinkmech.studies.training_findings import text_findings, text_seed_findings, text_step_findings
 from sinkmech.train.intervals import T975, seed_interval, slope, t975
 from sinkmech.train.modes import attention_breakdown, mode_attention, trigger_classes
 from sinkmech.train.parallel import same_config

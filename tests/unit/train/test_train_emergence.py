@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from conftest import REPO, needs
-from sinkmech.sinks import sink_scores
+from helpers.paths import REPO
+from helpers.backends import needs
+from sinkmech.measures.sinks import sink_scores
 from sinkmech.train.data import post_trigger, sink_tokens
 from sinkmech.hooks import act_name
 from sinkmech.train.modes import mode_attention

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from sinkmech.cli.main import build_parser, main
-from sinkmech.train.findings import findings, findings_text
+from sinkmech.studies.training_findings import findings, findings_text
 from sinkmech.train.parallel import read_json
 from sinkmech.train.presets import PRESETS, StudySettings, parse_sets, recipe_name
 from sinkmech.train.readouts import modes
 from sinkmech.train.summary import SummaryRow, summary_rows
-from conftest import REPO
+from helpers.paths import REPO
 
 TRAIN = REPO / "figures" / "train"
 

@@ -12,8 +12,8 @@ targets and paired by prompt against `<bos>` first:
   `sink_scores(..., bos_position=K)`): is the sink the first *position* or
   the `<bos>` *token*?
 
-Per prompt: the sink rate on key 0 (alpha_0, Gu et al. 2025, `sinkmech.sinks`),
-the mean next-token loss on content targets 1..n-1 (`sinkmech.loss`), and the
+Per prompt: the sink rate on key 0 (alpha_0, Gu et al. 2025, `sinkmech.measures.sinks`),
+the mean next-token loss on content targets 1..n-1 (`sinkmech.measures.loss`), and the
 spread of a one-token swap (`sinkmech.interventions.perturb`: mean relative residual change
 ||h' - h|| / ||h|| of the content positions after the swap, over layers).
 Intervals: the percentile bootstrap over prompts (`sinkmech.stats`).
@@ -31,12 +31,12 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, residual_stack
-from sinkmech.loss import resid_row_losses
+from sinkmech.measures.loss import resid_row_losses
 from sinkmech.interventions.perturb import apply_swap, corpus_swaps
 from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
 from sinkmech.interventions.recipes import SPREAD_POSITION
 from sinkmech.results import Result
-from sinkmech.sinks import check_eps, first_key_score, format_eps, sink_scores
+from sinkmech.measures.sinks import check_eps, first_key_score, format_eps, sink_scores
 from sinkmech.stats import prompt_curve, ratio_with_ci
 
 REFERENCE = "bos"  # the trained first token every other is paired against

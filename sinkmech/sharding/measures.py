@@ -1,5 +1,5 @@
-"""The sink scores and the measures beside them as parts (`sinkmech.sharding.parts`):
-`SinkScores` (`sinkmech.sinks`), value-weighted attention, massive dimensions and
+"""The sink scores and the measures beside them as parts (`sinkmech.sharding.format`):
+`SinkScores` (`sinkmech.measures.sinks`), value-weighted attention, massive dimensions and
 key sinks.
 
 `X_partial(result or sums, ...)` turns one shard's run into a part; `X_result(part)`
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from sinkmech.prompts import TokenBatch
-from sinkmech.sharding.parts import Partial, batch_rows, row_fields, shard_part
-from sinkmech.sinks import SinkScores
+from sinkmech.sharding.format import Partial, batch_rows, row_fields, shard_part
+from sinkmech.measures.sinks import SinkScores
 
 SINK_ROWS = row_fields(SinkScores)  # its per-prompt tensors: scores, norms, lengths
 

@@ -11,8 +11,9 @@ import torch
 from sinkmech.loading.backend import Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
-from sinkmech.sinks import sink_scores
-from tests.conftest import TINY_BOS, require, toy_tokenizer
+from sinkmech.measures.sinks import sink_scores
+from helpers.tiny import TINY_BOS, toy_tokenizer
+from helpers.backends import require
 
 
 def planted_model() -> Model:
@@ -87,7 +88,7 @@ def test_value_and_residual_norms_match_cache(tiny_model, tiny_tokens):
 
 
 def test_grouped_query_value_norms_follow_kv_heads():
-    from tests.conftest import make_tiny
+    from helpers.tiny import make_tiny
 
     model = make_tiny(3, n_heads=4, n_kv=2)
     tokens = torch.randint(2, 50, (3, 9), generator=torch.Generator().manual_seed(3))
@@ -258,8 +259,8 @@ def test_bos_position_equals_brute_force_on_hand_built_ids(tiny_model):
 def test_bos_position_scores_the_same_content_targets_token_by_token(tiny_model, tiny_tokens):
     """The loss mask's targets are content tokens 1 .. n-1 in order, exactly as
     with <bos> first; <bos> is never a target."""
-    from sinkmech.loss import target_mask
-    from sinkmech.sinks import move_bos, moved_bos_targets
+    from sinkmech.measures.loss import target_mask
+    from sinkmech.measures.sinks import move_bos, moved_bos_targets
 
     first = tokenize(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS)
     for K in (1, 2, 5, 11):
@@ -308,7 +309,7 @@ def test_bos_position_flag_is_refused_before_the_model_loads(argv, message, monk
 
 
 def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypatch, tmp_path):
-    from conftest import serve_tiny
+    from helpers.tiny import serve_tiny
 
     from sinkmech.cli import main
 

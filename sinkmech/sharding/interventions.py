@@ -1,4 +1,4 @@
-"""The interventions as parts (`sinkmech.sharding.parts`) and back: per-head
+"""The interventions as parts (`sinkmech.sharding.format`) and back: per-head
 ablations (`HeadAblation`), activation patching (`PatchResult`) and the
 perturbation spread (`PerturbationSpread`).
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from sinkmech.interventions.ablation import ablation_weight
-from sinkmech.sharding.parts import Partial, batch_rows, shard_part
+from sinkmech.sharding.format import Partial, batch_rows, shard_part
 
 
 # ablate: each head's effect is a mean over the shard's content positions (KL)

@@ -142,7 +142,7 @@ def findings(out: Path, prefix: str = "") -> dict:
         text_step_findings(flat, out / "logs" / "text", prefix, rows)
     path = out / f"{prefix}text_bos_cost.json"
     if path.exists():  # the <bos> cost the sink heads carry (scripts/bos_cost.py --checkpoints)
-        from sinkmech.train.bos_cost import bos_cost_findings  # torch: only when the control was run
+        from sinkmech.studies.text_bos_cost import bos_cost_findings  # torch: only when the control was run
 
         flat.update(bos_cost_findings(read_json(path)))
     path = out / f"{prefix}bench_train.json"

@@ -5,7 +5,7 @@ makes the sequence unlike training data. Here the sequence keeps its `<bos>`
 and only the heads lose it: each head's `mask_first` ablation (the head may
 not attend to key 0; `sinkmech.interventions.ablation`) is measured as the
 change of the next-token loss on content targets 1..n-1, in nats
-(`sinkmech.loss`), per head on one set of prompts; the heads are ranked there,
+(`sinkmech.measures.loss`), per head on one set of prompts; the heads are ranked there,
 and on a disjoint held-out set the first key is masked in the top 1, 2, 4, ...
 heads at once, against removing `<bos>` from the same prompts. The share of
 the `<bos>` cost they explain is the ratio of the summed loss changes, with a
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label
 from sinkmech.interventions.ablation import AblationMode, ablation_hooks, check_mode, mean_head_outputs
-from sinkmech.loss import NO_TARGETS, masked_row_losses, target_mask
+from sinkmech.measures.loss import NO_TARGETS, masked_row_losses, target_mask
 from sinkmech.prompts import PromptSource, TokenBatch, as_batch, tokenize
 from sinkmech.results import Result
 from sinkmech.stats import ratio_with_ci
@@ -182,7 +182,7 @@ def bos_cost_batches(
     """`bos_cost` on ready batches: heads ranked on `pick`, measured on `held`
     (both with `<bos>` at position 0; the caller keeps them disjoint). For a
     model without a tokenizer, or windows that are not prompts (a training
-    run's held-out text, `sinkmech.train.bos_cost`). `head_sets`: named sets
+    run's held-out text, `sinkmech.studies.text_bos_cost`). `head_sets`: named sets
     of (layer, head) masked together on `held` besides the top-k (e.g. a sink
     head chosen by its attention, and every other head).
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_BOS
-from sinkmech.loss import content_loss, target_mask
+from helpers.tiny import TINY_BOS
+from sinkmech.measures.loss import content_loss, target_mask
 from sinkmech.prompts import tokenize
 
 
@@ -41,7 +41,7 @@ def test_content_loss_rejects_prompts_without_targets(tiny_model):
 
 
 def test_sink_scores_loss_in_the_same_pass_equals_content_loss(tiny_model):
-    from sinkmech.sinks import sink_scores
+    from sinkmech.measures.sinks import sink_scores
 
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (10, 4, 7)]
@@ -54,7 +54,7 @@ def test_sink_scores_loss_in_the_same_pass_equals_content_loss(tiny_model):
 
 
 def test_token_losses_equal_transformer_lens_per_token_loss(tiny_model):
-    from sinkmech.loss import token_losses
+    from sinkmech.measures.loss import token_losses
 
     g = torch.Generator().manual_seed(4)
     tokens = torch.randint(2, 50, (3, 21), generator=g)
@@ -66,7 +66,7 @@ def test_token_losses_equal_transformer_lens_per_token_loss(tiny_model):
 def test_per_prompt_losses_and_their_intervals(tiny_model):
     """sink_scores keeps each prompt's summed loss: each equals the brute-force sum,
     they add up to the mean loss, and the intervals sit around the estimates."""
-    from sinkmech.sinks import sink_scores
+    from sinkmech.measures.sinks import sink_scores
 
     g = torch.Generator().manual_seed(2)
     rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (9, 5, 12, 3, 12, 7)]
@@ -90,7 +90,7 @@ def test_next_token_nll_in_a_reused_buffer_equals_a_float64_log_softmax(tiny_mod
     taken in place: a large call, then smaller and 1-row ones (the buffer is
     reused, not grown), then a larger one (it grows), each against float64."""
     from sinkmech.loading.backend import unembed
-    from sinkmech.loss import next_token_nll
+    from sinkmech.measures.loss import next_token_nll
 
     g = torch.Generator().manual_seed(3)
     resid = torch.randn(4, 9, tiny_model.cfg.d_model, generator=g) * 3

@@ -6,7 +6,7 @@ at inference; a model trained without a fixed `<bos>` does not care. Figure 2:
 without the sink, a small input change spreads further through the layers.
 `compare_model` measures all of it on one model, in both conditions, on the
 same content tokens: sink rates (Gu et al. 2025's alpha_0), the content-target
-loss (`sinkmech.loss`), the perturbation spread of a one-token swap
+loss (`sinkmech.measures.loss`), the perturbation spread of a one-token swap
 (`sinkmech.interventions.perturb`) and, optionally, the dormant-head scan with its no-op
 check (Sec. 3.2). Run it on a model with a fixed `<bos>` (Gemma 3) and on one
 without (SmolLM2) and the two rows are the paper's contrast.
@@ -27,7 +27,7 @@ from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
 from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
 from sinkmech.interventions.recipes import SPREAD_POSITION, swap_then_spread
-from sinkmech.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
+from sinkmech.measures.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
 from sinkmech.results import Result
 from sinkmech.stats import excludes_zero, prompt_curve
 

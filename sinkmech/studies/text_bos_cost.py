@@ -1,6 +1,6 @@
 """How much of a trained model's `<bos>` cost do its sink heads carry?
 
-The control of `sinkmech.controls.bos_cost` (each head's `mask_first` loss
+The control of `sinkmech.studies.bos_cost` (each head's `mask_first` loss
 change on content targets, heads ranked on one set of windows, then the first
 key masked in the top 1, 2, 4, ... heads at once on a disjoint set, against
 removing `<bos>`) on a model trained here from scratch (`sinkmech.train.run`),
@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from sinkmech.controls.bos_cost import bos_cost_batches
+from sinkmech.studies.bos_cost import bos_cost_batches
 from sinkmech.findings import flatten
 from sinkmech.hooks import head_label
 from sinkmech.prompts import TokenBatch

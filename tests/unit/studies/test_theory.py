@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_BOS
-from sinkmech.theory.bound_ranking import (
+from helpers.tiny import TINY_BOS
+from sinkmech.studies.theory import (
     bound_ranking,
     distance_shuffled_spearman,
     pair_mask,

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_BOS, needs
-from sinkmech.controls.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
+from helpers.tiny import TINY_BOS
+from helpers.backends import needs
+from sinkmech.studies.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
 
@@ -43,7 +44,7 @@ def test_head_loss_changes_equal_the_sweep_with_a_loss_metric(tiny_model, tiny_t
 @needs("from_config", why="a zeroed W_O in a HookedTransformer")
 def test_a_head_that_writes_nothing_costs_nothing(tiny_tokens):
     """Planted null: L1.H2 with W_O = 0 changes no loss when masked; the others do."""
-    from conftest import make_tiny
+    from helpers.tiny import make_tiny
 
     model = make_tiny(seed=3)
     with torch.no_grad():
@@ -75,7 +76,7 @@ def test_bos_cost_ranks_on_one_set_and_measures_on_another(tiny_model, tiny_toke
 def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     """`ablate --metric loss`: the JSON holds each head's loss change (nats per
     content target), equal to head_loss_changes on the same prompts."""
-    from conftest import serve_tiny
+    from helpers.tiny import serve_tiny
     from sinkmech.cli.main import main
 
     model = serve_tiny(monkeypatch, 7)
@@ -93,14 +94,14 @@ def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     assert "--metric loss runs in one process" in capsys.readouterr().err
 
 
-# --- the control on a model trained here (sinkmech.train.bos_cost) ---------------------------------------
+# --- the control on a model trained here (sinkmech.studies.text_bos_cost) ---------------------------------------
 
 TEXT_CFG = dict(data="text", text_corpus="docs", text_limit_bytes=600_000, context_length=32, tokens_per_step=64,
                 n_layers=2, n_heads=4, d_model=16, steps=1)
 
 
 def test_text_windows_are_training_windows_from_two_halves_of_the_validation_split():
-    from sinkmech.train.bos_cost import split_stream, text_windows
+    from sinkmech.studies.text_bos_cost import split_stream, text_windows
     from sinkmech.train.config import TrainConfig
     from sinkmech.train.data import text_streams
 
@@ -124,8 +125,8 @@ def test_text_windows_are_training_windows_from_two_halves_of_the_validation_spl
 def test_masking_key_0_in_every_head_is_removing_bos_in_a_rotary_model():
     """Rotary attention sees only offsets, so once no head may attend to `<bos>`
     it changes nothing downstream: the top-all share is 1 by construction."""
-    from sinkmech.controls.bos_cost import bos_cost_batches
-    from sinkmech.train.bos_cost import text_windows
+    from sinkmech.studies.bos_cost import bos_cost_batches
+    from sinkmech.studies.text_bos_cost import text_windows
     from sinkmech.train.config import TrainConfig
     from sinkmech.train.model import build_model
 
@@ -176,7 +177,7 @@ def planted_bos_reader(cfg, held):
 
 @needs("can_train", why="a model built as sinkmech.train builds it")
 def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
-    from sinkmech.train.bos_cost import bos_cost_findings, checkpoint_bos_cost, text_windows
+    from sinkmech.studies.text_bos_cost import bos_cost_findings, checkpoint_bos_cost, text_windows
     from sinkmech.train.config import TrainConfig
     from sinkmech.train.run import save_checkpoint
 
@@ -210,8 +211,8 @@ def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():
     predicts the token it expects next, so removing `<bos>` puts every
     prediction one step off) and no head writes anything: every head's share
     is 0 while the loss without `<bos>` rises by nats."""
-    from sinkmech.controls.bos_cost import bos_cost_batches
-    from sinkmech.train.bos_cost import with_fixed_bos
+    from sinkmech.studies.bos_cost import bos_cost_batches
+    from sinkmech.studies.text_bos_cost import with_fixed_bos
     from sinkmech.train.config import TrainConfig
     from sinkmech.train.model import build_model
 
@@ -237,7 +238,7 @@ def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():
 
 
 def test_the_sink_head_is_the_largest_alpha_0_and_its_place_in_the_loss_ranking():
-    from sinkmech.train.bos_cost import sink_head
+    from sinkmech.studies.text_bos_cost import sink_head
 
     log = {"evals": [{"conditions": {"prepend": {"head_scores": [[0.9, 0.1]]}}},
                      {"conditions": {"prepend": {"head_scores": [[0.1, 0.2], [0.7, 0.05]]}}}]}

@@ -23,10 +23,10 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
-from sinkmech.loss import masked_row_losses, target_mask
+from sinkmech.measures.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
-from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmech.sinks is where callers look)
+from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmech.measures.sinks is where callers look)
     check_eps,
     check_rows,
     first_key_score,
@@ -284,7 +284,7 @@ def sink_scores(
         batch_size: prompts per forward pass.
         bos_token_id: override for models whose tokenizer lacks one.
         loss: also the mean next-token loss on content targets 1..n-1 (the
-            same targets with and without `<bos>`; see `sinkmech.loss`), from
+            same targets with and without `<bos>`; see `sinkmech.measures.loss`), from
             the last block's output in the same pass, unembedded in chunks.
         bos_position: K >= 1 moves `<bos>` into the sequence (`move_bos`, with
             bos="prepend"): `scores` stay alpha_0 on key 0 (now a content

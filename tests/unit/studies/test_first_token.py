@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import REPO, TINY_BOS
-from sinkmech.controls.first_token import bos_position_study, first_token_study
+from helpers.paths import REPO
+from helpers.tiny import TINY_BOS
+from sinkmech.studies.first_token import bos_position_study, first_token_study
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 
 PREFIXES = {"bos": [TINY_BOS], "other": [7], "bos_bos": [TINY_BOS, TINY_BOS], "none": []}
 

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_BOS
-from sinkmech.controls.compare import compare_model
-from sinkmech.loss import content_loss
+from helpers.tiny import TINY_BOS
+from sinkmech.studies.compare import compare_model
+from sinkmech.measures.loss import content_loss
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import tokenize
-from sinkmech.sinks import sink_scores
+from sinkmech.measures.sinks import sink_scores
 
 
 def test_compare_model_equals_the_analyses_it_runs(tiny_model):
@@ -166,7 +166,7 @@ def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
     passes the report would run itself (same prompts and settings), and the page's
     sink numbers come out the same either way."""
     from sinkmech.report.page import build_report
-    from sinkmech.report.sections_sinks import norms_section, sink_section
+    from sinkmech.report.sections import norms_section, sink_section
 
     g = torch.Generator().manual_seed(4)
     rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
@@ -207,7 +207,7 @@ def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
     scan) and its dormant section shows the same heads and no-op numbers as a
     report that ran the discovery itself."""
     from sinkmech.report.page import build_report
-    from sinkmech.report.sections_interventions import dormant_section
+    from sinkmech.report.sections import dormant_section
 
     g = torch.Generator().manual_seed(5)
     rows = torch.randint(2, 50, (12, 20), generator=g).tolist()

@@ -14,8 +14,8 @@ fixed order (by first prompt index), so it is order-free (bitwise) and
 associative (to float64 rounding); the one-pass result is the merge of one
 shard. Each analysis says, next to its result, how that result becomes a part
 and how a merged part becomes the result again (its package's `parts` module:
-`sinkmech.measures.parts`, `sinkmech.dormant.parts`, `sinkmech.interventions.parts`,
-`sinkmech.context.parts`); `KINDS` finds them by the part's kind. The file
+`sinkmech.sharding.measures`, `sinkmech.sharding.dormant`, `sinkmech.sharding.interventions`,
+`sinkmech.sharding.context`); `KINDS` finds them by the part's kind. The file
 format (`.partial.json`, strict JSON, float64 values exact, `sinkmech.sharding.arrays`)
 is documented in docs/outputs.md.
 """
@@ -353,16 +353,16 @@ def row_fields(result_type) -> tuple[str, ...]:
 # imported on first use: reading and merging parts needs neither torch nor the analyses.
 
 KINDS = {
-    "sinks": "sinkmech.measures.parts:sinks_result",
-    "key_sinks": "sinkmech.measures.parts:key_sinks_result",
-    "value_weighted": "sinkmech.measures.parts:value_weighted_result",
-    "massive": "sinkmech.measures.parts:massive_result",
-    "heads": "sinkmech.dormant.parts:heads_result",
-    "ablate": "sinkmech.interventions.parts:ablate_result",
-    "patch": "sinkmech.interventions.parts:patch_result",
-    "perturb": "sinkmech.interventions.parts:spread_result",
-    "length_scores": "sinkmech.context.parts:scores_result",
-    "length": "sinkmech.context.parts:length_result",
+    "sinks": "sinkmech.sharding.measures:sinks_result",
+    "key_sinks": "sinkmech.sharding.measures:key_sinks_result",
+    "value_weighted": "sinkmech.sharding.measures:value_weighted_result",
+    "massive": "sinkmech.sharding.measures:massive_result",
+    "heads": "sinkmech.sharding.dormant:heads_result",
+    "ablate": "sinkmech.sharding.interventions:ablate_result",
+    "patch": "sinkmech.sharding.interventions:patch_result",
+    "perturb": "sinkmech.sharding.interventions:spread_result",
+    "length_scores": "sinkmech.sharding.context:scores_result",
+    "length": "sinkmech.sharding.context:length_result",
 }
 
 

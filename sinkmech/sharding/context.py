@@ -9,7 +9,7 @@ ablations run, so a sharded sweep has two stages, each mergeable exactly:
    merged parts `length_heads` chooses the heads as `sinks_vs_length` does.
 2. "length": per length, the mask_first KL of each chosen head on the shard, a
    mean over its content positions kept as a float64 sum with that count (as
-   `sinkmech.interventions.parts.ablate_partial` keeps it). A stage-2 part carries the chosen
+   `sinkmech.sharding.interventions.ablate_partial` keeps it). A stage-2 part carries the chosen
    heads in its settings and its shard's stage-1 part attached (`attach`, under
    "scores"), so the merged stage-2 parts alone give the `LengthSweep`.
 
@@ -28,10 +28,10 @@ from sinkmech.context.length import (
     ChosenHeads, LengthSweep, choose_heads, fits_context, length_sweep, plan_lengths, truncate,
 )
 from sinkmech.interventions.ablation import HeadAblation, ablation_weight
-from sinkmech.measures.parts import SINK_ROWS
+from sinkmech.sharding.measures import SINK_ROWS
 from sinkmech.prompts import TokenBatch
-from sinkmech.sharding.parts import Partial, attach, detach, shard_part
-from sinkmech.sinks import SinkScores
+from sinkmech.sharding.format import Partial, attach, detach, shard_part
+from sinkmech.measures.sinks import SinkScores
 
 SCORES, COSTS = "length_scores", "length"  # the two part kinds
 ATTACHED = "scores"  # where a stage-2 part carries its shard's stage-1 part

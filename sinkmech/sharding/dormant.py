@@ -1,4 +1,4 @@
-"""The dormant-head scan (`sinkmech.dormant.scan`) as a part (`sinkmech.sharding.parts`)
+"""The dormant-head scan (`sinkmech.dormant.scan`) as a part (`sinkmech.sharding.format`)
 and back.
 
 The scan's running sums (moments, histograms, per-position rates, band norms,
@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sinkmech.sharding.parts import Partial, shard_part
+from sinkmech.sharding.format import Partial, shard_part
 
 HEAD_STATE = ("sums", "hist", "pos", "pos_total", "band", "cut_sums")
 
