@@ -25,6 +25,7 @@ class StudyConfig:
     `Config()` is the study as the findings quote it."""
 
     study: ClassVar[str] = ""  # the name `sinkmech study NAME` runs
+    runner: ClassVar[str] = ""  # "module:function" that runs it: run(model_or_models, config) -> Result
 
     def to_dict(self) -> dict:
         """The fields as JSON-ready values, with the study's name under "study"."""
@@ -76,6 +77,13 @@ class StudyConfig:
         if not isinstance(values, dict):
             raise ConfigError(f"{path} holds no config (a table of settings)")
         return cls.from_dict(values)
+
+    def run_function(self):
+        """The function that runs this study (imported now: it may import torch)."""
+        import importlib
+
+        module, name = self.runner.split(":")
+        return getattr(importlib.import_module(module), name)
 
     def replace(self, **changes) -> StudyConfig:
         """A copy with `changes`, checked as `from_dict` checks them."""
