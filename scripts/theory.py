@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from sinkmech.loading import models
-from sinkmech.studies.theory import bound_ranking, sign_flip_p, t_interval, validate_estimator
+from sinkmech.studies.theory import bound_ranking, mean_ci, paired, validate_estimator
 from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
@@ -66,9 +66,8 @@ def measure(name: str, args) -> dict:
     out["bound_seconds"] = round(time.perf_counter() - t0, 1)
     ent = entropy_per_prompt(model, prompts[: args.entropy_prompts], args.entropy_tokens)
     out["entropy_setting"] = {"prompts": args.entropy_prompts, "tokens": args.entropy_tokens}
-    out["normalized_entropy"] = {c: t_interval(ent[i]) for i, c in enumerate(CONDITIONS)}
-    out["normalized_entropy"]["none_minus_prepend"] = t_interval(ent[1] - ent[0]) | {
-        "sign_flip_p": sign_flip_p(ent[1] - ent[0])}
+    out["normalized_entropy"] = {c: mean_ci(ent[i]) for i, c in enumerate(CONDITIONS)}
+    out["normalized_entropy"]["none_minus_prepend"] = paired(ent[1] - ent[0])
     del model
     return out
 

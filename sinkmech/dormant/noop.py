@@ -53,7 +53,7 @@ from sinkmech.measures.attention import sink_mass
 from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, token_text
 from sinkmech.results import Result
-from sinkmech.stats import holm, ratio_difference_t_interval, ratio_t_interval, t_interval
+from sinkmech.stats import Interval, holm, ratio_difference_t_interval, ratio_t_interval, t_interval
 
 
 INTERVENTIONS = ("move_to_first", "zero_out", "mean_ablate")
@@ -183,11 +183,10 @@ def _summarise(sums: dict, controls: bool, level: float) -> dict:
     return out
 
 
-def _effect(t: dict | None) -> dict | None:
+def _effect(t: Interval | None) -> dict | None:
     if t is None:
         return None
-    lo, hi = t["ci"]
-    return {"value": t["value"], "ci": [lo, hi], "p": t["p"], "detectable": not lo <= 0.0 <= hi,
+    return {"value": t.value, "ci": t.ci, "p": t.p, "detectable": t.excludes_zero,
             "p_adjusted": None, "detectable_adjusted": None}
 
 

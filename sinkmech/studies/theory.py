@@ -23,7 +23,6 @@ differences also get a sign-flip permutation p-value.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,36 +45,24 @@ PAIR_SETS = ("all", "content", "off_diagonal")
 # Intervals over prompts
 
 
-def t_interval(x: Tensor, level: float = 0.95) -> dict:
-    """{"mean", "ci": [lo, hi], "n"}: the t interval of the mean over prompts (NaNs dropped)."""
-    x = x.double().flatten()
+def mean_ci(x: Tensor, level: float = stats.LEVEL) -> dict:
+    """{"mean", "ci": [lo, hi], "n", "method"}: the mean over prompts with its
+    Student t interval (`sinkmech.stats.t_interval`; NaNs dropped)."""
+    x = torch.as_tensor(x, dtype=torch.float64).flatten()
     x = x[~x.isnan()]
-    n = len(x)
-    if n < 2:
-        return {"mean": float(x.mean()) if n else None, "ci": None, "n": n}
-    half = stats.t_quantile((1 + level) / 2, n - 1) * float(x.std(unbiased=True)) / math.sqrt(n)
-    m = float(x.mean())
-    return {"mean": m, "ci": [m - half, m + half], "n": n}
+    iv = stats.t_interval(x, level=level)
+    if iv is None:
+        return {"mean": float(x.mean()) if len(x) else None, "ci": None, "n": len(x), "method": "t"}
+    return {"mean": iv.value, "ci": iv.ci, "n": iv.n_units, "method": "t"}
 
 
-def sign_flip_p(x: Tensor, *, n_flips: int = 20000, seed: int = 0) -> float:
-    """Two-sided p-value of a paired mean difference by sign-flip permutation:
-    every sign pattern for up to 16 prompts, else `n_flips` random ones
-    (the observed pattern counted)."""
-    x = x.double().flatten()
-    x = x[~x.isnan()]
-    n = len(x)
-    if n == 0:
-        return float("nan")
-    observed = abs(float(x.mean()))
-    if n <= 16:
-        codes = torch.arange(2**n)
-        signs = ((codes[:, None] >> torch.arange(n)) & 1).double() * 2 - 1
-        return float(((signs * x).mean(1).abs() >= observed - 1e-12).double().mean())
-    g = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (n_flips, n), generator=g).double() * 2 - 1
-    hits = int(((signs * x).mean(1).abs() >= observed - 1e-12).sum())
-    return (hits + 1) / (n_flips + 1)
+def paired(x: Tensor) -> dict:
+    """`mean_ci` of a paired difference with its sign-flip test: `sign_flip_p`,
+    and `sign_flip_p_at_floor` where no random pattern reached the observed
+    mean (p is then only bounded: < `sign_flip_p_floor`)."""
+    test = stats.sign_flip_test(x)
+    return mean_ci(x) | {"sign_flip_p": test.p, "sign_flip_p_floor": test.floor,
+                         "sign_flip_p_at_floor": test.at_floor, "sign_flip_exact": test.exact}
 
 
 # The test
@@ -140,13 +127,12 @@ class BoundRanking(Result):
         for s in PAIR_SETS:
             cell: dict = {}
             for c in self.conditions:
-                cell[c] = t_interval(self.rho[c][s])
-                cell[c]["null"] = t_interval(self.null[c][s])
-                cell[c]["minus_null"] = t_interval(self.rho[c][s] - self.null[c][s])
-                cell[c]["minus_null"]["sign_flip_p"] = sign_flip_p(self.rho[c][s] - self.null[c][s])
+                cell[c] = mean_ci(self.rho[c][s])
+                cell[c]["null"] = mean_ci(self.null[c][s])
+                cell[c]["minus_null"] = paired(self.rho[c][s] - self.null[c][s])
             if set(self.conditions) == {"prepend", "none"}:
                 diff = self.rho["none"][s] - self.rho["prepend"][s]
-                cell["none_minus_prepend"] = t_interval(diff) | {"sign_flip_p": sign_flip_p(diff)}
+                cell["none_minus_prepend"] = paired(diff)
             out[s] = cell
         return out
 

@@ -10,12 +10,11 @@ from helpers.tiny import TINY_BOS
 from sinkmech.studies.theory import (
     bound_ranking,
     distance_shuffled_spearman,
+    mean_ci,
     pair_mask,
-    sign_flip_p,
-    t_interval,
+    paired,
     validate_estimator,
 )
-from sinkmech.stats import t_quantile
 from sinkmech.theory.sensitivity import jacobian_norms, jacobian_norms_hutchinson, spearman
 
 
@@ -48,21 +47,13 @@ def test_hutchinson_squares_are_unbiased(tiny_model, seq):
         jacobian_norms_hutchinson(tiny_model, seq, n_probes=0)
 
 
-def test_t_quantiles_and_interval():
-    # Student's t table (two-sided 95 %): df 1 -> 12.706, 3 -> 3.182, 31 -> 2.040
-    for df, want in ((1, 12.706), (3, 3.182), (31, 2.040)):
-        assert t_quantile(0.975, df) == pytest.approx(want, abs=2e-3)
+def test_theory_intervals_are_the_package_t_interval_and_sign_flip_test():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
-    out = t_interval(x)
-    half = 3.182 * float(x.std()) / 2
+    out = mean_ci(x)
+    half = 3.182 * float(x.std()) / 2  # t_{0.975, 3} = 3.182 (table)
     assert out["mean"] == 2.5 and out["ci"] == pytest.approx([2.5 - half, 2.5 + half], abs=1e-3)
-
-
-def test_sign_flip_p_exact_and_null():
-    assert sign_flip_p(torch.ones(4)) == pytest.approx(2 / 16)  # only all-plus and all-minus reach |mean| = 1
-    g = torch.Generator().manual_seed(0)
-    assert sign_flip_p(torch.randn(40, generator=g)) > 0.05
-    assert sign_flip_p(torch.randn(40, generator=g) + 3.0) < 1e-3
+    d = paired(torch.ones(4))
+    assert d["sign_flip_p"] == pytest.approx(2 / 16) and d["sign_flip_exact"] and not d["sign_flip_p_at_floor"]
 
 
 def test_distance_null_finds_path_information_and_not_distance_alone():

@@ -16,7 +16,7 @@ from sinkmech.cli.main import main
 from sinkmech.hooks import act_name
 from sinkmech.train.data import corpus_documents, python_docs, text_streams
 from sinkmech.studies.training_findings import text_findings, text_seed_findings, text_step_findings
-from sinkmech.train.intervals import T975, seed_interval, slope, t975
+from sinkmech.train.intervals import seed_interval, slope
 from sinkmech.train.modes import attention_breakdown, mode_attention, trigger_classes
 from sinkmech.train.parallel import same_config
 from sinkmech.train.run import TrainConfig, TrainData, build_model, load_checkpoint, save_checkpoint, train
@@ -131,24 +131,10 @@ def test_planted_heads_read_self_uniform_and_if_else():
     assert m.other_prev[1, 0] == pytest.approx(0.0) and m.trigger_entropy[1, 0] == pytest.approx(0.0, abs=1e-5)
 
 
-def test_t_table_matches_a_numerical_integral():
-    """t_{0.975, df}: the tabulated quantile leaves 2.5 % in the upper tail of
-    the Student-t density (Simpson's rule on [0, x])."""
-    for df, x in enumerate(T975, start=1):
-        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-        n = 20_000
-        h = x / n
-        f = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
-        area = h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-        assert 0.5 + area == pytest.approx(0.975, abs=2e-4), df
-    with pytest.raises(ValueError, match="tabulated"):
-        t975(11)
-
-
 def test_seed_interval_and_slope():
     iv = seed_interval([1.0, 2.0, 3.0])
     assert iv["mean"] == 2.0 and iv["n"] == 3
-    assert iv["hi"] - 2.0 == pytest.approx(4.303 * 1.0 / math.sqrt(3))  # sd 1, t_{0.975,2}
+    assert iv["hi"] - 2.0 == pytest.approx(4.303 * 1.0 / math.sqrt(3), abs=1e-3)  # sd 1, t_{0.975,2} = 4.303 (table)
     assert seed_interval([5.0, 5.0])["lo"] == 5.0  # no spread, no width
     with pytest.raises(ValueError, match="at least 2"):
         seed_interval([1.0])
