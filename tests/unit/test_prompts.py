@@ -91,3 +91,32 @@ def test_tokens_that_already_start_with_bos_are_refused_not_doubled(tiny_model, 
     given = sink_scores(tiny_model, with_bos, bos="none", progress=False)
     built = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
     assert torch.equal(given.scores, built.scores)
+
+
+def test_named_corpora_record_each_windows_document():
+    """The default corpus is the pydoc windows as before (the old formula, written
+    out), and every window's first words come from the document it names."""
+    import re
+
+    from pydoc_data.topics import topics
+
+    from sinkmech.prompts import DOMAINS, corpus, default_corpus, load_prompts
+
+    text = " ".join(topics[k] for k in sorted(topics))
+    words = re.sub(r"\s+", " ", text).split(" ")
+    span = len(words) - 72
+    assert default_corpus(40) == [" ".join(words[s : s + 72]) for s in (i * span // 40 for i in range(40))]
+    pydoc = corpus("pydoc", 40)
+    assert list(pydoc.prompts) == default_corpus(40) and len(pydoc.documents) == 40
+    for prompt, doc in zip(pydoc.prompts, pydoc.documents):
+        assert " ".join(prompt.split()[:5]) in re.sub(r"\s+", " ", topics[doc])
+    assert 1 < pydoc.n_documents < 40  # windows share documents: a cluster bootstrap resamples these
+    assert pydoc.part(0, 10).documents == pydoc.documents[:10]
+    assert DOMAINS == ("pydoc", "licenses")
+    lic = corpus("licenses", 40)
+    assert lic.n_documents > 10 and not set(lic.prompts) & set(pydoc.prompts)
+    assert all(".dist-info/" in d for d in lic.documents)
+    assert load_prompts("licenses") == list(corpus("licenses").prompts)
+    assert lic.to_dict()["n_documents"] == lic.n_documents and len(lic.sha256) == 64
+    with pytest.raises(ValueError, match="domain must be one of"):
+        corpus("novels")
