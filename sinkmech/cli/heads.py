@@ -60,7 +60,7 @@ def cmd_contrast(args) -> None:
     from sinkmech.prompts import load_prompts
 
     from sinkmech.dormant.contrast import contrast_heads
-    from sinkmech.prompts import python_source_corpus
+    from sinkmech.corpora import python_source_corpus
 
     a = load_prompts(args.prompts)
     b = python_source_corpus() if args.contrast == PYTHON_SOURCE else load_prompts(args.contrast)

@@ -6,7 +6,10 @@ file) before torch loads. Each class names the function that runs it
 
 from __future__ import annotations
 
-from sinkmech.studies.config import StudyConfig
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sinkmech.studies.config import ConfigError, StudyConfig
 
 STUDIES: dict[str, type[StudyConfig]] = {}
 
@@ -19,3 +22,54 @@ def register(cls: type[StudyConfig]) -> type[StudyConfig]:
         raise TypeError(f"two studies are named {cls.study!r}")
     STUDIES[cls.study] = cls
     return cls
+
+
+def _positive(config: StudyConfig, *names: str) -> None:
+    for key in names:
+        if getattr(config, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {getattr(config, key)}")
+
+
+@register
+@dataclass(frozen=True)
+class DomainsConfig(StudyConfig):
+    """The headline tables on two kinds of text (`sinkmech.studies.domains`):
+    sink rates with and without `<bos>`, what removing `<bos>` costs, and the
+    if-else heads, per model and named corpus, each interval over the
+    documents the windows were cut from."""
+
+    study: ClassVar[str] = "domains"
+    runner: ClassVar[str] = "sinkmech.studies.domains:run"
+    help: ClassVar[dict[str, str]] = {
+        "models": "models, each loaded in turn",
+        "domains": "named corpora (sinkmech.prompts.DOMAINS)",
+        "n_prompts": "windows per corpus for sink rates and the <bos> cost",
+        "max_tokens": "content tokens per window",
+        "eps": "sink-rate thresholds",
+        "scan_prompts": "windows per corpus for the dormant-head scan (0: no scan)",
+        "n_boot": "bootstrap resamples of the documents",
+    }
+
+    models: tuple[str, ...] = ("smollm2", "gemma3-270m")
+    domains: tuple[str, ...] = ("pydoc", "licenses")
+    n_prompts: int = 80
+    max_tokens: int = 64
+    eps: tuple[float, ...] = (0.3, 0.8)
+    scan_prompts: int = 64
+    n_boot: int = 1000
+
+    def check(self) -> None:
+        from sinkmech.corpora import DEFAULT_N_PROMPTS, DOMAINS  # light: no torch
+
+        _positive(self, "n_prompts", "max_tokens", "n_boot")
+        if not 0 <= self.scan_prompts <= DEFAULT_N_PROMPTS or self.n_prompts > DEFAULT_N_PROMPTS:
+            raise ConfigError(f"n_prompts and scan_prompts must lie in [1, {DEFAULT_N_PROMPTS}] and "
+                              f"[0, {DEFAULT_N_PROMPTS}] (the windows of a corpus), got {self.n_prompts} and "
+                              f"{self.scan_prompts}")
+        if not self.models or not self.domains:
+            raise ConfigError("name at least one model and one domain")
+        unknown = sorted(set(self.domains) - set(DOMAINS))
+        if unknown:
+            raise ConfigError(f"unknown domain(s) {', '.join(unknown)}: known are {', '.join(DOMAINS)}")
+        if not self.eps or any(not 0.0 <= e < 1.0 for e in self.eps):
+            raise ConfigError(f"eps must be thresholds in [0, 1), got {list(self.eps)}")
