@@ -113,7 +113,10 @@ class HeadScan(Result):
         chose the head's trigger and those that judged it (disjoint);
         `validated_lift`: the chosen trigger's lift on the latter (None: no
         trigger); `trigger_test` / `trigger_p`: the test that judged it there
-        ("prompt_t": prompts as units) and its p-value; `uncertainty`: bootstrap intervals over prompts."""
+        ("prompt_permutation": prompts as units) and its p-value (`trigger_p_t`: the one-sided t test
+        beside it); `trigger_coverage`: the share of the head's active queries on the validation prompts
+        that have the trigger at its place (`share`) and that share beyond what the head would do if it
+        ignored tokens (`beyond_chance`); `uncertainty`: bootstrap intervals over prompts."""
         def num(x: Tensor) -> float | None:
             v = float(x)
             return None if math.isnan(v) else v
@@ -144,6 +147,10 @@ class HeadScan(Result):
             "validated_lift": None if top is None else top.validated_lift,
             "trigger_test": None if top is None else top.trigger_test,
             "trigger_p": None if top is None else top.trigger_p,
+            "trigger_p_t": None if top is None else top.trigger_p_t,
+            "trigger_coverage": None if top is None or top.coverage is None else {
+                "share": top.coverage, "beyond_chance": top.coverage_beyond_chance,
+                "n_active": top.n_active_validated, "on": "validation prompts"},
             "uncertainty": None if u is None else {
                 "dormant_fraction_ci": u.dormant_fraction_ci[l, h].tolist(),
                 "active_fraction_ci": u.active_fraction_ci[l, h].tolist(),
@@ -177,6 +184,8 @@ class HeadScan(Result):
             r["triggers"] = trigger_text(r["triggers"], 3, sep="; ")
             top = r.pop("trigger")
             r["trigger_validated"] = None if top is None else top["validated"]
+            cov = r.pop("trigger_coverage") or {}
+            r["trigger_coverage"], r["trigger_coverage_beyond_chance"] = cov.get("share"), cov.get("beyond_chance")
             r.pop("trigger_selected_on")
             r.pop("trigger_validated_on")
             u = r.pop("uncertainty") or {}
@@ -198,6 +207,8 @@ class HeadScan(Result):
             for h in range(self.n_heads)
         ]
         return {
+            # the labels hang on the cut: the sweep comes first, the default cut's labels after it
+            "sweep": None if self.sweep is None else list(self.sweep),
             "model": self.model_name,
             "bos": self.bos,
             "max_tokens": self.max_tokens,
@@ -209,7 +220,6 @@ class HeadScan(Result):
             "mode_meaning": mode_meaning(self.thresholds),
             "trigger_selected_on": self.trigger_split()[0],
             "trigger_validated_on": self.trigger_split()[1],
-            "sweep": None if self.sweep is None else list(self.sweep),
             "bootstrap": None if self.uncertainty is None else {"n_boot": self.uncertainty.n_boot,
                                                                  "level": self.uncertainty.level},
             "heads": heads,

@@ -95,8 +95,15 @@ class Trigger:
     prompts_validated: int = 0
     p_validated: float | None = None  # Poisson P(X >= count_validated | expected_validated), queries as units
     validated: bool = False  # the validation rule of the module docstring holds
-    trigger_test: str = "query_poisson"  # what trigger_p is: "prompt_t" (prompts as units) or "query_poisson"
+    # what trigger_p is: "prompt_permutation" (the chosen trigger), "prompt_t" (other candidates) or "query_poisson"
+    trigger_test: str = "query_poisson"
     trigger_p: float | None = None  # the p-value `validated` is judged on
+    trigger_p_t: float | None = None  # the one-sided t test over prompts, beside the permutation test
+    # the chosen trigger on the validation prompts: active queries, and the share of them with the trigger at
+    # its place (coverage) and that share beyond what the head would do if it ignored tokens
+    n_active_validated: int | None = None
+    coverage: float | None = None
+    coverage_beyond_chance: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,6 +256,9 @@ class TriggerCounter:
         return out, best
 
 
+N_PERMUTATIONS = 20000  # floor 1 / 20001 = 5e-5: below the Bonferroni level of a model of up to 1,000 heads
+
+
 def judge_by_prompt(
     triggers: list[list[list[Trigger]]],
     tokens: Int[Tensor, "prompt pos"],
@@ -261,11 +271,17 @@ def judge_by_prompt(
     min_prompts: int,
     max_p: float,
     prompt_ids: Int[Tensor, " prompt"] | None = None,
+    n_permutations: int = N_PERMUTATIONS,
+    seed: int = 0,
 ) -> list[list[list[Trigger]]]:
     """Every trigger judged again with the prompt as the unit (the module
-    docstring): `trigger_test` "prompt_t", `trigger_p` the one-sided t test's
-    p-value over the validation prompts, `validated` re-decided on it (the
-    count, prompt and lift rules unchanged, `max_p` the Bonferroni level).
+    docstring). Each head's chosen trigger (`chosen_trigger`, the one its
+    label reads) gets the permutation test over prompts (`trigger_test`
+    "prompt_permutation", `trigger_p`) and its coverage of the head's active
+    queries; the other candidates keep the one-sided t test ("prompt_t").
+    Every candidate records the t test's p in `trigger_p_t`. `validated` is
+    re-decided on `trigger_p` (the count, prompt and lift rules unchanged,
+    `max_p` the Bonferroni level).
 
     Args:
         triggers: [layer][head] lists from `TriggerCounter.finalize`.
@@ -274,6 +290,7 @@ def judge_by_prompt(
         active, key: per query, whether the head was active (first-token
             attention <= low) and its most attended key other than the first.
         prompt_ids: each row's index in the corpus (its parity picks the half).
+        n_permutations, seed: the permutation test's random pairings.
     """
     ids = torch.arange(len(tokens)) if prompt_ids is None else prompt_ids.cpu()
     rows = (ids % 2 == VALIDATE).nonzero()[:, 0]
@@ -287,6 +304,10 @@ def judge_by_prompt(
     scale = n_active / torch.einsum("ip,lhp->ilh", okf, rate).clamp(min=1e-12)
     at_place = {"query": tok, "previous": torch.roll(tok, 1, dims=1)}
     out = [[list(row) for row in layer] for layer in triggers]
+    chosen = {(l, h): triggers[l][h].index(c) for l in range(L) for h in range(H)
+              if (c := chosen_trigger(triggers[l][h], min_lift)) is not None}
+    g = torch.Generator().manual_seed(seed)
+    perms = torch.argsort(torch.rand(n_permutations, len(rows), generator=g), dim=1) if len(rows) else None
     for where in WHERES:
         cells = [(l, h, i) for l in range(L) for h in range(H) for i, t in enumerate(triggers[l][h]) if t.where == where]
         if not cells:
@@ -296,11 +317,12 @@ def judge_by_prompt(
         cand = torch.tensor([triggers[l][h][i].token_id for l, h, i in cells])  # [cell]
         a = act[:, ls, hs].double()  # [prompt, cell, pos]
         if where == "key":
-            key_tok = torch.gather(tok[:, None, :].expand(-1, len(cells), -1), 2, kidx[:, ls, hs])
+            k = kidx[:, ls, hs]
+            key_tok = torch.gather(tok[:, None, :].expand(-1, len(cells), -1), 2, k)
             obs = ((key_tok == cand[None, :, None]).double() * a).sum(-1)
             freq = ((tok[:, None, :] == cand[None, :, None]) & ok[:, None, :]).double().sum(0)  # [cell, pos]
             freq = freq / okf.sum(0).clamp(min=1)
-            expected = (a * torch.gather(freq[None].expand(len(tok), -1, -1), 2, kidx[:, ls, hs])).sum(-1)
+            expected = (a * torch.gather(freq[None].expand(len(tok), -1, -1), 2, k)).sum(-1)
             occurs = ((tok[:, None, :] == cand[None, :, None]) & ok[:, None, :]).any(-1)
         else:
             x = ((at_place[where][:, None, :] == cand[None, :, None]) & ok[:, None, :]).double()  # [prompt, cell, pos]
@@ -309,12 +331,52 @@ def judge_by_prompt(
             occurs = x.sum(-1) > 0
         excess = obs - expected  # [prompt, cell]
         for j, (l, h, i) in enumerate(cells):
-            p = one_sided_t_p(excess[occurs[:, j], j])
+            p_t = one_sided_t_p(excess[occurs[:, j], j])
             t = out[l][h][i]
+            extra: dict = {"trigger_test": "prompt_t", "trigger_p": p_t, "trigger_p_t": p_t}
+            if chosen.get((l, h)) == i and perms is not None:
+                pairs = _pairing_excess(where, j, a, obs, expected, tok, ok, okf, cand,
+                                        kidx[:, l, h] if where == "key" else None, scale[:, l, h], rate[l, h],
+                                        at_place.get(where))
+                n_act = float(a[:, j].sum())
+                extra |= {"trigger_test": "prompt_permutation", "trigger_p": permutation_p(pairs, perms),
+                          "n_active_validated": int(n_act),
+                          "coverage": float(obs[:, j].sum()) / n_act if n_act else None,
+                          "coverage_beyond_chance": float(excess[:, j].sum()) / n_act if n_act else None}
+            p = extra["trigger_p"]
             ok_v = (t.validated_lift is not None and t.validated_lift >= min_lift and t.count_validated >= min_count
                     and t.prompts_validated >= min_prompts and p is not None and p <= max_p)
-            out[l][h][i] = replace(t, trigger_test="prompt_t", trigger_p=p, validated=bool(ok_v))
+            out[l][h][i] = replace(t, validated=bool(ok_v), **extra)
     return out
+
+
+def _pairing_excess(where, j, a, obs, expected, tok, ok, okf, cand, kidx, scale, rate, at_place
+                    ) -> Float[Tensor, "prompt prompt"]:
+    """E[i, k]: the excess of prompt i's active queries (cell `j`) over its
+    own expectation when paired with prompt k's tokens; the diagonal is the
+    observed per-prompt excess."""
+    act = a[:, j]  # [prompt, pos]
+    if where == "key":
+        # prompt i's attended keys, read in prompt k's tokens at those positions
+        hit = (tok[None, :, :].expand(len(tok), -1, -1).gather(2, kidx[:, None, :].expand(-1, len(tok), -1))
+               == cand[j]) & ok[None, :, :].expand(len(tok), -1, -1).gather(2, kidx[:, None, :].expand(-1, len(tok), -1))
+        paired_obs = (hit.double() * act[:, None, :]).sum(-1)  # [i, k]
+        return paired_obs - expected[:, j][:, None]
+    x = ((at_place == cand[j]) & ok).double()  # [prompt k, pos]
+    paired_obs = act @ x.T  # [i, k]
+    paired_exp = scale[:, None] * ((x * rate[None, :]) @ okf.T).T  # positions real in prompt i
+    return paired_obs - paired_exp
+
+
+def permutation_p(pairs: Float[Tensor, "prompt prompt"], perms: Int[Tensor, "permutation prompt"]) -> float:
+    """One-sided permutation p of the summed excess sum_i E[i, i] against
+    random pairings sum_i E[i, perm(i)]: (hits + 1) / (B + 1), whose floor
+    1 / (B + 1) bounds it when no pairing reaches the observed sum."""
+    n = pairs.shape[0]
+    observed = float(pairs.diagonal().sum())
+    null = pairs[torch.arange(n)[None, :], perms].sum(-1)
+    hits = int((null >= observed - 1e-9).sum())
+    return (hits + 1) / (len(perms) + 1)
 
 
 def one_sided_t_p(x: Float[Tensor, " prompt"]) -> float | None:

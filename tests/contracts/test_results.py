@@ -202,6 +202,16 @@ def _summary_row(m, rows, batch):
     return summary_rows(json.loads(log.read_text()))[0]  # a committed training log
 
 
+def _domains(m, rows, batch):
+    from sinkmech.studies.configs import DomainsConfig
+    from sinkmech.studies.domains import Domains
+
+    iv = {"value": 1.0, "ci": [0.5, 1.5], "method": "bca", "n_documents": 3}
+    table = {"corpus": {"n_prompts": 8, "n_documents": 3}, "sink_rate": {c: {"0.3": iv} for c in ("prepend", "none")},
+             "sink_rate_gap": {"0.3": iv}, "loss": {"prepend": iv, "none": iv}, "bos_cost": iv}
+    return Domains({"tiny": {"pydoc": table, "licenses": table}}, DomainsConfig(models=("tiny",)), 1.0)
+
+
 TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sinkmech.train)
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
@@ -211,7 +221,7 @@ FACTORIES = {
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
     "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
     "BoundRanking": _bound_ranking, "FirstTokenRuns": _first_tokens, "HeadLossChanges": _head_losses,
-    "SummaryRow": _summary_row,
+    "SummaryRow": _summary_row, "Domains": _domains,
 }
 
 

@@ -48,13 +48,22 @@ def test_a_head_that_follows_its_prompt_has_no_trigger_at_the_prompt_level():
     # the query-level rule would validate it
     assert t.validated_lift >= th.min_lift and t.count_validated >= th.min_count
     assert t.prompts_validated >= th.min_prompts and t.p_validated < max_p * 1e-3
-    # the prompt-level test does not
+    # the prompt-level tests do not: the t test (this candidate is not the head's chosen trigger) ...
     assert t.trigger_test == "prompt_t" and t.trigger_p > 0.05 and not t.validated
+    # ... nor the permutation test over prompts, run on it as if it were the chosen one
+    from sinkmech.dormant.triggers import judge_by_prompt
+
+    rec = scan.records
+    only = [[[t] if (l, h) == (0, 0) else [] for h in range(scan.n_heads)] for l in range(scan.n_layers)]
+    (judged,) = judge_by_prompt(only, rec.tokens, rec.valid, rec.active(th.low), rec.key, min_lift=th.min_lift,
+                                min_count=th.min_count, min_prompts=th.min_prompts, max_p=max_p)[0][0]
+    assert judged.trigger_test == "prompt_permutation" and judged.trigger_p > 0.05 and not judged.validated
+    assert judged.coverage > 0.3 and abs(judged.coverage_beyond_chance) < 0.05  # common there, but no more than chance
     (good,) = [t for t in scan.triggers[0][1] if (t.token_id, t.where) == (TRIGGER, "query")]
-    assert good.trigger_test == "prompt_t" and good.trigger_p < max_p and good.validated
+    assert good.trigger_test == "prompt_permutation" and good.trigger_p < max_p and good.validated
     assert scan.mode(0, 1) == "if_else"
     entry = json.loads(scan.to_json())["heads"][1]
-    assert entry["trigger_test"] == "prompt_t" and entry["trigger_p"] == pytest.approx(good.trigger_p)
+    assert entry["trigger_test"] == "prompt_permutation" and entry["trigger_p"] == pytest.approx(good.trigger_p)
 
 
 def test_planted_if_else_validates_on_200_prompts_and_the_positional_null_never_does():
@@ -62,7 +71,7 @@ def test_planted_if_else_validates_on_200_prompts_and_the_positional_null_never_
     scan = scan_heads(model, planted_corpus(n=200, seed=11), sweep=False, n_boot=0, **KW)
     top = scan.top_trigger(0, 0)
     assert scan.mode(0, 0) == "if_else" and (top.token_id, top.where) == (TRIGGER, "query")
-    assert top.trigger_test == "prompt_t" and top.trigger_p < 1e-10 and top.validated
+    assert top.trigger_test == "prompt_permutation" and top.trigger_p == pytest.approx(1 / 20001) and top.validated  # at the floor
     assert scan.mode(0, 1) != "if_else"
     assert not any(t.validated for t in scan.triggers[0][1])
 
@@ -184,3 +193,39 @@ def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_
     best = max(cuts, key=lambda c: (c["if_else_recovered"], c["high"], c["low"]))
     assert out["chosen"] == {"high": best["high"], "low": best["low"]}
     assert json.loads((tmp_path / "c.json").read_text())["chosen"] == out["chosen"]
+
+
+def _judged_on(active: torch.Tensor, tokens: torch.Tensor, seed: int):
+    """The permutation test of TRIGGER@query for each head of `active` [prompt, head, pos]."""
+    from sinkmech.dormant.triggers import Trigger, judge_by_prompt
+
+    n, H, P = active.shape
+    valid = torch.ones(n, P, dtype=torch.bool)
+    valid[:, 0] = False
+    cand = [[[Trigger("t", TRIGGER, "query", 10, 1.0, 5.0, 9.0, None, 3, 10, 1.0, 5.0, 5)] for _ in range(H)]]
+    judged = judge_by_prompt(cand, tokens, valid, active[:, None] & valid[:, None, None], torch.zeros(n, 1, H, P,
+                             dtype=torch.long), min_lift=3.0, min_count=5, min_prompts=3, max_p=0.05,
+                             n_permutations=2000, seed=seed)
+    return [judged[0][h][0] for h in range(H)]
+
+
+def test_the_trigger_permutation_test_finds_a_planted_trigger_and_keeps_its_size_on_a_planted_null():
+    """Head 0 wakes exactly where TRIGGER is the query (a planted effect): p at
+    the floor, coverage 1. Head 1 wakes by position, more often late, and
+    more in some prompts than others, whatever the token (a planted null):
+    over 200 corpora its p-value falls below 0.05 about 5 % of the time
+    (binomial sd 1.5 %; measured: 10 of 200, the one-sided t test 9)."""
+    g = torch.Generator().manual_seed(0)
+    rejections, n = 0, 200
+    for rep in range(n):
+        tokens = torch.randint(2, 50, (40, 20), generator=g)
+        tokens[torch.rand(40, 20, generator=g) < 0.1] = TRIGGER
+        planted = tokens == TRIGGER
+        level = torch.rand(40, 1, generator=g) * 0.5
+        null = torch.rand(40, 20, generator=g) < level * torch.linspace(0.2, 1.0, 20)
+        found, kept = _judged_on(torch.stack([planted, null], 1), tokens, seed=rep)
+        if rep == 0:
+            assert found.trigger_p == pytest.approx(1 / 2001) and found.coverage == 1.0
+            assert found.coverage_beyond_chance > 0.5 and found.trigger_test == "prompt_permutation"
+        rejections += kept.trigger_p < 0.05
+    assert 0.02 <= rejections / n <= 0.09
