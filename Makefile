@@ -84,8 +84,11 @@ findings: demo
 	# SmolLM2's <bos> is <|im_start|>, a chat-turn header: the same comparison with <|endoftext|> first,
 	# on the demo's 80 prompts, both conditions (the paired contrast needs the run without a first token too).
 	$(BIN)/sinkmech sinks --model smollm2 --n-prompts 80 --bos both --bos-token '<|endoftext|>' --json figures/smollm2_endoftext_sinks.json --findings figures/findings.json
-	# The default dormant-head cut, calibrated on planted heads and nulls (docs/dormant_calibration.md; seconds).
-	$(BIN)/python scripts/calibrate_dormant.py --json figures/dormant_calibration.json --findings figures/findings.json
+	# The dormant-head cut measured on planted heads and nulls (docs/dormant_calibration.md; seconds).
+	$(BIN)/sinkmech study calibration --json figures/dormant_calibration.json --findings figures/findings.json
+	# The headline tables (sink rates, the <bos> cost, the if-else heads) on two corpora, both models, intervals over
+	# documents (~20 min).
+	$(BIN)/sinkmech study domains --json figures/domains.json --findings figures/findings.json
 	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 64 after them (~30 min each).
 	$(BIN)/sinkmech heads --model smollm2 --n-prompts 128 --noop-prompts 64 --json figures/heads_smollm2.json --findings figures/findings.json
 	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 128 --noop-prompts 64 --json figures/heads_gemma3-270m.json --findings figures/findings.json

@@ -73,3 +73,31 @@ class DomainsConfig(StudyConfig):
             raise ConfigError(f"unknown domain(s) {', '.join(unknown)}: known are {', '.join(DOMAINS)}")
         if not self.eps or any(not 0.0 <= e < 1.0 for e in self.eps):
             raise ConfigError(f"eps must be thresholds in [0, 1), got {list(self.eps)}")
+
+
+@register
+@dataclass(frozen=True)
+class CalibrationConfig(StudyConfig):
+    """The dormant-head cut on planted heads and nulls (`sinkmech.studies.calibration`):
+    every planted scan labelled at every (high, low) cut of the sweep. No model is loaded."""
+
+    study: ClassVar[str] = "calibration"
+    runner: ClassVar[str] = "sinkmech.studies.calibration:run"
+    help: ClassVar[dict[str, str]] = {
+        "strengths": "factors on the planted heads' query weights (1: first-token attention ~0 or ~1)",
+        "seeds": "planted models per strength",
+        "n_prompts": "prompts per scan",
+        "cut_position": "the positional null rests before this position and wakes after it",
+    }
+
+    strengths: tuple[float, ...] = (0.2, 0.25, 0.3, 0.4, 0.6, 1.0)
+    seeds: int = 4
+    n_prompts: int = 64
+    cut_position: int = 13
+
+    def check(self) -> None:
+        _positive(self, "seeds", "n_prompts")
+        if not self.strengths or any(not 0.0 < f <= 1.0 for f in self.strengths):
+            raise ConfigError(f"strengths must lie in (0, 1], got {list(self.strengths)}")
+        if not 2 <= self.cut_position < 20:
+            raise ConfigError(f"cut_position must lie in [2, 20) (prompts hold 20 tokens), got {self.cut_position}")

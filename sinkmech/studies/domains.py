@@ -141,8 +141,8 @@ class Domains(Result):
         return pd.DataFrame(rows)
 
     def findings(self) -> dict:
-        """The quotable numbers, nested for `sinkmech.findings.flatten` under
-        `<model>.domain` (`<model>.domain.<name>.*` and `<model>.domain.holds_on.*`)."""
+        """The quotable numbers, nested from the findings file's root
+        (`<model>.domain.<name>.*`, `<model>.domain.holds_on.*`)."""
         out = {}
         for m, by_domain in self.tables.items():
             d = self.to_dict()[m]

@@ -15,7 +15,8 @@ from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
 from helpers.tiny import TINY_BOS, make_tiny
-from helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model, trigger_corpus
+from helpers.planted import planted_dormant_model as planted_model
+from sinkmech.dormant.planted import LATE, TRIGGER, planted_corpus, trigger_corpus
 
 @pytest.fixture(scope="module")
 def planted():
@@ -170,7 +171,7 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
     from sinkmech.findings import flatten
     from sinkmech.hooks import act_name
     from sinkmech.prompts import tokenize
-    from helpers.planted import planted_corpus
+    from sinkmech.dormant.planted import planted_corpus
 
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus(n=9, seed=3)

@@ -13,8 +13,9 @@ import torch
 
 from sinkmech.dormant.scan import scan_heads
 from helpers.tiny import TINY_BOS
-from helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model, trigger_corpus
-from helpers.paths import REPO
+from helpers.backends import require
+from helpers.planted import planted_dormant_model
+from sinkmech.dormant.planted import MARKER, TRIGGER, planted_corpus, trigger_corpus
 
 KW = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
 
@@ -173,26 +174,31 @@ def test_noop_check_reports_totals_controls_mean_ablation_holm_and_where_active_
     assert json.loads(check.to_json())["heads"][0]["checks"]["zero_out_active"]["per_query"]["p_adjusted"] is not None
 
 
-def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_the_rule(tmp_path):
-    """scripts/calibrate_dormant.py on one seed: the positional null and the
-    random heads are if_else at no cut, the full-strength planted head at every
-    cut, the prompt-following head only on its marker key, never on the token
-    that shares its prompts; the chosen cut is the rule's (most planted heads,
-    no null; ties to the larger high, then the larger low)."""
-    import importlib.util
+def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_the_rule():
+    """The calibration study on one seed: the positional null and the random
+    heads are if_else at no cut, the full-strength planted head at every cut,
+    the prompt-following head only on its marker key, never on the token that
+    shares its prompts; the chosen cut is the rule's (most planted heads, no
+    null; ties to the larger high, then the larger low), and the result
+    records the config that reruns it."""
+    from sinkmech.options import QUIET
+    from sinkmech.studies.calibration import run, table
+    from sinkmech.studies.configs import STUDIES, CalibrationConfig
 
-    path = REPO / "scripts" / "calibrate_dormant.py"
-    spec = importlib.util.spec_from_file_location("calibrate_dormant", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    out = mod.main(["--seeds", "1", "--n-prompts", "32", "--json", str(tmp_path / "c.json")])
+    require("from_config", why="planted heads are set in a HookedTransformer's weights")
+    assert STUDIES["calibration"] is CalibrationConfig
+    cfg = CalibrationConfig(seeds=1, n_prompts=32)
+    result = run(None, cfg, QUIET)
+    out = json.loads(result.to_json())
     cuts = list(out["cuts"].values())
+    assert len(cuts) == 18 and all(c["runs"] == len(cfg.strengths) for c in cuts)
     assert all(c["null_if_else"] == 0 and c["random_if_else"] == 0 for c in cuts)
     assert all(c["recovered_by_strength"]["1"] == 1 for c in cuts)
     assert all(c["prompt_triggers"] in ([], [f"[{MARKER}]"]) for c in cuts)
     best = max(cuts, key=lambda c: (c["if_else_recovered"], c["high"], c["low"]))
     assert out["chosen"] == {"high": best["high"], "low": best["low"]}
-    assert json.loads((tmp_path / "c.json").read_text())["chosen"] == out["chosen"]
+    assert CalibrationConfig.from_dict(out["config"]) == cfg and "chosen" in table(result)
+    assert result.findings()["dormant_calibration"]["n_planted"] == len(cfg.strengths)
 
 
 def _judged_on(active: torch.Tensor, tokens: torch.Tensor, seed: int):

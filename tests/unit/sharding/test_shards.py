@@ -210,7 +210,8 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
     with the same triggers and the same numbers (the trigger halves follow each
     prompt's global index)."""
     from helpers.tiny import TINY_BOS
-    from helpers.planted import TRIGGER, planted_corpus, planted_dormant_model as planted_model
+    from helpers.planted import planted_dormant_model as planted_model
+    from sinkmech.dormant.planted import TRIGGER, planted_corpus
 
     from sinkmech.dormant.labels import Thresholds
     from sinkmech.dormant.scan import accumulate, scan_heads
