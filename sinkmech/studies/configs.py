@@ -7,7 +7,7 @@ file) before torch loads. Each class names the function that runs it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from sinkmech.studies.config import ConfigError, StudyConfig
 
@@ -101,3 +101,49 @@ class CalibrationConfig(StudyConfig):
             raise ConfigError(f"strengths must lie in (0, 1], got {list(self.strengths)}")
         if not 2 <= self.cut_position < 20:
             raise ConfigError(f"cut_position must lie in [2, 20) (prompts hold 20 tokens), got {self.cut_position}")
+
+
+@register
+@dataclass(frozen=True)
+class TheoryConfig(StudyConfig):
+    """Does the path bound rank sensitivity, and is attention smoother without
+    `<bos>`? (`sinkmech.studies.theory`; an original test of the bound's
+    ranking, not the paper's method.)"""
+
+    study: ClassVar[str] = "theory"
+    runner: ClassVar[str] = "sinkmech.studies.theory:run"
+    help: ClassVar[dict[str, str]] = {
+        "models": "models, each loaded in turn (the first with a fixed <bos>, the second the control)",
+        "prompts": "prompts for the Jacobians (one per prompt and condition)",
+        "tokens": "content tokens per prompt for the Jacobians",
+        "estimator": "Jacobian norms: the forward-mode Hutchinson estimate or the exact jacrev",
+        "probes": "Hutchinson probes per input position",
+        "shuffles": "shuffles of the same-distance null per prompt",
+        "validate_prompts": "held-out prompts on which the estimate is checked against the exact Jacobian",
+        "validate_tokens": "content tokens per validation prompt (every position of each is checked)",
+        "chunk_size": "tangents pushed at once",
+        "entropy_prompts": "prompts for the attention entropy",
+        "entropy_tokens": "content tokens per prompt for the attention entropy",
+    }
+
+    models: tuple[str, ...] = ("gemma3-270m", "smollm2")
+    prompts: int = 32
+    tokens: int = 32
+    estimator: Literal["hutchinson", "exact"] = "hutchinson"
+    probes: int = 2
+    shuffles: int = 100
+    validate_prompts: int = 4
+    validate_tokens: int = 32
+    chunk_size: int = 32
+    entropy_prompts: int = 32
+    entropy_tokens: int = 48
+
+    def check(self) -> None:
+        _positive(self, "probes", "shuffles", "chunk_size")
+        for key in ("prompts", "tokens", "entropy_prompts", "entropy_tokens", "validate_tokens"):
+            if getattr(self, key) < 2:
+                raise ConfigError(f"{key} must be >= 2, got {getattr(self, key)}")
+        if self.validate_prompts < 0:
+            raise ConfigError(f"validate_prompts must be >= 0, got {self.validate_prompts}")
+        if not self.models:
+            raise ConfigError("models: name at least one model")

@@ -17,12 +17,18 @@ The null: the path weights shuffled among the pairs at the same distance j - i
 correlation minus the null's mean says what the path weight adds. Jacobian
 norms come from the exact `jacrev` or the forward-mode Hutchinson estimate
 (`jacobian_norms_hutchinson`), validated against the exact one on short prompts
-(`validate_estimator`). Intervals: t intervals over prompts; paired
-differences also get a sign-flip permutation p-value.
+(`validate_estimator`: every position of a few held-out prompts). Without
+`<bos>` every pair is a content pair, so the "content" and "all" numbers of
+that condition are the same by construction. Intervals: t intervals over
+prompts; paired differences also get a sign-flip permutation p-value, and
+`run` (the study: both models, the attention entropy beside the bound)
+corrects those p-values with Holm over every test it reports, across models
+and pair sets (`family`).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,9 +39,11 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
 from sinkmech.theory.jacobian import _check_layers, jacobian_norms, jacobian_norms_hutchinson
-from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
+from sinkmech.options import RunOptions
+from sinkmech.prompts import CONDITIONS, PromptSource, default_corpus, tokenize
 from sinkmech import stats
 from sinkmech.results import Result
+from sinkmech.studies.configs import TheoryConfig
 from sinkmech.theory.sensitivity import attention_patterns, path_weights, spearman
 
 Estimator = Literal["exact", "hutchinson"]
@@ -220,12 +228,15 @@ def validate_estimator(
     chunk_size: int = 64,
     progress: bool = True,
 ) -> dict:
-    """The Hutchinson estimate against the exact Jacobian norms on short
-    prompts, both conditions: relative error per causal entry (median, mean,
-    90th percentile, max), the Spearman correlation of estimate and exact, and
-    the bound's correlation (all pairs) by each."""
+    """The Hutchinson estimate against the exact Jacobian norms on held-out
+    prompts, both conditions, at every causal entry: relative error per entry
+    (median, mean, 90th percentile, max), the Spearman correlation of estimate
+    and exact, and the bound's correlation by each, per pair set, with the
+    estimate-minus-exact difference over the prompt-conditions (the noise the
+    estimator adds to the study's own numbers)."""
     plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
-    errors, agree, rho_exact, rho_est = [], [], [], []
+    errors, agree = [], []
+    rho = {k: {s: [] for s in PAIR_SETS} for k in ("exact", "estimate")}
     L = model.cfg.n_layers
     steps = [(c, r) for c in CONDITIONS for r in plain.content()]
     for c, row in tqdm(steps, desc="estimator check", disable=not progress, unit="prompt"):
@@ -237,14 +248,174 @@ def validate_estimator(
         mask = pair_mask(len(seq), 0, "all")
         errors.append(((est[mask] - exact[mask]).abs() / exact[mask].clamp(min=1e-30)).double())
         agree.append(spearman(est[mask], exact[mask]))
-        rho_exact.append(spearman(exact[mask], paths[mask]))
-        rho_est.append(spearman(est[mask], paths[mask]))
+        for s in PAIR_SETS:
+            m = pair_mask(len(seq), batch.offset, s)
+            rho["exact"][s].append(spearman(exact[m], paths[m]))
+            rho["estimate"][s].append(spearman(est[m], paths[m]))
     err = torch.cat(errors)
+    diff = {s: torch.tensor(rho["estimate"][s]) - torch.tensor(rho["exact"][s]) for s in PAIR_SETS}
     return {
         "n_prompts": len(plain), "n_tokens": plain.max_content, "n_probes": n_probes, "n_entries": len(err),
         "relative_error": {"median": float(err.median()), "mean": float(err.mean()),
                            "p90": float(err.quantile(0.9)), "max": float(err.max())},
         "spearman_estimate_vs_exact": {"mean": float(torch.tensor(agree).mean()), "min": float(min(agree))},
-        "bound_spearman_exact": rho_exact, "bound_spearman_estimate": rho_est,
-        "bound_spearman_abs_difference_max": float((torch.tensor(rho_exact) - torch.tensor(rho_est)).abs().max()),
+        "bound_spearman_exact": rho["exact"]["all"], "bound_spearman_estimate": rho["estimate"]["all"],
+        "bound_spearman_abs_difference_max": float(diff["all"].abs().max()),
+        "bound_spearman_by_pairs": {s: {"exact": rho["exact"][s], "estimate": rho["estimate"][s],
+                                        "estimate_minus_exact": mean_ci(diff[s]),
+                                        "abs_difference_max": float(diff[s].abs().max())} for s in PAIR_SETS},
     }
+
+
+# The study: both models, the attention entropy beside the bound, one Holm family
+
+
+def entropy_per_prompt(model: Model, prompts: list[str], max_tokens: int,
+                       options: RunOptions = RunOptions()) -> Float[Tensor, "condition prompt"]:
+    """Mean normalised attention entropy over layers and heads, per condition
+    ([bos, prompt]) and prompt, from `perturbation_spread`'s clean run."""
+    from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
+
+    rows = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
+    content = rows.content()
+    swaps = corpus_swaps(content, 4)
+    out = torch.zeros(len(CONDITIONS), len(content))
+    for p, (row, swap) in enumerate(zip(content, swaps)):
+        res = perturbation_spread(model, [row], perturbation=[swap], progress=False)
+        out[:, p] = res.normalized_entropy.nanmean((1, 2))
+    return out
+
+
+def measure(model: Model, config: TheoryConfig = TheoryConfig(), options: RunOptions = RunOptions()) -> dict:
+    """One model: the estimator check on the prompts after the study's, the
+    bound's ranking and the attention entropy (see the module docstring)."""
+    prompts = default_corpus()
+    c = config
+    out: dict = {"n_prompts": c.prompts, "n_tokens": c.tokens, "estimator": c.estimator,
+                 "n_probes": c.probes if c.estimator == "hutchinson" else None, "n_layers": model.cfg.n_layers,
+                 "content_equals_all_without_bos": True}
+    t0 = time.perf_counter()
+    if c.estimator == "hutchinson" and c.validate_prompts > 0:  # validation prompts come after the study's
+        held = prompts[c.prompts : c.prompts + c.validate_prompts]
+        out["validation"] = validate_estimator(model, held, max_tokens=c.validate_tokens, n_probes=c.probes,
+                                               chunk_size=c.chunk_size, bos_token_id=options.bos_token_id,
+                                               progress=options.progress)
+    out["validation_seconds"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    br = bound_ranking(model, prompts[: c.prompts], max_tokens=c.tokens, estimator=c.estimator, n_probes=c.probes,
+                       n_shuffles=c.shuffles, chunk_size=c.chunk_size, bos_token_id=options.bos_token_id,
+                       progress=options.progress)
+    out |= {k: v for k, v in br.to_dict().items() if k not in ("n_prompts", "n_tokens", "estimator", "n_probes")}
+    out["bound_seconds"] = round(time.perf_counter() - t0, 1)
+    ent = entropy_per_prompt(model, prompts[: c.entropy_prompts], c.entropy_tokens, options)
+    out["entropy_setting"] = {"prompts": c.entropy_prompts, "tokens": c.entropy_tokens}
+    out["normalized_entropy"] = {cond: mean_ci(ent[i]) for i, cond in enumerate(CONDITIONS)}
+    out["normalized_entropy"]["none_minus_prepend"] = paired(ent[1] - ent[0])
+    return out
+
+
+def family_tests(per_model: dict[str, dict]) -> list[tuple[str, dict]]:
+    """Every sign-flip test the study reports, named `<model>.<pairs>.<test>`:
+    per model, with minus without `<bos>` over each pair set, the bound minus
+    its same-distance null in each condition (without `<bos>` the content
+    pairs are all pairs, so that test is counted once), and the attention
+    entropy's paired change. The family Holm's correction runs over."""
+    tests = []
+    for name, r in per_model.items():
+        for s in PAIR_SETS:
+            if s in r:
+                tests.append((f"{name}.{s}.none_minus_prepend", r[s]["none_minus_prepend"]))
+                for cond in CONDITIONS:
+                    if not (cond == "none" and s == "content"):
+                        tests.append((f"{name}.{s}.{cond}.minus_null", r[s][cond]["minus_null"]))
+        if "normalized_entropy" in r:
+            tests.append((f"{name}.normalized_entropy.none_minus_prepend", r["normalized_entropy"]["none_minus_prepend"]))
+    return tests
+
+
+def correct(per_model: dict[str, dict]) -> dict:
+    """Holm over `family_tests` (across models and pair sets): writes
+    `sign_flip_p_holm` into each test and returns the family
+    ({"size", "correction", "tests": [{"name", "p", "p_holm", "at_floor"}]})."""
+    tests = family_tests(per_model)
+    adjusted = stats.holm([t["sign_flip_p"] for _, t in tests])
+    for (_, t), p in zip(tests, adjusted):
+        t["sign_flip_p_holm"] = p
+    return {"size": len(tests), "correction": "Holm over every sign-flip test below, across models and pair sets",
+            "tests": [{"name": n, "p": t["sign_flip_p"], "p_holm": t["sign_flip_p_holm"],
+                       "at_floor": t.get("sign_flip_p_at_floor", False)} for n, t in tests]}
+
+
+@dataclass(frozen=True)
+class Theory(Result):
+    """The theory study: per model the estimator check, the bound's ranking
+    and the attention entropy (`measure`), and the Holm family over both."""
+
+    per_model: dict[str, dict]
+    family: dict
+    config: TheoryConfig
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), **self.per_model, "family": self.family,
+                "seconds": round(self.seconds, 1)}
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.family["tests"])
+
+    def findings(self) -> dict:
+        """The quotable numbers, nested from the findings file's root (`<model>.theory.*`, per-prompt lists left out)."""
+        return {name: {"theory": {k: v for k, v in r.items() if k != "per_prompt"}}
+                for name, r in self.per_model.items()}
+
+
+def run(models=None, config: TheoryConfig = TheoryConfig(), options: RunOptions = RunOptions()) -> Theory:
+    """The theory study on every model (loaded one at a time from
+    `config.models`, or the loaded models or specs given)."""
+    from sinkmech.loading.models import load_model
+
+    t0 = time.perf_counter()
+    specs = list(config.models) if models is None else (list(models) if isinstance(models, (list, tuple)) else [models])
+    per_model = {}
+    for spec in specs:
+        model = load_model(spec, device=options.device, dtype=options.dtype or "float32") if isinstance(spec, str) \
+            else spec
+        name = spec if isinstance(spec, str) else (model.cfg.model_name or "model")
+        t1 = time.perf_counter()
+        per_model[name] = measure(model, config, options)
+        per_model[name]["seconds"] = round(time.perf_counter() - t1, 1)
+        del model
+    family = correct(per_model)
+    return Theory(per_model, family, config, time.perf_counter() - t0)
+
+
+def text(result: Theory) -> str:
+    """The study's numbers as lines (each mean with its interval; p-values raw and Holm)."""
+    def cell(v: dict) -> str:
+        ci = v.get("ci")
+        return f"{v['mean']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"{v['mean']:+.3f}"
+
+    def p(v: dict) -> str:
+        raw = f"< {v['sign_flip_p_floor']:.2g}" if v.get("sign_flip_p_at_floor") else f"{v['sign_flip_p']:.4f}"
+        return f"p {raw} (Holm {v['sign_flip_p_holm']:.4f})"
+
+    lines = []
+    for name, r in result.per_model.items():
+        if "validation" in r:
+            v = r["validation"]
+            lines.append(f"{name} estimator check ({v['n_prompts']} prompts x {v['n_tokens']} tokens, {v['n_probes']} "
+                         f"probes): relative error median {v['relative_error']['median']:.3f}; Spearman with exact "
+                         f"{v['spearman_estimate_vs_exact']['mean']:.3f}; bound Spearman estimate minus exact "
+                         + ", ".join(f"{s} {cell(v['bound_spearman_by_pairs'][s]['estimate_minus_exact'])}"
+                                     for s in PAIR_SETS))
+        for s in PAIR_SETS:
+            c = r[s]
+            lines.append(f"{name} {s}: with {cell(c['prepend'])}, without {cell(c['none'])}; paired "
+                         f"{cell(c['none_minus_prepend'])} {p(c['none_minus_prepend'])}")
+        e = r["normalized_entropy"]
+        lines.append(f"{name} normalised entropy: with {cell(e['prepend'])}, without {cell(e['none'])}, paired "
+                     f"{cell(e['none_minus_prepend'])} {p(e['none_minus_prepend'])}")
+    lines.append(f"Holm family: {result.family['size']} sign-flip tests across models and pair sets")
+    return "\n".join(lines)

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.paths import REPO
 from helpers.tiny import TINY_BOS, WordTokenizer, make_tiny, serve_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
@@ -167,30 +166,44 @@ def test_sinks_findings_carry_intervals_and_the_paired_contrast(cli_model, promp
 
 
 @pytest.mark.slow
-def test_theory_script_writes_paired_intervals_and_findings(cli_model, tmp_path):
-    """scripts/theory.py on the tiny model: each mean with an interval around it, the
-    with/without difference paired by prompt, everything also in the findings file."""
-    import importlib.util
+def test_the_theory_study_writes_paired_intervals_its_holm_family_and_findings(cli_model, tmp_path):
+    """The theory study on the tiny model: each mean with an interval around it, the
+    with/without difference paired by prompt, the estimator checked on every position
+    of held-out prompts, the p-values Holm-corrected over the stated family (9 tests
+    per model: the paired test on 3 pair sets, 5 distinct bound-minus-null tests, the
+    entropy's paired test; `family_tests`), and the findings nested from the root."""
+    from sinkmech.options import QUIET
+    from sinkmech.studies.configs import STUDIES, TheoryConfig
+    from sinkmech.studies.theory import run, text
 
-    path = REPO / "scripts" / "theory.py"
-    spec = importlib.util.spec_from_file_location("theory", path)
-    theory = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(theory)
-    out, found = tmp_path / "theory.json", tmp_path / "findings.json"
-    assert theory.main(["--models", "tiny", "--prompts", "3", "--tokens", "5", "--entropy-prompts", "4",
-                        "--entropy-tokens", "8", "--out", str(out), "--findings", str(found)]) == 0
-    r = json.loads(out.read_text())["tiny"]
+    assert STUDIES["theory"] is TheoryConfig
+    cfg = TheoryConfig(models=("tiny",), prompts=3, tokens=5, shuffles=5, validate_prompts=2, validate_tokens=4,
+                       entropy_prompts=4, entropy_tokens=8)
+    result = run(["tiny"], cfg, QUIET)
+    out = json.loads(result.to_json())
+    assert out["config"] == cfg.to_dict()
+    r = out["tiny"]
     for key in ("all", "content", "off_diagonal", "normalized_entropy"):
         for c in ("prepend", "none", "none_minus_prepend"):
             v = r[key][c]
             assert v["ci"][0] - 1e-9 <= v["mean"] <= v["ci"][1] + 1e-9
         assert r[key]["none_minus_prepend"]["mean"] == pytest.approx(r[key]["none"]["mean"] - r[key]["prepend"]["mean"])
-        assert 0 <= r[key]["none_minus_prepend"]["sign_flip_p"] <= 1
+        v = r[key]["none_minus_prepend"]
+        assert 0 <= v["sign_flip_p"] <= v["sign_flip_p_holm"] <= 1
     for key in ("all", "content", "off_diagonal"):  # the bound against its same-distance shuffle, per condition
         v = r[key]["prepend"]["minus_null"]
         assert v["mean"] == pytest.approx(r[key]["prepend"]["mean"] - r[key]["prepend"]["null"]["mean"])
+    # without <bos> the content pairs are all pairs: the same numbers by construction
+    assert r["content"]["none"]["mean"] == r["all"]["none"]["mean"] and r["content_equals_all_without_bos"]
+    # the family: per model 3 paired tests, 5 distinct bound-minus-null tests, the entropy's paired test
+    assert out["family"]["size"] == 9 and len({t["name"] for t in out["family"]["tests"]}) == 9
+    v = r["validation"]
+    assert v["n_prompts"] == 2 and v["n_tokens"] == 4 and len(v["bound_spearman_exact"]) == 4  # 2 prompts x 2 conditions
+    assert v["n_entries"] == 2 * (5 * 6 // 2) + 2 * (4 * 5 // 2)  # every causal entry, with and without <bos>
     assert r["n_prompts"] == 3 and r["n_tokens"] == 5 and r["estimator"] == "hutchinson"
     assert r["normalized_entropy"]["prepend"]["n"] == 4
-    f = json.loads(found.read_text())
-    assert f["tiny.theory.normalized_entropy.none.mean"] == r["normalized_entropy"]["none"]["mean"]
-    assert theory.main(["--models", "tiny", "--prompts", "1", "--out", str(out)]) == 2
+    found = result.findings()["tiny"]["theory"]
+    assert "per_prompt" not in found and found["normalized_entropy"]["none"]["mean"] == r["normalized_entropy"]["none"]["mean"]
+    assert "Holm family: 9" in text(result)
+    with pytest.raises(Exception, match="prompts must be >= 2"):
+        TheoryConfig(prompts=1).check()
