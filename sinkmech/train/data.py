@@ -306,7 +306,10 @@ class TrainData:
     """A run's data under `cfg`: training batches (`batch()`), fixed validation
     windows (`val_chunks`, content tokens [val_windows, context_length]) and
     held-out documents for sink scoring (`prompts`, `sink_tokens(cfg)` content
-    tokens each, without `<bos>`)."""
+    tokens each, without `<bos>`; where `score_tokens` scores a model on
+    fewer tokens than its context holds, `own_prompts` hold context_length - 1
+    content tokens each, so the model is also scored at its own training
+    length; else None)."""
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
@@ -339,6 +342,11 @@ class TrainData:
             self.prompts = backcopy_documents(self.bb, cfg.eval_prompts, sink_len, seed=cfg.seed + 3)
         if not self.prompts:
             raise ValueError(f"no held-out document has {sink_len} tokens to score sinks on")
+        own = cfg.context_length - 1
+        self.own_prompts: list[list[int]] | None = None
+        if cfg.score_tokens is not None and own > sink_len:
+            self.own_prompts = (backcopy_documents(self.bb, cfg.eval_prompts, own, seed=cfg.seed + 3) if self.bb is not None
+                                else stream_documents(val, bos_id=self.bos_id, min_len=own, n=cfg.eval_prompts) or None)
 
     def batch(self) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
         """One training batch (inputs, targets) under the config's `fixed_bos`."""

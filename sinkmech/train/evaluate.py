@@ -49,6 +49,9 @@ class EvalResult:
     val_loss: dict[Bos, float]
     split_loss: dict[Bos, dict[str, float]] | None
     conditions: dict[Bos, ConditionEval]
+    # where the run scores sinks on fewer tokens than its context (`score_tokens`): the same sink
+    # statistics at its own training length (context_length - 1 content tokens), per condition
+    own_length: dict[Bos, dict] | None = None
 
     def to_dict(self) -> dict:
         """{"val_loss": {cond: nats}, "split_loss": {cond: {"post_trigger",
@@ -58,7 +61,8 @@ class EvalResult:
         "attention"}}}: the shape of every `log["evals"]` entry."""
         return {"val_loss": dict(self.val_loss),
                 "split_loss": None if self.split_loss is None else {c: dict(v) for c, v in self.split_loss.items()},
-                "conditions": {c: asdict(e) for c, e in self.conditions.items()}}
+                "conditions": {c: asdict(e) for c, e in self.conditions.items()},
+                **({} if self.own_length is None else {"own_length": self.own_length})}
 
 
 @torch.no_grad()
@@ -114,5 +118,15 @@ def evaluate(model: Model, data: TrainData) -> EvalResult:
             resid_norm_rest=s.resid_norm_rest.mean(0).tolist(),
             attention=attention_breakdown(model, tokens, classes).to_dict(),
         )
+    own = None
+    if data.own_prompts is not None:
+        own = {}
+        for cond in CONDITIONS:
+            s = sink_scores(model, data.own_prompts, bos=cond, max_tokens=cfg.context_length - 1, batch_size=16,
+                            bos_token_id=data.bos_id, progress=False)
+            mean = s.mean_scores()
+            own[cond] = {"n_tokens": cfg.context_length - 1, "sink_rate": {format_eps(e): s.sink_rate(e) for e in DEFAULT_EPS},
+                         "max_head_score": float(mean.max()), "mean_head_score": float(mean.mean()),
+                         "uniform_score": s.uniform_score()}
     model.train(was_training)
-    return EvalResult(val_loss, split_loss, conditions)
+    return EvalResult(val_loss, split_loss, conditions, own)

@@ -23,7 +23,7 @@ PAPER_TABLE2 = (
 )
 
 # Written only when set: a row keeps the keys of the older rows beside it.
-_OPTIONAL = ("layer_sink_rate", "text_corpus", "mask_self", "run_steps", "preset", "run", "reused_from")
+_OPTIONAL = ("layer_sink_rate", "text_corpus", "mask_self", "run_steps", "preset", "run", "reused_from", "own_length")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ class SummaryRow(Result):
     preset: str | None = None
     run: str | None = None
     reused_from: str | None = None  # "<study>/<run>": the log came from another study
+    # scored at the run's own training length too (context_length - 1 tokens) where `score_tokens` is
+    # shorter: "n_tokens", "sink_rate", "max_head_score", "mean_head_score", "uniform_score"; else None
+    own_length: dict | None = None
 
     def to_dict(self) -> dict:
         out = {}
@@ -131,6 +134,7 @@ def summary_rows(log: dict, at_step: int | None = None, *, preset: str | None = 
             value_norm_first=c["value_norm_first"], value_norm_rest=c["value_norm_rest"],
             text_corpus=cfg.text_corpus if cfg.data == "text" else None, mask_self=cfg.mask_self,
             run_steps=cfg.steps if at_step is not None else None, preset=preset, run=run, reused_from=reused_from,
+            own_length=(final.get("own_length") or {}).get(cond),
         ))
     return rows
 

@@ -149,6 +149,21 @@ def test_score_tokens_sets_the_scoring_prompts():
         TrainConfig(score_tokens=32, **TINY)  # no room for <bos> in a 32-token context
 
 
+def test_a_model_scored_on_fewer_tokens_is_also_scored_at_its_own_training_length():
+    """The context-length study scores every model on the shortest context's tokens;
+    each is also scored on context_length - 1 tokens (`own_length` in every evaluation),
+    and a run scored at its own length anyway has no second scoring."""
+    cfg = TrainConfig(steps=1, score_tokens=11, **TINY)
+    data = TrainData(cfg)
+    assert {len(p) for p in data.own_prompts} == {31} and TrainData(TrainConfig(**TINY)).own_prompts is None
+    ev = evaluate(build_model(cfg, "cpu"), data)
+    own = ev.to_dict()["own_length"]
+    assert set(own) == {"prepend", "none"} and own["prepend"]["n_tokens"] == 31
+    assert own["prepend"]["uniform_score"] == pytest.approx(sum(1 / (t + 1) for t in range(32)) / 32)  # 31 + <bos>
+    assert 0.0 <= own["none"]["sink_rate"]["0.3"] <= 100.0
+    assert "own_length" not in evaluate(build_model(TrainConfig(**TINY), "cpu"), TrainData(TrainConfig(**TINY))).to_dict()
+
+
 def test_bench_train_prints_and_writes_the_ratio(tmp_path, capsys):
     mod = _load("bench_train")
     assert mod.main(["--steps", "2", "--set", "context_length=32", "tokens_per_step=64", "eval_prompts=2",
