@@ -91,8 +91,8 @@ def run(models=None, config: CalibrationConfig = CalibrationConfig(), options: R
         with torch.no_grad():
             for h in (0, 1, 2):
                 model.blocks[0].attn.W_Q[h] *= f
-        scan = scan_heads(model, prompt_marker_corpus(config.n_prompts, 100 + seed), bos="prepend",
-                          bos_token_id=BOS, max_tokens=20, progress=False, n_boot=0)
+        scan = scan_heads(model, prompt_marker_corpus(config.n_prompts, 100 + seed), bos="prepend", max_tokens=20,
+                          n_boot=0, options=RunOptions(progress=False, bos_token_id=BOS))
         for row in scan.sweep:
             key = f"{row['high']:g}_{row['low']:g}"
             c = counts.setdefault(key, {"high": row["high"], "low": row["low"], "if_else_recovered": 0,

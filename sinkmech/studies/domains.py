@@ -48,9 +48,8 @@ def domain_tables(model: Model, domain: str, config: DomainsConfig = DomainsConf
     whole = corpus(domain)  # the 170 default windows: the first n_prompts are the ones the other commands read
     texts = whole.part(0, config.n_prompts)
     groups, n_boot = list(texts.documents), config.n_boot
-    kw = dict(max_tokens=config.max_tokens, batch_size=options.batch(16), bos_token_id=options.bos_token_id,
-              loss=True, progress=options.progress)
-    runs = {c: sink_scores(model, list(texts.prompts), bos=c, **kw) for c in CONDITIONS}
+    runs = {c: sink_scores(model, list(texts.prompts), bos=c, max_tokens=config.max_tokens, loss=True, options=options)
+            for c in CONDITIONS}
     pre, none = runs["prepend"], runs["none"]
     targets = pre.prompt_targets().double()
 
@@ -75,9 +74,7 @@ def domain_tables(model: Model, domain: str, config: DomainsConfig = DomainsConf
 def _scan(model: Model, texts, config: DomainsConfig, options: RunOptions) -> dict:
     from sinkmech.dormant.scan import scan_heads
 
-    scan = scan_heads(model, list(texts.prompts), bos="prepend", max_tokens=config.max_tokens,
-                      batch_size=options.batch(16), bos_token_id=options.bos_token_id, progress=options.progress,
-                      n_boot=0)
+    scan = scan_heads(model, list(texts.prompts), bos="prepend", max_tokens=config.max_tokens, n_boot=0, options=options)
     found = scan.if_else_heads()
     return {
         "sweep": {f"{r['high']:g}_{r['low']:g}": {"high": r["high"], "low": r["low"], **r["mode_counts"],

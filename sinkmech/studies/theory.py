@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
 from sinkmech.theory.jacobian import _check_layers, jacobian_norms, jacobian_norms_hutchinson
-from sinkmech.options import RunOptions
+from sinkmech.options import QUIET, RunOptions
 from sinkmech.prompts import CONDITIONS, PromptSource, default_corpus, tokenize
 from sinkmech import stats
 from sinkmech.results import Result
@@ -177,10 +177,9 @@ def bound_ranking(
     n_probes: int = 4,
     n_shuffles: int = 100,
     n_layers: int | None = None,
-    bos_token_id: int | None = None,
     seed: int = 0,
     chunk_size: int = 64,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> BoundRanking:
     """The bound's ranking on every prompt, with and without `<bos>`, on the
     same content tokens (cut to `max_tokens`).
@@ -190,6 +189,7 @@ def bound_ranking(
             or "exact" (`jacrev`: T x d_model backward rows per prompt).
         n_shuffles: shuffles of the distance null per prompt.
         chunk_size: tangents (or backward rows) vmapped at once; memory grows with it.
+        options: a progress bar, the `<bos>` id for a model whose tokenizer lacks one.
 
     Returns:
         BoundRanking with per-prompt correlations.
@@ -197,14 +197,14 @@ def bound_ranking(
     L = _check_layers(model, n_layers)
     if estimator not in ("exact", "hutchinson"):
         raise ValueError(f"estimator must be 'exact' or 'hutchinson', got {estimator!r}")
-    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     rows = plain.content()
     P = len(rows)
     rho = {c: {s: torch.full((P,), float("nan")) for s in PAIR_SETS} for c in CONDITIONS}
     null = {c: {s: torch.full((P,), float("nan")) for s in PAIR_SETS} for c in CONDITIONS}
     steps = [(c, p) for c in CONDITIONS for p in range(P)]
-    for c, p in tqdm(steps, desc=f"bound ranking ({estimator})", disable=not progress, unit="prompt"):
-        batch = tokenize(model, [rows[p]], bos=c, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    for c, p in tqdm(steps, desc=f"bound ranking ({estimator})", disable=not options.progress, unit="prompt"):
+        batch = tokenize(model, [rows[p]], bos=c, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         seq = batch.tokens[0, : int(batch.lengths[0])]
         sens = sensitivity_norms(model, seq, estimator=estimator, n_probes=n_probes, n_layers=L,
                                  seed=seed + p, chunk_size=chunk_size).float().cpu()
@@ -223,10 +223,9 @@ def validate_estimator(
     *,
     max_tokens: int = 6,
     n_probes: int = 4,
-    bos_token_id: int | None = None,
     seed: int = 0,
     chunk_size: int = 64,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """The Hutchinson estimate against the exact Jacobian norms on held-out
     prompts, both conditions, at every causal entry: relative error per entry
@@ -234,13 +233,13 @@ def validate_estimator(
     and exact, and the bound's correlation by each, per pair set, with the
     estimate-minus-exact difference over the prompt-conditions (the noise the
     estimator adds to the study's own numbers)."""
-    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     errors, agree = [], []
     rho = {k: {s: [] for s in PAIR_SETS} for k in ("exact", "estimate")}
     L = model.cfg.n_layers
     steps = [(c, r) for c in CONDITIONS for r in plain.content()]
-    for c, row in tqdm(steps, desc="estimator check", disable=not progress, unit="prompt"):
-        batch = tokenize(model, [row], bos=c, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    for c, row in tqdm(steps, desc="estimator check", disable=not options.progress, unit="prompt"):
+        batch = tokenize(model, [row], bos=c, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         seq = batch.tokens[0, : int(batch.lengths[0])]
         exact = jacobian_norms(model, seq, chunk_size=chunk_size).float().cpu()
         est = jacobian_norms_hutchinson(model, seq, n_probes=n_probes, seed=seed, chunk_size=chunk_size).float().cpu()
@@ -281,7 +280,7 @@ def entropy_per_prompt(model: Model, prompts: list[str], max_tokens: int,
     swaps = corpus_swaps(content, 4)
     out = torch.zeros(len(CONDITIONS), len(content))
     for p, (row, swap) in enumerate(zip(content, swaps)):
-        res = perturbation_spread(model, [row], perturbation=[swap], progress=False)
+        res = perturbation_spread(model, [row], perturbation=[swap], options=QUIET)
         out[:, p] = res.normalized_entropy.nanmean((1, 2))
     return out
 
@@ -298,13 +297,11 @@ def measure(model: Model, config: TheoryConfig = TheoryConfig(), options: RunOpt
     if c.estimator == "hutchinson" and c.validate_prompts > 0:  # validation prompts come after the study's
         held = prompts[c.prompts : c.prompts + c.validate_prompts]
         out["validation"] = validate_estimator(model, held, max_tokens=c.validate_tokens, n_probes=c.probes,
-                                               chunk_size=c.chunk_size, bos_token_id=options.bos_token_id,
-                                               progress=options.progress)
+                                               chunk_size=c.chunk_size, options=options)
     out["validation_seconds"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
     br = bound_ranking(model, prompts[: c.prompts], max_tokens=c.tokens, estimator=c.estimator, n_probes=c.probes,
-                       n_shuffles=c.shuffles, chunk_size=c.chunk_size, bos_token_id=options.bos_token_id,
-                       progress=options.progress)
+                       n_shuffles=c.shuffles, chunk_size=c.chunk_size, options=options)
     out |= {k: v for k, v in br.to_dict().items() if k not in ("n_prompts", "n_tokens", "estimator", "n_probes")}
     out["bound_seconds"] = round(time.perf_counter() - t0, 1)
     ent = entropy_per_prompt(model, prompts[: c.entropy_prompts], c.entropy_tokens, options)

@@ -15,6 +15,7 @@ from sinkmech.measures.sinks import format_eps, sink_scores
 from sinkmech.train.data import TrainData, make_inputs, post_trigger, sink_tokens
 from sinkmech.train.model import packed_token_losses
 from sinkmech.train.modes import attention_breakdown, trigger_classes
+from sinkmech.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def evaluate(model: Model, data: TrainData) -> EvalResult:
     for cond in CONDITIONS:
         s = sink_scores(
             model, data.prompts, bos=cond, max_tokens=sink_tokens(cfg),
-            batch_size=64, bos_token_id=data.bos_id, progress=False,
+            options=RunOptions(batch_size=64, progress=False, bos_token_id=data.bos_id),
         )
         mean = s.mean_scores()
         prompts = torch.tensor([p[: sink_tokens(cfg)] for p in data.prompts])  # as sink_scores truncates them
@@ -122,8 +123,8 @@ def evaluate(model: Model, data: TrainData) -> EvalResult:
     if data.own_prompts is not None:
         own = {}
         for cond in CONDITIONS:
-            s = sink_scores(model, data.own_prompts, bos=cond, max_tokens=cfg.context_length - 1, batch_size=16,
-                            bos_token_id=data.bos_id, progress=False)
+            s = sink_scores(model, data.own_prompts, bos=cond, max_tokens=cfg.context_length - 1,
+                            options=RunOptions(batch_size=16, progress=False, bos_token_id=data.bos_id))
             mean = s.mean_scores()
             own[cond] = {"n_tokens": cfg.context_length - 1, "sink_rate": {format_eps(e): s.sink_rate(e) for e in DEFAULT_EPS},
                          "max_head_score": float(mean.max()), "mean_head_score": float(mean.mean()),
