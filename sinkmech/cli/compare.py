@@ -111,7 +111,8 @@ def markdown(results: list[ModelComparison]) -> str:
                   + (f"; if-else heads: {', '.join(d.if_else_heads)}" if d.if_else_heads else "; no head passes the if-else rule")
                   + f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
                   "intervened query, nats, with 95 % t intervals over prompts (an interval holding 0: no "
-                  "detectable effect; Holm's correction over the check in `compare.json`, `checks`):"]
+                  "detectable effect; Holm's correction over the primary family, active minus matched control per if-else head "
+                  "and intervention, in `compare.json`, `primary_family`; other intervals unadjusted):"]
         for name, n in d.noop.items():
             c = d.candidates.get(name, {})
             trig = c.get("trigger")

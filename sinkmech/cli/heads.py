@@ -252,7 +252,7 @@ def merged_heads(part, args) -> None:
 def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -> None:
     """The table, the no-op check (on `noop_rows` of `prompts`, held out from the
     scan) and the outputs of `heads` (one scan, sharded or not)."""
-    from sinkmech.dormant.noop import noop_check, noop_heads
+    from sinkmech.dormant.noop import noop_check, noop_heads, with_primary
     from sinkmech.plots.core import heatmap_panels, save
 
     check_heads = [target] if target else noop_heads(scan, args.noop)
@@ -261,6 +261,8 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
                            max_tokens=args.max_tokens, thresholds=scan.thresholds, prompt_indices=noop_rows,
                            options=run_options(args, bos_token_id=bos_id))
+        # the primary family: the if-else heads (or the one head asked for); other candidates are secondary
+        check = with_primary(check, [target] if target else scan.if_else_heads())
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     if target:
@@ -307,6 +309,9 @@ def heads_findings(scan, check) -> dict:
                                   "trigger": scan.top_trigger(l, h).token,
                                   "trigger_test": scan.top_trigger(l, h).trigger_test,
                                   "trigger_p": scan.top_trigger(l, h).trigger_p,
+                                  "trigger_p_t": scan.top_trigger(l, h).trigger_p_t,
+                                  "trigger_coverage": scan.top_trigger(l, h).coverage,
+                                  "trigger_coverage_beyond_chance": scan.top_trigger(l, h).coverage_beyond_chance,
                                   "dormant_fraction": float(scan.dormant_fraction[l, h]),
                                   "active_fraction": float(scan.active_fraction[l, h])} for l, h in found},
         "sweep": {f"{r['high']:g}_{r['low']:g}": {"high": r["high"], "low": r["low"], **r["mode_counts"],
@@ -315,17 +320,23 @@ def heads_findings(scan, check) -> dict:
     }
     if check is not None:
         def effect(e: dict | None) -> dict | None:
-            return None if e is None else {k: e[k] for k in ("value", "ci", "p_adjusted", "detectable",
-                                                              "detectable_adjusted")}
+            return None if e is None else {k: e.get(k) for k in ("value", "ci", "p", "p_adjusted", "detectable",
+                                                                  "detectable_adjusted", "role")}
 
-        out["noop"] = {"n_prompts": len(check.prompt_indices or ()), "n_intervals": check.n_intervals, **{
+        family = check.primary_family or {}
+        out["noop"] = {"n_prompts": len(check.prompt_indices or ()), "n_intervals": check.n_intervals,
+                       "primary_family": {"size": family.get("size"), "test": family.get("test"),
+                                          "tests": {f"{t['head']}.{t['intervention']}": {
+                                              k: t[k] for k in ("value", "ci", "p", "p_adjusted", "detectable_adjusted")}
+                                              for t in family.get("tests", ())}}, **{
             head_label(r.layer, r.head): {
                 **{k: {"n_queries": e["n_queries"], "n_prompts": e["n_prompts"], "per_query": effect(e["per_query"]),
                        "total": effect(e["total"]),
                        "control_per_query": None if e["matched_control"] is None
                        else effect(e["matched_control"]["per_query"]),
                        "minus_control": None if e["matched_control"] is None
-                       else effect(e["matched_control"]["difference"])}
+                       else effect(e["matched_control"]["difference"]),
+                       **({"minus_mean_ablate": effect(e["minus_mean_ablate"])} if "minus_mean_ablate" in e else {})}
                    for k, e in r.checks.items()},
                 "active_looks": r.active_looks}
             for r in check.results}}
@@ -364,8 +375,11 @@ def _validation(t: dict | None) -> str:
 def print_heads_table(scan, top: int) -> None:
     from sinkmech.dormant.labels import mode_meaning
 
+    if scan.sweep:  # the labels hang on the cut: the sweep first
+        print_sweep(scan.sweep)
     counts = scan.mode_counts()
-    print(f"\n{scan.n_layers * scan.n_heads} heads over {scan.n_prompts} prompts ({scan.n_queries} queries): "
+    print(f"\nat the cut high {scan.thresholds.high:g} / low {scan.thresholds.low:g}: "
+          f"{scan.n_layers * scan.n_heads} heads over {scan.n_prompts} prompts ({scan.n_queries} queries): "
           + ", ".join(f"{v} {k}" for k, v in counts.items()))
     ranked = scan.if_else_heads()
     if ranked:
@@ -387,8 +401,6 @@ def print_heads_table(scan, top: int) -> None:
     print(f"held-out: the chosen trigger's lift on the {len(sel)} selection (even) / {len(val)} validation (odd) prompts; "
           "+ = validated there")
     print("modes: " + "; ".join(f"{k}: {v}" for k, v in mode_meaning(scan.thresholds).items()))
-    if scan.sweep:
-        print_sweep(scan.sweep)
 
 
 def print_sweep(rows: Sequence[dict]) -> None:
@@ -437,7 +449,9 @@ def _verdict(e: dict | None) -> str:
     if e is None:
         return "n/a"
     text = effect_text(e["value"], e["ci"])
-    return f"{text} (Holm p {e['p_adjusted']:.2g}{', holds' if e['detectable_adjusted'] else ''})"
+    if e.get("p_adjusted") is None:  # secondary: unadjusted
+        return f"{text} (p {e['p']:.2g}, secondary)"
+    return f"{text} (primary; Holm p {e['p_adjusted']:.2g}{', holds' if e['detectable_adjusted'] else ''})"
 
 
 def print_noop(check) -> None:
@@ -445,8 +459,10 @@ def print_noop(check) -> None:
 
     print(f"\nno-op check (clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens): loss change in nats, per "
           f"intervened query and in total, {100 * check.ci_level:.0f}% t interval over prompts; an interval holding 0 "
-          f"reads 'no detectable effect'; Holm p over all {check.n_intervals} intervals ('holds': still below "
-          f"{1 - check.ci_level:.2g}); control: the same number of the other mode's queries at the nearest positions")
+          f"reads 'no detectable effect'; Holm p over the primary family only ({check.n_intervals} tests: per "
+          f"if-else head and intervention, active minus matched control; 'holds': still below {1 - check.ci_level:.2g}); "
+          f"every other interval is secondary (raw p); control: the same number of the other mode's queries at the "
+          f"nearest positions")
     for r in check.results:
         print(f"  {head_label(r.layer, r.head)} ({r.n_dormant} dormant / {r.n_active} active queries in "
               f"{r.n_prompts_dormant} / {r.n_prompts_active} prompts)")
@@ -455,7 +471,8 @@ def print_noop(check) -> None:
             ctrl = e["matched_control"]
             print(f"    {how.replace('_', ' '):>13} on {mode:<7}: per query {_verdict(e['per_query'])}; total "
                   f"{_verdict(e['total'])}" + ("" if ctrl is None else
-                                               f"; minus control ({ctrl['n_queries']} q) {_verdict(ctrl['difference'])}"))
+                                               f"; minus control ({ctrl['n_queries']} q) {_verdict(ctrl['difference'])}")
+                  + (f"; minus mean-ablation {_verdict(e['minus_mean_ablate'])}" if "minus_mean_ablate" in e else ""))
         if r.active_looks:
             print("    active queries look at: " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in r.active_looks.items()
                                                             if k != "n_queries"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinkmech.loading.backend import Model
-from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads
+from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads, with_primary
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.scan import scan_heads
@@ -91,6 +91,8 @@ def discover_heads(
     if checked and len(noop_rows):
         noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos="prepend", max_tokens=max_tokens,
                           thresholds=scan.thresholds, prompt_indices=noop_rows, options=options)
+        # the primary family: the scan's if-else heads (or the heads asked for); candidates are secondary
+        noop = with_primary(noop, checked if heads is not None else scan.if_else_heads())
     found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))
     if memo is not None:
         memo[key] = found

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import string
 import unicodedata
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -46,7 +46,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkmech.hooks import (
-    Hook, act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
+    Hook, head_label, act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
 )
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.loading.backend import Model
@@ -121,7 +121,11 @@ class NoopCheck(Result):
     ci_level: float = 0.95
     n_boot: int = 0  # no bootstrap: the intervals are t intervals over prompts
     prompt_indices: tuple[int, ...] | None = None  # which prompts of the corpus it ran on, when known
-    n_intervals: int = 0  # the Holm family: every interval the check reports
+    n_intervals: int = 0  # the size of the Holm family (`primary_family`)
+    # the pre-registered tests Holm's correction runs over: one per primary head and intervention, the
+    # per-query cost on its active queries minus that on as many matched controls (`primary_family`);
+    # every other interval is secondary and reported unadjusted
+    primary_family: dict | None = None
 
     def to_dataframe(self):
         import pandas as pd
@@ -132,8 +136,11 @@ class NoopCheck(Result):
         return {"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
                 "high": self.high, "low": self.low, "ci_level": self.ci_level, "n_boot": self.n_boot,
                 "interval": "Student t over prompts (per-query means: the ratio's linearisation)",
-                "correction": f"Holm over the {self.n_intervals} intervals of this check (p_adjusted)",
+                "correction": f"Holm over the primary family only ({self.n_intervals} tests: per primary head and "
+                              "intervention, active minus matched control, per query; p_adjusted); every other "
+                              "interval is secondary, reported unadjusted (role 'secondary', p_adjusted null)",
                 "n_intervals": self.n_intervals,
+                "primary_family": self.primary_family,
                 "prompt_indices": None if self.prompt_indices is None else list(self.prompt_indices),
                 "heads": [r.to_dict() for r in self.results]}
 
@@ -181,6 +188,12 @@ def _summarise(sums: dict, level: float) -> dict:
                 "difference": _effect(ratio_difference_t_interval(d, q, dc, qc, level=level)),
             }
             out[f"{how}_{mode}"] = entry
+        if how == "mean_ablate":  # zero-out against mean-ablation on the same queries, paired by prompt
+            for mode in MODES:
+                dz, qz = sums[("zero_out", mode, "mode")]
+                dm, qm = sums[("mean_ablate", mode, "mode")]
+                out[f"zero_out_{mode}"]["minus_mean_ablate"] = _effect(ratio_difference_t_interval(dz, qz, dm, qm,
+                                                                                                   level=level))
     return out
 
 
@@ -188,22 +201,61 @@ def _effect(t: Interval | None) -> dict | None:
     if t is None:
         return None
     return {"value": t.value, "ci": t.ci, "p": t.p, "detectable": t.excludes_zero,
-            "p_adjusted": None, "detectable_adjusted": None}
+            "p_adjusted": None, "detectable_adjusted": None, "role": "secondary"}
 
 
-def _holm_in_place(checks: dict, alpha: float) -> int:
-    """Holm over every interval in `checks` (all heads): fills p_adjusted and
-    detectable_adjusted; returns the family's size."""
-    effects = []
+PRIMARY_TEST = "active minus matched control, per query"
+
+
+def _effects(entry: dict) -> list[dict]:
+    """Every interval of one `<intervention>_<mode>` entry."""
+    out = [entry["total"], entry["per_query"], entry.get("minus_mean_ablate")]
+    mc = entry.get("matched_control")
+    if mc is not None:
+        out += [mc["per_query"], mc["difference"]]
+    return [e for e in out if e is not None]
+
+
+def primary_family(checks: dict[tuple[int, int], dict], heads: Sequence[tuple[int, int]], alpha: float) -> dict:
+    """Holm over the pre-registered primary family, in place: for each head of
+    `heads` (the if-else heads) and each intervention, the per-query cost on
+    its active queries minus that on as many matched controls (active minus
+    matched control: `<intervention>_active.matched_control.difference`).
+    Those tests get `role` "primary", `p_adjusted` and `detectable_adjusted`;
+    every other interval of `checks` is secondary (unadjusted, p_adjusted
+    None). Returns the family: {"size", "test", "correction", "tests"}."""
     for c in checks.values():
         for entry in c.values():
-            effects += [entry["total"], entry["per_query"]]
-            if entry["matched_control"] is not None:
-                effects += [entry["matched_control"]["per_query"], entry["matched_control"]["difference"]]
-    effects = [e for e in effects if e is not None]
-    for e, p in zip(effects, holm([e["p"] for e in effects])):
-        e["p_adjusted"], e["detectable_adjusted"] = p, p < alpha
-    return len(effects)
+            for e in _effects(entry):
+                e["role"], e["p_adjusted"], e["detectable_adjusted"] = "secondary", None, None
+    tests = []
+    for lh in heads:
+        for how in INTERVENTIONS:
+            mc = checks[lh][f"{how}_active"].get("matched_control")
+            e = None if mc is None else mc["difference"]
+            tests.append((lh, how, e))
+    family = [e for _, _, e in tests if e is not None]
+    for e, p in zip(family, holm([e["p"] for e in family])):
+        e["role"], e["p_adjusted"], e["detectable_adjusted"] = "primary", p, p < alpha
+    return {"size": len(family), "test": PRIMARY_TEST,
+            "correction": f"Holm at {alpha:g} over these tests only; totals, per-mode effects, resting-only and "
+                          "control-only intervals and zero-out minus mean-ablation are secondary (unadjusted)",
+            "tests": [{"head": head_label(*lh), "intervention": how,
+                       **({"value": None, "ci": None, "p": None, "p_adjusted": None, "detectable_adjusted": None}
+                          if e is None else {k: e[k] for k in ("value", "ci", "p", "p_adjusted", "detectable_adjusted")})}
+                      for lh, how, e in tests]}
+
+
+def with_primary(check: NoopCheck, heads: Sequence[tuple[int, int]]) -> NoopCheck:
+    """`check` with its primary family narrowed to `heads` (the if-else heads of
+    the scan that chose them; checked candidates become secondary)."""
+    import copy
+
+    checks = {(r.layer, r.head): copy.deepcopy(r.checks) for r in check.results}
+    heads = [(int(l), int(h)) for l, h in heads if (int(l), int(h)) in checks]
+    family = primary_family(checks, heads, 1 - check.ci_level)
+    results = tuple(replace(r, checks=checks[(r.layer, r.head)]) for r in check.results)
+    return replace(check, results=results, n_intervals=family["size"], primary_family=family)
 
 
 def _punctuation(model: Model, tokens: Tensor) -> Tensor:
@@ -247,7 +299,7 @@ def _looks(pattern: Float[Tensor, "batch query_pos key_pos"], tokens: Int[Tensor
 METHODS = ("restart", "restart_each", "full")
 
 __all__ = ["INTERVENTIONS", "LOOKS", "METHODS", "MODES", "NoopCheck", "NoopResult", "force_mask",
-           "matched_control", "noop_check", "noop_heads"]
+           "matched_control", "noop_check", "noop_heads", "primary_family", "with_primary"]
 
 
 def noop_heads(scan, n_candidates: int) -> list[tuple[int, int]]:
@@ -370,7 +422,7 @@ def noop_check(
     for (lh, c), n in cell_id.items():
         per_prompt[lh][c] = (deltas[n], counts[n])
     checks = {lh: _summarise(per_prompt[lh], ci_level) for lh in heads}
-    n_intervals = _holm_in_place(checks, 1 - ci_level)
+    family = primary_family(checks, heads, 1 - ci_level)  # every checked head; `with_primary` narrows it
     results = []
     for lh in heads:
         l, h = lh
@@ -394,7 +446,7 @@ def noop_check(
                 "n_queries": int(n_look), **{k: float(v) for k, v in zip(LOOKS, looks[lh][:-1] / n_look)}},
         ))
     return NoopCheck(tuple(results), loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, 0,
-                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices), n_intervals)
+                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices), family["size"], family)
 
 
 def _mean_outputs(model: Model, batch: TokenBatch, layers: Sequence[int], batch_size: int) -> dict[int, Tensor]:

@@ -271,19 +271,23 @@ def dormant_section(ctx: ReportContext) -> Section:
          for name, e in entries.items()])
     th = scan.thresholds
     noop_results = noop.results if noop is not None else ()
-    def cell(e: dict | None) -> str:  # per-query effect, and whether it survives Holm over the check
+    def cell(e: dict | None) -> str:  # per-query effect; a primary test says whether it survives Holm over its family
         if e is None:
             return "n/a"
-        return effect_text(e["value"], e["ci"]) + ("" if not e["detectable"] else
-                                                   " (holds after Holm)" if e["detectable_adjusted"] else " (not after Holm)")
+        if e.get("p_adjusted") is None:
+            return effect_text(e["value"], e["ci"]) + " (secondary)"
+        return effect_text(e["value"], e["ci"]) + (" (primary: holds after Holm)" if e["detectable_adjusted"]
+                                                   else " (primary: not after Holm)")
 
     checks = [f"{i}_{m}" for i in ("move_to_first", "zero_out", "mean_ablate") for m in ("dormant", "active")]
     noop_table = table_html(
-        ["head", "mode", "dormant queries", "active queries", *(c.replace("_", " ") for c in checks),
-         "active minus matched control (zero out)", "active queries look at"],
+        ["head", "mode", "dormant queries", "active queries",
+         *(f"active minus matched control ({i.replace('_', ' ')})" for i in ("move_to_first", "zero_out", "mean_ablate")),
+         *(c.replace("_", " ") for c in checks), "active queries look at"],
         [[head_label(r.layer, r.head), scan.mode(r.layer, r.head), r.n_dormant, r.n_active,
+          *(cell((r.checks[f"{i}_active"]["matched_control"] or {}).get("difference"))
+            for i in ("move_to_first", "zero_out", "mean_ablate")),
           *(cell(r.checks[c]["per_query"]) for c in checks),
-          cell((r.checks["zero_out_active"]["matched_control"] or {}).get("difference")),
           ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in (r.active_looks or {}).items() if k != "n_queries")
           or "n/a"]
          for r in noop_results])
@@ -318,13 +322,17 @@ def dormant_section(ctx: ReportContext) -> Section:
             "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
     }
     body = (
-        f"<p>Every head profiled over {scan.n_prompts} prompts x {ctx.max_tokens} tokens with &lt;bos&gt; "
+        "<p>The labels hang on the cut, so the threshold sweep comes first: every head relabelled at other (high, low) "
+        "cuts, every other threshold as below, so a reader sees whether a label survives another cut.</p>" + sweep_table
+        + (figure_html(sweep_figs, "Mode counts over the (high, low) cuts", ctx.out) if sweep_figs else "")
+        + f"<p>Every head profiled over {scan.n_prompts} prompts x {ctx.max_tokens} tokens with &lt;bos&gt; "
         f"({scan.n_queries} queries). A query is dormant when its attention on position 0 is >= {th.high:g}, active "
         f"at <= {th.low:g}. Labels: " + html.escape(", ".join(f"{v} {k}" for k, v in counts.items())) + f". {verdict}</p>"
         + table + f"<p>Triggers are chosen on the even-numbered prompts ({len(scan.trigger_split()[0])}) and judged on the "
         f"odd-numbered ones ({len(scan.trigger_split()[1])}): the if-else label needs the chosen trigger to reach lift "
         f"{th.min_lift:g} there on >= {th.min_count} active queries in >= {th.min_prompts} prompts, and its excess over "
-        "each prompt's own activity must pass a one-sided t test with the prompt as the unit at "
+        "each prompt's own activity must pass a permutation test over prompts (the head's active queries paired "
+        "with other prompts' tokens) at "
         f"p <= {th.alpha:g} / {scan.n_layers * scan.n_heads} heads (last column). What each label means: "
         + html.escape("; ".join(f"{k}: {v}" for k, v in mode_meaning(th).items())) + ".</p>"
         + (f"<p>No-op check on {len(disc.noop_prompts)} prompts held out from the scan (prompts "
@@ -335,14 +343,13 @@ def dormant_section(ctx: ReportContext) -> Section:
            "output to 0, <i>mean ablate</i> sets it to its mean output over these prompts (zero is off the "
            "distribution later layers saw). Next-token loss change in nats per intervened query, with a "
            f"{100 * noop.ci_level:.0f}% t interval over prompts; an interval that holds zero reads "
-           f"\"no detectable effect\", and one that excludes it says whether it still does after Holm's correction "
-           f"over all {noop.n_intervals} intervals of the check (clean loss {noop.loss_clean:.3f}). The matched "
+           f"\"no detectable effect\". Holm's correction runs over the primary family only, stated before the numbers "
+           f"({noop.n_intervals} tests: for each if-else head and intervention, the cost on its active queries minus "
+           "that on as many matched controls); every other interval is secondary and unadjusted "
+           f"(clean loss {noop.loss_clean:.3f}). The matched "
            "control zeroes as many of the head's dormant queries at the nearest positions; the last column is where "
            "the active queries' attention goes. Totals per mode are in summary.json.</p>" + noop_table
            if noop is not None else "<p>No no-op check: too few prompts to hold some out from the scan.</p>")
-        + "<p>Threshold sweep: every head relabelled at other (high, low) cuts, every other threshold as above, "
-        "so a reader sees whether a label survives another cut.</p>" + sweep_table
-        + (figure_html(sweep_figs, "Mode counts over the (high, low) cuts", ctx.out) if sweep_figs else "")
         + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
                       "(no bar: the head never was in that mode)", ctx.out)
         + figure_html(band_figs, f"Norm bands of {head_label(*best)}", ctx.out)

@@ -116,7 +116,11 @@ def test_heads_checks_every_if_else_head_and_the_candidates(cli_model, prompts, 
         e = f"{prefix}.heads.noop.L{l}.H{h}.zero_out_active.per_query"
         lo, hi = f[f"{e}.ci.0"], f[f"{e}.ci.1"]
         assert f[f"{e}.detectable"] == (not lo <= 0 <= hi)
-        assert f[f"{e}.p_adjusted"] is not None
+        assert f[f"{e}.p_adjusted"] is None and f[f"{e}.role"] == "secondary"  # unadjusted: not in the family
+    # the primary family: per if-else head and intervention, active minus matched control, Holm over it alone
+    assert f[f"{prefix}.heads.noop.primary_family.size"] == 3 * len(if_else) == f[f"{prefix}.heads.noop.n_intervals"]
+    for l, h in if_else:
+        assert f[f"{prefix}.heads.noop.primary_family.tests.L{l}.H{h}.zero_out.p_adjusted"] is not None
 
 
 def test_noop_heads_takes_all_if_else_heads_then_candidates():

@@ -130,8 +130,11 @@ def test_noop_check_reports_totals_controls_mean_ablation_holm_and_where_active_
     on dormant queries; on active ones far more than on the matched
     control (dormant queries at the nearest positions). Its active queries look
     at the previous token. Mean-ablation equals a hand-made mean replacement;
-    Holm's p-values are the raw ones stepped up over the whole family."""
-    from sinkmech.dormant.noop import noop_check
+    zero-out minus mean-ablation is paired on the same queries. Holm's
+    p-values are the raw ones stepped up over the stated primary family (active
+    minus matched control, per head and intervention) and nowhere else."""
+    from sinkmech.dormant.noop import noop_check, with_primary
+    from sinkmech.stats import holm
     from sinkmech.hooks import act_name, mean_head_hook
     from sinkmech.measures.loss import token_losses
     from sinkmech.prompts import tokenize
@@ -165,15 +168,35 @@ def test_noop_check_reports_totals_controls_mean_ablation_holm_and_where_active_
     hooked = token_losses(model, batch.tokens, [(act_name("z", 0), mean_head_hook(0, mean, active))])
     want = float((hooked - clean).sum()) / int(active.sum())
     assert c["mean_ablate_active"]["per_query"]["value"] == pytest.approx(want, rel=1e-4)
-    # Holm over every interval of the check
-    effects = [e for res in check.results for entry in res.checks.values()
-               for e in (entry["total"], entry["per_query"], entry["matched_control"]["per_query"],
-                         entry["matched_control"]["difference"]) if e is not None]
-    assert len(effects) == check.n_intervals > 12
-    assert all(e["p_adjusted"] >= e["p"] - 1e-12 for e in effects)
-    smallest = min(effects, key=lambda e: e["p"])
-    assert smallest["p_adjusted"] == pytest.approx(min(1.0, smallest["p"] * len(effects)))
-    assert json.loads(check.to_json())["heads"][0]["checks"]["zero_out_active"]["per_query"]["p_adjusted"] is not None
+    # zero-out against mean-ablation on the same queries, paired by prompt (secondary)
+    paired = c["zero_out_active"]["minus_mean_ablate"]
+    assert paired["value"] == pytest.approx(c["zero_out_active"]["per_query"]["value"]
+                                            - c["mean_ablate_active"]["per_query"]["value"], abs=1e-9)
+    assert paired["role"] == "secondary" and paired["p_adjusted"] is None
+    # Holm over the primary family only: per head and intervention, active minus matched control
+    primary = [res.checks[f"{i}_active"]["matched_control"]["difference"] for res in check.results
+               for i in ("move_to_first", "zero_out", "mean_ablate")]
+    # 2 heads x 3 interventions named; the sink head never wakes, so its 3 have no test and the family holds 3
+    assert len(check.primary_family["tests"]) == 6 and primary[3:] == [None] * 3
+    primary = primary[:3]
+    assert check.n_intervals == check.primary_family["size"] == 3
+    assert all(e["role"] == "primary" and e["p_adjusted"] >= e["p"] - 1e-12 for e in primary)
+    smallest = min(primary, key=lambda e: e["p"])
+    assert smallest["p_adjusted"] == pytest.approx(min(1.0, smallest["p"] * 3))
+    secondary = [e for res in check.results for entry in res.checks.values()
+                 for e in (entry["total"], entry["per_query"], entry["matched_control"]["per_query"]) if e is not None]
+    assert secondary and all(e["role"] == "secondary" and e["p_adjusted"] is None for e in secondary)
+    # narrowed to the if-else head: a family of 3, the candidate's tests secondary and unadjusted
+    narrowed = with_primary(check, [(0, 0)])
+    d = json.loads(narrowed.to_json())
+    assert d["primary_family"]["size"] == d["n_intervals"] == 3 and "primary family only" in d["correction"]
+    assert [t["head"] for t in d["primary_family"]["tests"]] == ["L0.H0"] * 3
+    assert all(e is None or e["p_adjusted"] is None for entry in narrowed.results[1].checks.values()
+               for e in (entry["per_query"], entry["matched_control"]["difference"]))
+    first = narrowed.results[0].checks["zero_out_active"]["matched_control"]["difference"]
+    assert first["p_adjusted"] == pytest.approx(min(1.0, holm([narrowed.results[0].checks[f"{i}_active"][
+        "matched_control"]["difference"]["p"] for i in ("move_to_first", "zero_out", "mean_ablate")])[1]))
+    assert check.results[0].checks["zero_out_active"]["matched_control"]["difference"]["role"] == "primary"  # unchanged
 
 
 def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_the_rule():
