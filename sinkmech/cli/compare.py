@@ -112,7 +112,7 @@ def markdown(results: list[ModelComparison]) -> str:
                   + f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
                   "intervened query, nats, with 95 % t intervals over prompts (an interval holding 0: no "
                   "detectable effect; Holm's correction over the primary family, active minus matched control per if-else head "
-                  "and intervention, in `compare.json`, `primary_family`; other intervals unadjusted):"]
+                  "and intervention (`compare.json`, `checks`: `role` and `p_adjusted`); other intervals unadjusted):"]
         for name, n in d.noop.items():
             c = d.candidates.get(name, {})
             trig = c.get("trigger")
