@@ -363,9 +363,12 @@ class Theory(Result):
         return pd.DataFrame(self.family["tests"])
 
     def findings(self) -> dict:
-        """The quotable numbers, nested from the findings file's root (`<model>.theory.*`, per-prompt lists left out)."""
-        return {name: {"theory": {k: v for k, v in r.items() if k != "per_prompt"}}
-                for name, r in self.per_model.items()}
+        """The quotable numbers, nested from the findings file's root (`<model>.theory.*`, per-prompt lists left
+        out; `theory.family.*`: the Holm family's size and each test's raw and adjusted p)."""
+        return {**{name: {"theory": {k: v for k, v in r.items() if k != "per_prompt"}} for name, r in self.per_model.items()},
+                "theory": {"family": {"size": self.family["size"],
+                                      "tests": {t["name"]: {k: t[k] for k in ("p", "p_holm", "at_floor")}
+                                                for t in self.family["tests"]}}}}
 
 
 def run(models=None, config: TheoryConfig = TheoryConfig(), options: RunOptions = RunOptions()) -> Theory:
