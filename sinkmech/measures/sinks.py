@@ -103,16 +103,19 @@ class SinkScores(Result):
         eps = check_eps(eps)
         return 100.0 * (self.scores > eps).flatten(1).double().mean(1)
 
-    def sink_rate_ci(self, eps: float | str, *, seed: int = 0) -> list[float]:
-        """[sink rate %, lo, hi]: the 95 % bootstrap interval over prompts."""
-        return prompt_curve(self.prompt_sink_rate(eps)[:, None], seed=seed)[0]
+    def sink_rate_ci(self, eps: float | str, *, seed: int = 0, groups: Sequence | None = None) -> list[float]:
+        """[sink rate %, lo, hi]: the 95 % bootstrap interval over prompts, or
+        over their documents with `groups` (each prompt's document: a cluster
+        bootstrap; `sinkmech.stats`)."""
+        return prompt_curve(self.prompt_sink_rate(eps)[:, None], seed=seed, groups=groups)[0]
 
-    def loss_ci(self, *, seed: int = 0) -> list[float] | None:
+    def loss_ci(self, *, seed: int = 0, groups: Sequence | None = None) -> list[float] | None:
         """[loss, lo, hi]: the mean content-target loss with its 95 % bootstrap
-        interval over prompts (None without per-prompt losses)."""
+        interval over prompts, or their documents with `groups` (None without
+        per-prompt losses)."""
         if self.prompt_loss is None:
             return None
-        return ratio_with_ci(self.prompt_loss, self.prompt_targets().double(), seed=seed)
+        return ratio_with_ci(self.prompt_loss, self.prompt_targets().double(), seed=seed, groups=groups)
 
     def prompt_targets(self) -> Int[Tensor, " prompt"]:
         """Content targets each prompt's loss sums over (content tokens 1 .. n-1)."""
@@ -235,16 +238,19 @@ class SinkScores(Result):
         }
 
 
-def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
+def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | str] = DEFAULT_EPS, *,
+                     groups: Sequence | None = None) -> dict:
     """Without minus with `<bos>`, paired by prompt (both score the same content
     targets of the same prompts): the loss gap [nats, lo, hi] and the sink-rate
-    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts."""
+    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts, or
+    over their documents with `groups` (each prompt's document)."""
     if not torch.equal(pre.prompt_targets(), none.prompt_targets()):
         raise ValueError("the two conditions scored different content targets: they cannot be paired")
-    out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None])[0]
+    out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None],
+                                                         groups=groups)[0]
                              for e in eps}}
     if pre.prompt_loss is not None and none.prompt_loss is not None:
-        out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double())
+        out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double(), groups=groups)
     return out
 
 

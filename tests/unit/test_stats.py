@@ -202,3 +202,31 @@ def test_effect_text_says_no_detectable_effect_when_the_interval_holds_zero():
     assert effect_text(0.4245, (0.22, 0.80)) == "+0.4245 [+0.2200, +0.8000]"
     assert effect_text(-0.0089, (-0.104, 0.085)) == "no detectable effect (-0.0089 [-0.1040, +0.0850])"
     assert effect_text(None, None) == "n/a" and "no interval" in effect_text(0.1, None)
+
+
+def test_sink_rates_and_loss_take_documents_as_units():
+    """SinkScores' intervals resample documents when given each prompt's document:
+    the same point estimate, the cluster bootstrap's interval (checked against
+    `prompt_curve` / `ratio_with_ci` with the same groups)."""
+    from sinkmech.measures.sinks import SinkScores, paired_contrasts
+
+    g = torch.Generator().manual_seed(7)
+    P, L, H = 24, 2, 3
+    groups = [i // 4 for i in range(P)]  # 6 documents of 4 windows
+
+    def scores(shift: float) -> SinkScores:
+        z = torch.zeros(P, L, H)
+        return SinkScores(scores=(torch.rand(P, L, H, generator=g) + shift).clamp(0, 1), value_norm_first=z,
+                          value_norm_rest=z, resid_norm_first=torch.zeros(P, L), resid_norm_rest=torch.zeros(P, L),
+                          lengths=torch.full((P,), 9), bos="prepend", max_tokens=8,
+                          prompt_loss=torch.rand(P, generator=g, dtype=torch.float64) * 8)
+
+    pre, none = scores(0.0), scores(-0.2)
+    by_doc = pre.sink_rate_ci(0.3, groups=groups)
+    assert by_doc == pytest.approx(prompt_curve(pre.prompt_sink_rate(0.3)[:, None], groups=groups)[0])
+    assert by_doc[0] == pytest.approx(pre.sink_rate_ci(0.3)[0]) and by_doc[1:] != pre.sink_rate_ci(0.3)[1:]
+    assert pre.loss_ci(groups=groups) == pytest.approx(ratio_with_ci(pre.prompt_loss, pre.prompt_targets().double(),
+                                                                     groups=groups))
+    gap = paired_contrasts(pre, none, (0.3,), groups=groups)["loss_gap"]
+    assert gap == pytest.approx(ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double(),
+                                              groups=groups))
