@@ -102,8 +102,8 @@ findings: demo
 	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --bos none --json figures/stream_smollm2_nobos.json --findings figures/findings.json
 	$(BIN)/sinkmech stream --model smollm2 --window 32 --keep 0 1 4 --max-tokens 256 --reindex --json figures/stream_smollm2_reindex.json --findings figures/findings.json
 	# The paper's theory on CPU: the path bound's ranking of Jacobian norms (Hutchinson estimate, 32 prompts x 32 tokens,
-	# content pairs and a same-distance null; the estimate checked against the exact Jacobian on 4 held-out prompts x
-	# 32 tokens) and attention smoothness, with and without <bos>, the p-values Holm-corrected across models and pair sets.
+	# content pairs and a same-distance null; the estimate checked against the exact Jacobian at every position of 4
+	# held-out prompts x 6 tokens) and attention smoothness, with and without <bos>, the p-values Holm-corrected across models and pair sets.
 	$(BIN)/sinkmech study theory --json figures/theory.json --findings figures/findings.json
 	# Sink or token? Other first tokens in <bos>'s place, and <bos> moved after K = 1, 2, 4, 8 content tokens (Gemma;
 	# SmolLM2 the control for the substitution), each paired by prompt against <bos> first.

@@ -169,7 +169,8 @@ class TheoryConfig(StudyConfig):
         "probes": "Hutchinson probes per input position",
         "shuffles": "shuffles of the same-distance null per prompt",
         "validate_prompts": "held-out prompts on which the estimate is checked against the exact Jacobian",
-        "validate_tokens": "content tokens per validation prompt (every position of each is checked)",
+        "validate_tokens": "content tokens per validation prompt (every position of each is checked; the exact "
+                           "Jacobian costs T x d_model backward rows, so its time grows with the square of T)",
         "chunk_size": "tangents pushed at once",
         "entropy_prompts": "prompts for the attention entropy",
         "entropy_tokens": "content tokens per prompt for the attention entropy",
@@ -182,7 +183,7 @@ class TheoryConfig(StudyConfig):
     probes: int = 2
     shuffles: int = 100
     validate_prompts: int = 4
-    validate_tokens: int = 32
+    validate_tokens: int = 6
     chunk_size: int = 32
     entropy_prompts: int = 32
     entropy_tokens: int = 48
