@@ -309,7 +309,7 @@ def heads_findings(scan, check) -> dict:
                                   "trigger": scan.top_trigger(l, h).token,
                                   "trigger_test": scan.top_trigger(l, h).trigger_test,
                                   "trigger_p": scan.top_trigger(l, h).trigger_p,
-                                  "trigger_p_t": scan.top_trigger(l, h).trigger_p_t,
+                                  "trigger_p_perm": scan.top_trigger(l, h).trigger_p_perm,
                                   "trigger_coverage": scan.top_trigger(l, h).coverage,
                                   "trigger_coverage_beyond_chance": scan.top_trigger(l, h).coverage_beyond_chance,
                                   "dormant_fraction": float(scan.dormant_fraction[l, h]),

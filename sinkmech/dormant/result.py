@@ -113,8 +113,8 @@ class HeadScan(Result):
         chose the head's trigger and those that judged it (disjoint);
         `validated_lift`: the chosen trigger's lift on the latter (None: no
         trigger); `trigger_test` / `trigger_p`: the test that judged it there
-        ("prompt_permutation": prompts as units) and its p-value (`trigger_p_t`: the one-sided t test
-        beside it); `trigger_coverage`: the share of the head's active queries on the validation prompts
+        ("prompt_t": prompts as units) and its p-value (`trigger_p_perm`: the permutation test over prompts
+        beside it, secondary); `trigger_coverage`: the share of the head's active queries on the validation prompts
         that have the trigger at its place (`share`) and that share beyond what the head would do if it
         ignored tokens (`beyond_chance`); `uncertainty`: bootstrap intervals over prompts."""
         def num(x: Tensor) -> float | None:
@@ -147,7 +147,7 @@ class HeadScan(Result):
             "validated_lift": None if top is None else top.validated_lift,
             "trigger_test": None if top is None else top.trigger_test,
             "trigger_p": None if top is None else top.trigger_p,
-            "trigger_p_t": None if top is None else top.trigger_p_t,
+            "trigger_p_perm": None if top is None else top.trigger_p_perm,
             "trigger_coverage": None if top is None or top.coverage is None else {
                 "share": top.coverage, "beyond_chance": top.coverage_beyond_chance,
                 "n_active": top.n_active_validated, "on": "validation prompts"},

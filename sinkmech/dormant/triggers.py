@@ -95,10 +95,10 @@ class Trigger:
     prompts_validated: int = 0
     p_validated: float | None = None  # Poisson P(X >= count_validated | expected_validated), queries as units
     validated: bool = False  # the validation rule of the module docstring holds
-    # what trigger_p is: "prompt_permutation" (the chosen trigger), "prompt_t" (other candidates) or "query_poisson"
-    trigger_test: str = "query_poisson"
+    trigger_test: str = "query_poisson"  # what trigger_p is: "prompt_t" (prompts as units) or "query_poisson"
     trigger_p: float | None = None  # the p-value `validated` is judged on
-    trigger_p_t: float | None = None  # the one-sided t test over prompts, beside the permutation test
+    # the chosen trigger's permutation test over prompts, reported beside the t test (secondary: labels read trigger_p)
+    trigger_p_perm: float | None = None
     # the chosen trigger on the validation prompts: active queries, and the share of them with the trigger at
     # its place (coverage) and that share beyond what the head would do if it ignored tokens
     n_active_validated: int | None = None
@@ -275,13 +275,13 @@ def judge_by_prompt(
     seed: int = 0,
 ) -> list[list[list[Trigger]]]:
     """Every trigger judged again with the prompt as the unit (the module
-    docstring). Each head's chosen trigger (`chosen_trigger`, the one its
-    label reads) gets the permutation test over prompts (`trigger_test`
-    "prompt_permutation", `trigger_p`) and its coverage of the head's active
-    queries; the other candidates keep the one-sided t test ("prompt_t").
-    Every candidate records the t test's p in `trigger_p_t`. `validated` is
-    re-decided on `trigger_p` (the count, prompt and lift rules unchanged,
-    `max_p` the Bonferroni level).
+    docstring): `trigger_test` "prompt_t", `trigger_p` the one-sided t test's
+    p-value over the validation prompts, `validated` re-decided on it (the
+    count, prompt and lift rules unchanged, `max_p` the Bonferroni level).
+    Each head's chosen trigger (`chosen_trigger`, the one its label reads)
+    also gets the permutation test over prompts (`trigger_p_perm`, reported
+    beside the t test, not read by the label) and its coverage of the head's
+    active queries.
 
     Args:
         triggers: [layer][head] lists from `TriggerCounter.finalize`.
@@ -333,13 +333,13 @@ def judge_by_prompt(
         for j, (l, h, i) in enumerate(cells):
             p_t = one_sided_t_p(excess[occurs[:, j], j])
             t = out[l][h][i]
-            extra: dict = {"trigger_test": "prompt_t", "trigger_p": p_t, "trigger_p_t": p_t}
+            extra: dict = {"trigger_test": "prompt_t", "trigger_p": p_t}
             if chosen.get((l, h)) == i and perms is not None:
                 pairs = _pairing_excess(where, j, a, obs, expected, tok, ok, okf, cand,
                                         kidx[:, l, h] if where == "key" else None, scale[:, l, h], rate[l, h],
                                         at_place.get(where))
                 n_act = float(a[:, j].sum())
-                extra |= {"trigger_test": "prompt_permutation", "trigger_p": permutation_p(pairs, perms),
+                extra |= {"trigger_p_perm": permutation_p(pairs, perms),
                           "n_active_validated": int(n_act),
                           "coverage": float(obs[:, j].sum()) / n_act if n_act else None,
                           "coverage_beyond_chance": float(excess[:, j].sum()) / n_act if n_act else None}

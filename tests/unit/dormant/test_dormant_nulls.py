@@ -51,7 +51,7 @@ def test_a_head_that_follows_its_prompt_has_no_trigger_at_the_prompt_level():
     # the query-level rule would validate it
     assert t.validated_lift >= th.min_lift and t.count_validated >= th.min_count
     assert t.prompts_validated >= th.min_prompts and t.p_validated < max_p * 1e-3
-    # the prompt-level tests do not: the t test (this candidate is not the head's chosen trigger) ...
+    # the prompt-level tests do not: the t test ...
     assert t.trigger_test == "prompt_t" and t.trigger_p > 0.05 and not t.validated
     # ... nor the permutation test over prompts, run on it as if it were the chosen one
     from sinkmech.dormant.triggers import judge_by_prompt
@@ -60,13 +60,13 @@ def test_a_head_that_follows_its_prompt_has_no_trigger_at_the_prompt_level():
     only = [[[t] if (l, h) == (0, 0) else [] for h in range(scan.n_heads)] for l in range(scan.n_layers)]
     (judged,) = judge_by_prompt(only, rec.tokens, rec.valid, rec.active(th.low), rec.key, min_lift=th.min_lift,
                                 min_count=th.min_count, min_prompts=th.min_prompts, max_p=max_p)[0][0]
-    assert judged.trigger_test == "prompt_permutation" and judged.trigger_p > 0.05 and not judged.validated
+    assert judged.trigger_p > 0.05 and judged.trigger_p_perm > 0.05 and not judged.validated
     assert judged.coverage > 0.3 and abs(judged.coverage_beyond_chance) < 0.05  # common there, but no more than chance
     (good,) = [t for t in scan.triggers[0][1] if (t.token_id, t.where) == (TRIGGER, "query")]
-    assert good.trigger_test == "prompt_permutation" and good.trigger_p < max_p and good.validated
+    assert good.trigger_test == "prompt_t" and good.trigger_p < max_p and good.validated and good.trigger_p_perm < max_p
     assert scan.mode(0, 1) == "if_else"
     entry = json.loads(scan.to_json())["heads"][1]
-    assert entry["trigger_test"] == "prompt_permutation" and entry["trigger_p"] == pytest.approx(good.trigger_p)
+    assert entry["trigger_test"] == "prompt_t" and entry["trigger_p"] == pytest.approx(good.trigger_p)
 
 
 def test_planted_if_else_validates_on_200_prompts_and_the_positional_null_never_does():
@@ -74,7 +74,7 @@ def test_planted_if_else_validates_on_200_prompts_and_the_positional_null_never_
     scan = scan_heads(model, planted_corpus(n=200, seed=11), sweep=False, n_boot=0, **KW)
     top = scan.top_trigger(0, 0)
     assert scan.mode(0, 0) == "if_else" and (top.token_id, top.where) == (TRIGGER, "query")
-    assert top.trigger_test == "prompt_permutation" and top.trigger_p == pytest.approx(1 / 20001) and top.validated  # at the floor
+    assert top.trigger_test == "prompt_t" and top.trigger_p < 1e-10 and top.trigger_p_perm == pytest.approx(1 / 20001) and top.validated  # at the floor
     assert scan.mode(0, 1) != "if_else"
     assert not any(t.validated for t in scan.triggers[0][1])
 
@@ -236,27 +236,38 @@ def _judged_on(active: torch.Tensor, tokens: torch.Tensor, seed: int):
     cand = [[[Trigger("t", TRIGGER, "query", 10, 1.0, 5.0, 9.0, None, 3, 10, 1.0, 5.0, 5)] for _ in range(H)]]
     judged = judge_by_prompt(cand, tokens, valid, active[:, None] & valid[:, None, None], torch.zeros(n, 1, H, P,
                              dtype=torch.long), min_lift=3.0, min_count=5, min_prompts=3, max_p=0.05,
-                             n_permutations=2000, seed=seed)
+                             n_permutations=500, seed=seed)
     return [judged[0][h][0] for h in range(H)]
 
 
-def test_the_trigger_permutation_test_finds_a_planted_trigger_and_keeps_its_size_on_a_planted_null():
-    """Head 0 wakes exactly where TRIGGER is the query (a planted effect): p at
-    the floor, coverage 1. Head 1 wakes by position, more often late, and
-    more in some prompts than others, whatever the token (a planted null):
-    over 200 corpora its p-value falls below 0.05 about 5 % of the time
-    (binomial sd 1.5 %; measured: 10 of 200, the one-sided t test 9)."""
+def test_the_trigger_t_test_keeps_its_size_on_planted_nulls_with_skewed_counts():
+    """Why the one-sided t test over prompts may judge a trigger on as few as 8
+    prompts with skewed counts: on planted nulls it rejects no more often than
+    its level. Head 1 wakes by position, more often late, and more in some
+    prompts than others, whatever the token; head 0 wakes exactly on TRIGGER
+    (the planted effect: found by both tests, the permutation test's p at its
+    floor, coverage 1). Two regimes, 400 corpora each: TRIGGER common (10 % of
+    positions) and rare (2 %: it occurs in about 7 of the 20 validation prompts,
+    mostly once). Measured rejections of the null at 0.05 / 0.01 (of 400;
+    binomial sd 1.1 % / 0.5 %): t test common 12 / 0, rare 3 / 1; permutation
+    test common 21 / 2, rare 15 / 2. The t test keeps its level and is
+    conservative where the token is rare: it costs power, not false triggers."""
     g = torch.Generator().manual_seed(0)
-    rejections, n = 0, 200
-    for rep in range(n):
-        tokens = torch.randint(2, 50, (40, 20), generator=g)
-        tokens[torch.rand(40, 20, generator=g) < 0.1] = TRIGGER
-        planted = tokens == TRIGGER
-        level = torch.rand(40, 1, generator=g) * 0.5
-        null = torch.rand(40, 20, generator=g) < level * torch.linspace(0.2, 1.0, 20)
-        found, kept = _judged_on(torch.stack([planted, null], 1), tokens, seed=rep)
-        if rep == 0:
-            assert found.trigger_p == pytest.approx(1 / 2001) and found.coverage == 1.0
-            assert found.coverage_beyond_chance > 0.5 and found.trigger_test == "prompt_permutation"
-        rejections += kept.trigger_p < 0.05
-    assert 0.02 <= rejections / n <= 0.09
+    n = 400
+    for rate, t_max in ((0.1, (0.08, 0.025)), (0.02, (0.08, 0.025))):
+        t_rej, p_rej = [0, 0], [0, 0]
+        for rep in range(n):
+            tokens = torch.randint(2, 50, (40, 20), generator=g)
+            tokens[tokens == TRIGGER] = 2
+            tokens[torch.rand(40, 20, generator=g) < rate] = TRIGGER
+            level = torch.rand(40, 1, generator=g) * 0.5
+            null = torch.rand(40, 20, generator=g) < level * torch.linspace(0.2, 1.0, 20)
+            found, kept = _judged_on(torch.stack([tokens == TRIGGER, null], 1), tokens, seed=rep)
+            if rep == 0 and rate == 0.1:
+                assert found.trigger_p_perm == pytest.approx(1 / 501) and found.coverage == 1.0
+                assert found.coverage_beyond_chance > 0.5 and found.trigger_p < 1e-6
+            for i, alpha in enumerate((0.05, 0.01)):
+                t_rej[i] += (kept.trigger_p if kept.trigger_p is not None else 1.0) < alpha
+                p_rej[i] += kept.trigger_p_perm < alpha
+        assert t_rej[0] / n <= t_max[0] and t_rej[1] / n <= t_max[1]
+        assert p_rej[0] / n <= t_max[0] and p_rej[1] / n <= t_max[1]
