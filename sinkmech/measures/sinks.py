@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.measures.fused import Attention, attention_columns, resolve_attention
 from sinkmech.measures.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
@@ -34,6 +35,7 @@ from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmec
     move_bos,
     moved_bos_targets,
     moved_key_score,
+    query_mean,
     sink_rate,
 )
 from sinkmech.stats import prompt_curve, ratio_with_ci
@@ -66,6 +68,8 @@ class SinkScores(Result):
     # models with learned sink logits (gpt-oss): per (prompt, layer, head) the mean over
     # real queries of the learned sink's share (1 - the row's sum over real keys); None otherwise
     learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
+    # how attention was read: "pattern" (each layer's T x T in its hook) or "fused" (never held)
+    attention: str = "pattern"
 
     @property
     def n_prompts(self) -> int:
@@ -230,6 +234,7 @@ class SinkScores(Result):
             "max_tokens_requested": self.max_tokens_requested,
             "context_limit": self.context_limit,
             "n_prompts": self.n_prompts,
+            "attention": self.attention,
             **self.summary(eps),
         }
 
@@ -263,6 +268,7 @@ def sink_scores(
     loss: bool = False,
     progress: bool = True,
     bos_position: int | None = None,
+    attention: Attention = "pattern",
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -290,6 +296,10 @@ def sink_scores(
             bos="prepend"): `scores` stay alpha_0 on key 0 (now a content
             token), `bos_scores` hold the attention on the `<bos>` key, and the
             loss stays on the same content targets (`moved_bos_targets`).
+        attention: "pattern" reads each layer's pattern in its hook (one layer's
+            batch x heads x T x T at a time); "fused" never holds it
+            (`sinkmech.measures.fused`: the same numbers, memory O(T) per head);
+            "auto" takes the fused path from `FUSED_FROM` positions on.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -300,6 +310,7 @@ def sink_scores(
     if bos_position is not None:
         batch = move_bos(batch, bos_position)
     chunks = batch.batches(batch_size)  # before any work: checks batch_size
+    path = resolve_attention(attention, int(batch.tokens.shape[1]))
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -317,6 +328,25 @@ def sink_scores(
         n_rest = (n_real - 1).clamp(min=1)
         rest = valid.clone()
         rest[:, 0] = 0.0
+        if path == "fused":
+            mask = None if not loss else target_mask(part) if bos_position is None else moved_bos_targets(part, bos_position)
+            cols = attention_columns(model, part.tokens, keys=(0,) if bos_position is None else (0, bos_position),
+                                     loss_mask=mask)
+            for l in range(L):
+                out["scores"][rows, l] = query_mean(cols.weights[l, :, :, 0], part.lengths)
+                if bos_scores is not None:
+                    bos_scores[rows, l] = query_mean(cols.weights[l, :, :, 1], part.lengths, start=bos_position)
+                if learned is not None:
+                    learned[rows, l] = query_mean(cols.sink[l], part.lengths)
+                norms = cols.value_norm[l]  # [batch, head_index, pos]
+                out["value_norm_first"][rows, l] = norms[..., 0]
+                out["value_norm_rest"][rows, l] = einops.einsum(norms, rest, "b h p, b p -> b h") / n_rest[:, None]
+                resid_first[rows, l] = cols.resid_norm[l, :, 0]
+                resid_rest[rows, l] = (cols.resid_norm[l] * rest).sum(-1) / n_rest
+            if loss:
+                prompt_loss[rows] = cols.row_loss
+                loss_sum, loss_n = loss_sum + float(cols.row_loss.sum()), loss_n + int(mask[:, :-1].sum())
+            continue
 
         def pattern_hook(pattern, hook):
             check_rows(pattern, valid, hook.layer(), learned=learned is not None)
@@ -374,4 +404,5 @@ def sink_scores(
         bos_position=bos_position,
         bos_scores=bos_scores,
         learned_sink_scores=learned,
+        attention=path,
     )

@@ -1,0 +1,369 @@
+"""Sink scores without the T x T pattern: the fused path.
+
+A row of the attention pattern is softmax(s_t), so the attention of query t on
+key j is exp(s_tj - lse_t), with lse_t the log-sum-exp of the row's scores
+(its learned sink logit included, where the model has one). A fused kernel
+(PyTorch's CPU flash attention, CUDA's memory-efficient attention) returns the
+head's output and lse_t without ever holding the pattern; the attention on a
+chosen key (key 0 for alpha_0, Gu et al. 2025; the moved `<bos>`) is then one
+dot product per query, and the learned sink's share exp(sink - lse_t). Memory
+is O(T) per head. Where the kernel cannot take the model's attention
+(soft-capped scores, sliding windows) the same quantities come from query
+chunks: a chunk of rows at a time against the keys it can see.
+
+`fused_attention` is a transformers attention function (registered under
+`FUSED`): a model whose attention runs through transformers' interface runs
+its own projections, QK-norm and rotary embeddings, and hands it the queries,
+keys and values with its soft-cap, window and sink logits. It records what the
+sink measures need into the active `Recorder`.
+
+Imports only torch and jaxtyping (transformers when registering), so
+scripts/bench_long.py runs it where sinkmech's other dependencies are absent.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+Attention = Literal["fused", "pattern", "auto"]
+ATTENTION_MODES = ("fused", "pattern", "auto")
+# `auto`: the fused path from this many positions (<bos> included) on. Below it
+# the pattern's memory is small and the pattern path is as fast
+# (scripts/bench_long.py; docs/benchmarks.md).
+FUSED_FROM = 512
+CHUNK = 512  # query rows per step where the kernel cannot be used (a chunk x T block at most)
+FUSED = "sinkmech_fused"  # the name transformers' attention interface knows `fused_attention` by
+
+
+def check_attention(attention: str) -> Attention:
+    """`attention` as one of ATTENTION_MODES, or a ValueError naming them."""
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got {attention!r}")
+    return attention  # type: ignore[return-value]
+
+
+def resolve_attention(attention: str, n_positions: int) -> Literal["fused", "pattern"]:
+    """"fused" or "pattern" for a pass over `n_positions` positions (`auto`:
+    fused from FUSED_FROM positions on)."""
+    attention = check_attention(attention)
+    if attention == "auto":
+        return "fused" if n_positions >= FUSED_FROM else "pattern"
+    return attention
+
+
+# The kernel
+
+
+def attend(
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch head_index key_pos d_head"],
+    v: Float[Tensor, "batch head_index key_pos d_head"],
+    *,
+    scaling: float,
+    softcap: float | None = None,
+    window: int | None = None,
+    sinks: Float[Tensor, " head_index"] | None = None,
+    chunk: int | None = None,
+) -> tuple[Float[Tensor, "batch head_index query_pos d_head"], Float[Tensor, "batch head_index query_pos"]]:
+    """Causal attention of every query on keys 0 .. t (each key head already
+    repeated to its query heads), without the pattern.
+
+    Args:
+        scaling: what the scores q . k are multiplied by.
+        softcap: scores become softcap * tanh(scores / softcap) (Gemma 2).
+        window: query t sees keys j with t - j < window (transformers' sliding window).
+        sinks: a learned logit per head that joins every row's softmax with no value (gpt-oss).
+        chunk: query rows per step where the fused kernel cannot be used (default `CHUNK`).
+
+    Returns:
+        The head outputs (q's dtype) and each row's log-sum-exp in float32:
+        the attention on key j is exp(s_tj - lse_t), the learned sink's
+        share exp(sink - lse_t).
+    """
+    chunk = chunk or CHUNK
+    if softcap is None and window is None:
+        found = _fused_kernel(q, k, v, scaling)
+        out, lse = found if found is not None else _chunked(q, k, v, scaling, None, None, chunk)
+    else:
+        out, lse = _chunked(q, k, v, scaling, softcap, window, chunk)
+    if sinks is not None:  # the sink's column joins the softmax: every real weight shrinks by exp(lse - total)
+        total = torch.logaddexp(lse, sinks.detach().float().to(lse.device)[None, :, None])
+        out = out * torch.exp(lse - total)[..., None].to(out.dtype)
+        lse = total
+    return out, lse
+
+
+def _fused_kernel(q: Tensor, k: Tensor, v: Tensor, scaling: float) -> tuple[Tensor, Tensor] | None:
+    """(output, log-sum-exp) from PyTorch's fused causal attention, or None where
+    no kernel that returns the log-sum-exp takes these inputs."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scaling)
+        return out, lse.float()
+    if q.device.type == "cuda":
+        try:
+            found = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True,
+                                                                          scale=scaling)
+        except RuntimeError:  # a head size or dtype the kernel does not take
+            return None
+        return found[0], found[1][..., : q.shape[-2]].float()
+    return None
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, scaling: float, softcap: float | None, window: int | None,
+             chunk: int) -> tuple[Tensor, Tensor]:
+    """The same as the fused kernel, `chunk` query rows at a time against the
+    keys they can see (chunk + window of them with a window): the eager
+    attention's own steps, in float32 from the scores on."""
+    n_pos = q.shape[-2]
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    for a in range(0, n_pos, chunk):
+        b = min(n_pos, a + chunk)
+        lo = 0 if window is None else max(0, a - window + 1)
+        scores = key_scores(q[..., a:b, :], k[..., lo:b, :], scaling, softcap)
+        scores = scores.masked_fill(~visible(torch.arange(a, b), torch.arange(lo, b), window).to(q.device),
+                                    float("-inf"))
+        lse[..., a:b] = scores.logsumexp(-1)
+        weights = torch.exp(scores - lse[..., a:b, None])
+        out[..., a:b, :] = (weights.to(v.dtype) @ v[..., lo:b, :])
+    return out, lse
+
+
+def key_scores(q: Tensor, k: Tensor, scaling: float, softcap: float | None) -> Tensor:
+    """The attention scores of queries `q` on keys `k` [... query key], float32,
+    soft-capped where the model caps them."""
+    scores = (q @ k.transpose(-1, -2)).float() * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
+
+
+def visible(queries: Tensor, keys: Tensor, window: int | None) -> Tensor:
+    """[query key] bool: key j is visible to query t when j <= t (and t - j < window)."""
+    gap = queries[:, None] - keys[None, :]
+    seen = gap >= 0
+    return seen & (gap < window) if window is not None else seen
+
+
+def key_weight(
+    q: Float[Tensor, "batch head_index query_pos d_head"],
+    k: Float[Tensor, "batch head_index key_pos d_head"],
+    lse: Float[Tensor, "batch head_index query_pos"],
+    key: int,
+    *,
+    scaling: float,
+    softcap: float | None = None,
+    window: int | None = None,
+) -> Float[Tensor, "batch head_index query_pos"]:
+    """Every query's attention on key position `key`: exp(s_t,key - lse_t), 0
+    for the queries that cannot see it (before it, or past the window)."""
+    scores = key_scores(q, k[..., key : key + 1, :], scaling, softcap)[..., 0]  # [batch head query]
+    seen = visible(torch.arange(q.shape[-2]), torch.tensor([key]), window)[:, 0].to(q.device)
+    return torch.where(seen, torch.exp(scores - lse), 0.0)
+
+
+# What a forward pass records
+
+
+@dataclass
+class Recorder:
+    """Per layer, what the sink measures read off attention, collected by
+    `fused_attention` during one forward pass (`recording`).
+
+    Attributes:
+        keys: key positions whose attention every query's is recorded (0, a moved `<bos>`).
+        weights: layer -> [batch head_index key query_pos]: query t's attention on keys[key].
+        sink: layer -> [batch head_index query_pos]: the learned sink's share (models with sink logits).
+        value_norm: layer -> [batch head_index key_pos]: each key's value-vector norm, per query head.
+    """
+
+    keys: tuple[int, ...] = (0,)
+    weights: dict[int, Tensor] = field(default_factory=dict)
+    sink: dict[int, Tensor] = field(default_factory=dict)
+    value_norm: dict[int, Tensor] = field(default_factory=dict)
+
+    def record(self, layer: int, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, *, scaling: float,
+               softcap: float | None, window: int | None, sinks: Tensor | None) -> None:
+        if not torch.isfinite(lse).all():
+            raise FloatingPointError(f"layer {layer}: NaN or inf in the attention scores")
+        self.weights[layer] = torch.stack([key_weight(q, k, lse, key, scaling=scaling, softcap=softcap,
+                                                      window=window) for key in self.keys], dim=2).cpu()
+        if sinks is not None:
+            self.sink[layer] = torch.exp(sinks.detach().float().to(lse.device)[None, :, None] - lse).cpu()
+        self.value_norm[layer] = v.float().norm(dim=-1).cpu()
+
+
+_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("sinkmech_recorder", default=None)
+
+
+@contextmanager
+def recording(keys: Sequence[int] = (0,)) -> Iterator[Recorder]:
+    """`fused_attention` records into the Recorder this yields while the block runs."""
+    rec = Recorder(keys=tuple(int(k) for k in keys))
+    token = _ACTIVE.set(rec)
+    try:
+        yield rec
+    finally:
+        _ACTIVE.reset(token)
+
+
+def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
+                    scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None,
+                    softcap: float | None = None, s_aux: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+    """A transformers attention function (`ALL_ATTENTION_FUNCTIONS`): query
+    [batch head_index pos d_head], key and value [batch kv_head pos d_head]
+    -> the output [batch pos head_index d_head] and no weights. Causal, with the
+    model's soft-cap, sliding window and learned sink logits (`s_aux`)."""
+    if dropout:
+        raise ValueError("fused_attention runs without attention dropout (put the model in eval mode)")
+    check_right_padded(attention_mask)
+    repeat = query.shape[1] // key.shape[1]  # grouped-query attention: head h reads key head h // repeat
+    key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    out, lse = attend(query, key, value, scaling=scaling, softcap=softcap, window=sliding_window, sinks=s_aux)
+    rec = _ACTIVE.get()
+    if rec is not None:
+        rec.record(module.layer_idx, query, key, value, lse, scaling=scaling, softcap=softcap,
+                   window=sliding_window, sinks=s_aux)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def check_right_padded(attention_mask: Tensor | None) -> None:
+    """A 2D padding mask is ignored when every row is real tokens then padding
+    (a real query never sees a padding key); anything else is refused."""
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2:
+        raise ValueError(f"fused_attention takes a 2D padding mask, got one of shape {tuple(attention_mask.shape)}")
+    real = attention_mask.bool()
+    if (real[:, 1:] & ~real[:, :-1]).any():
+        raise ValueError("fused_attention takes right-padded batches only (a padding token before a real one)")
+
+
+def register() -> str:
+    """Register `fused_attention` with transformers' attention interface; returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FUSED, fused_attention)
+    return FUSED
+
+
+# One forward pass of a sinkmech model (either backend) without the pattern
+
+
+@dataclass(frozen=True)
+class AttentionColumns:
+    """What one forward pass gives the sink measures, per layer, with no T x T
+    tensor: each query's attention on the chosen keys, the learned sink's share,
+    value and residual norms at every position, and each row's summed loss."""
+
+    weights: Float[Tensor, "layer batch head_index key query_pos"]
+    value_norm: Float[Tensor, "layer batch head_index pos"]
+    resid_norm: Float[Tensor, "layer batch pos"]
+    sink: Float[Tensor, "layer batch head_index query_pos"] | None = None
+    row_loss: Float[Tensor, " batch"] | None = None
+
+
+def attention_columns(model, tokens: Tensor, *, keys: Sequence[int] = (0,), loss_mask: Tensor | None = None,
+                      chunk: int | None = None) -> AttentionColumns:
+    """One no-grad forward pass of right-padded `tokens` [batch pos] that never
+    holds a T x T pattern: on the Bridge through transformers' attention
+    interface and `fused_attention`; on TransformerLens 3.9 in query chunks
+    through its own key-value cache (`sinkmech.loading.attention`).
+
+    Args:
+        model: a HookedTransformer or a TransformerBridge.
+        keys: key positions whose attention every query's is returned.
+        loss_mask: True at the positions whose next token is scored: each row's
+            summed next-token loss (nats, float64) as `sinkmech.measures.loss.masked_row_losses` gives it.
+        chunk: query positions per step on TransformerLens 3.9 (default `CHUNK`).
+    """
+    # the seam is imported here, not above: the kernel imports with torch alone
+    from sinkmech.loading.backend import IS_BRIDGE
+
+    return (_bridge_columns if IS_BRIDGE else _chunked_columns)(model, tokens, tuple(keys), loss_mask, chunk or CHUNK)
+
+
+def _bridge_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
+    from sinkmech.hooks import act_name, run
+    from sinkmech.loading.attention import attention_interface
+    from sinkmech.measures.loss import masked_row_losses
+
+    L = model.cfg.n_layers
+    resid = torch.zeros(L, *tokens.shape)
+
+    def resid_hook(x, hook):
+        resid[hook.layer()] = x.float().norm(dim=-1).cpu()
+
+    hooks = [(act_name("resid_post", l), resid_hook) for l in range(L)]
+    row_loss = None
+    with attention_interface(model, register()), recording(keys) as rec:
+        if loss_mask is not None:
+            row_loss = masked_row_losses(model, tokens, loss_mask, hooks)
+        else:
+            run(model, tokens, hooks, stop_at_layer=L)
+    if sorted(rec.weights) != list(range(L)):
+        raise RuntimeError(f"the fused attention ran in layers {sorted(rec.weights)} of {L}: some layer's attention "
+                           "does not go through transformers' attention interface")
+    return AttentionColumns(
+        weights=torch.stack([rec.weights[l] for l in range(L)]),
+        value_norm=torch.stack([rec.value_norm[l] for l in range(L)]),
+        resid_norm=resid,
+        sink=torch.stack([rec.sink[l] for l in range(L)]) if rec.sink else None,
+        row_loss=row_loss,
+    )
+
+
+def _chunked_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
+    from sinkmech.hooks import act_name, expand_kv
+    from sinkmech.loading.attention import forward_chunks
+    from sinkmech.loading.backend import has_learned_sinks
+    from sinkmech.measures.definitions import check_rows
+    from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll
+
+    cfg = model.cfg
+    L, H, (B, T) = cfg.n_layers, cfg.n_heads, tokens.shape
+    weights = torch.zeros(L, B, H, len(keys), T)
+    value_norm, resid = torch.zeros(L, B, H, T), torch.zeros(L, B, T)
+    sink = torch.zeros(L, B, H, T) if has_learned_sinks(model) else None
+
+    def hooks(start: int):
+        def pattern_hook(pattern, hook):  # [batch head_index chunk key_pos]: keys 0 .. start + chunk - 1
+            l, stop = hook.layer(), start + pattern.shape[-2]
+            check_rows(pattern, torch.ones(B, stop - start), l, learned=sink is not None)
+            for i, key in enumerate(keys):
+                if key < pattern.shape[-1]:  # a later key gets no attention from these queries
+                    weights[l, :, :, i, start:stop] = pattern[..., key].float().cpu()
+            if sink is not None:
+                sink[l, :, :, start:stop] = (1.0 - pattern.float().sum(-1)).cpu()
+
+        def value_hook(v, hook):
+            norms = expand_kv(model, v).float().norm(dim=-1)  # [batch, chunk, head_index]
+            value_norm[hook.layer(), :, :, start : start + norms.shape[1]] = norms.transpose(1, 2).cpu()
+
+        def resid_hook(x, hook):
+            resid[hook.layer(), :, start : start + x.shape[1]] = x.float().norm(dim=-1).cpu()
+
+        return [h for l in range(L) for h in ((act_name("pattern", l), pattern_hook), (act_name("v", l), value_hook),
+                                              (act_name("resid_post", l), resid_hook))]
+
+    row_loss = torch.zeros(B, dtype=torch.float64) if loss_mask is not None else None
+    step = max(1, UNEMBED_ROWS // B)
+    for start, out in forward_chunks(model, tokens, hooks, chunk=chunk):
+        if row_loss is None:
+            continue
+        for a in range(start, min(start + out.shape[1], T - 1), step):  # position p predicts token p + 1
+            e = min(a + step, start + out.shape[1], T - 1)
+            scored = loss_mask[:, a:e].cpu()
+            if scored.any():
+                nll = next_token_nll(model, out[:, a - start : e - start], tokens[:, a + 1 : e + 1])
+                row_loss += torch.where(scored, nll.double().cpu(), 0.0).sum(1)
+    return AttentionColumns(weights=weights, value_norm=value_norm, resid_norm=resid, sink=sink, row_loss=row_loss)
