@@ -119,21 +119,29 @@ def _fused_kernel(q: Tensor, k: Tensor, v: Tensor, scaling: float) -> tuple[Tens
 
 def _chunked(q: Tensor, k: Tensor, v: Tensor, scaling: float, softcap: float | None, window: int | None,
              chunk: int) -> tuple[Tensor, Tensor]:
-    """The same as the fused kernel, `chunk` query rows at a time against the
-    keys they can see (chunk + window of them with a window): the eager
-    attention's own steps, in float32 from the scores on."""
+    """The same as the fused kernel, a chunk of query rows at a time against
+    the keys they can see (chunk + window of them with a window): through the
+    fused kernel with the chunk's mask where it takes one, else the eager
+    attention's own steps in float32 from the scores on."""
     n_pos = q.shape[-2]
+    if window is not None:  # a chunk computes chunk x (chunk + window) scores for chunk x window useful ones
+        chunk = min(chunk, max(window // 2, 64))
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     for a in range(0, n_pos, chunk):
         b = min(n_pos, a + chunk)
         lo = 0 if window is None else max(0, a - window + 1)
-        scores = key_scores(q[..., a:b, :], k[..., lo:b, :], scaling, softcap)
-        scores = scores.masked_fill(~visible(torch.arange(a, b), torch.arange(lo, b), window).to(q.device),
-                                    float("-inf"))
+        seen = visible(torch.arange(a, b), torch.arange(lo, b), window).to(q.device)
+        if softcap is None and q.device.type == "cpu":
+            bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
+            o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[..., a:b, :], k[..., lo:b, :], v[..., lo:b, :], 0.0, False, attn_mask=bias, scale=scaling)
+            out[..., a:b, :], lse[..., a:b] = o, l.float()
+            continue
+        scores = key_scores(q[..., a:b, :], k[..., lo:b, :], scaling, softcap).masked_fill(~seen, float("-inf"))
         lse[..., a:b] = scores.logsumexp(-1)
         weights = torch.exp(scores - lse[..., a:b, None])
-        out[..., a:b, :] = (weights.to(v.dtype) @ v[..., lo:b, :])
+        out[..., a:b, :] = weights.to(v.dtype) @ v[..., lo:b, :]
     return out, lse
 
 
