@@ -76,7 +76,8 @@ def build_model(args):
     if args.random_weights:
         torch.manual_seed(0)
         cfg = Gemma3TextConfig(**GEMMA3_270M, attn_implementation=attn)
-        model = Gemma3ForCausalLM(cfg)
+        with torch.device(args.device):  # initialised where it runs (a GPU fills 270M weights at once)
+            model = Gemma3ForCausalLM(cfg)
     else:
         model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32, attn_implementation=attn)
     return model.to(args.device).eval()
@@ -166,7 +167,12 @@ def peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def available_gib() -> float:
+def available_gib(device: str) -> float:
+    """Memory free for the method: the GPU's free memory on CUDA, MemAvailable on a CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0] / 2 ** 30
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
@@ -187,7 +193,7 @@ def model_size(args) -> tuple[int, object]:
 
 def run_all(args) -> list[dict]:
     n_params, cfg = model_size(args)
-    limit = args.memory_limit if args.memory_limit else 0.8 * available_gib()
+    limit = args.memory_limit if args.memory_limit else 0.8 * available_gib(args.device)
     rows = []
     for method in args.methods:
         stopped = None
@@ -195,8 +201,8 @@ def run_all(args) -> list[dict]:
             if stopped:
                 rows.append({"method": method, "T": T, "skipped": stopped})
                 continue
-            need = predicted_gib(method, T, n_params, cfg) if not args.device.startswith("cuda") else None
-            if need is not None and need > limit:
+            need = predicted_gib(method, T, n_params, cfg)
+            if need > limit:
                 stopped = f"predicted {need:.1f} GiB > limit {limit:.1f} GiB"
                 rows.append({"method": method, "T": T, "skipped": stopped})
                 continue
@@ -268,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="Gemma 3 270M's architecture with random weights (no weights on this machine)")
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="a Hugging Face folder of the model (default: sinkmech's converted Gemma 3 270M)")
-    ap.add_argument("--memory-limit", type=float, default=None, help="GiB a method may predict to use (CPU)")
+    ap.add_argument("--memory-limit", type=float, default=None,
+                    help="GiB a method may predict to use (default: 80 %% of the free memory, of the GPU on CUDA)")
     ap.add_argument("--out", type=Path, default=None, help="write bench_long.json and bench_long.md here")
     ap.add_argument("--child-method", choices=METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--child-length", type=int, help=argparse.SUPPRESS)

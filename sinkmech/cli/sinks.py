@@ -249,11 +249,6 @@ def sinks_prompts(args) -> list[str]:
 
 
 def cmd_sinks(args) -> None:
-    from sinkmech.plots.sinks import sink_heatmap
-    from sinkmech.measures.key_sinks import key_sink_scores
-    from sinkmech.prompts import tokenize
-    from sinkmech.measures.sinks import paired_contrasts, sink_scores
-
     attention = check_attention_arg(args)
     if args.keys == "all" and attention == "fused":
         raise UsageError("--keys all reads every key's column of each layer's pattern: run it with --attention "
@@ -263,6 +258,10 @@ def cmd_sinks(args) -> None:
     check_bos_position(args)
     check_context(args.model, args.max_tokens + (args.bos != "none"))
     prompts = sinks_prompts(args)  # bad prompt files fail before the slow model load
+    from sinkmech.plots.sinks import sink_heatmap
+    from sinkmech.measures.key_sinks import key_sink_scores
+    from sinkmech.prompts import tokenize
+    from sinkmech.measures.sinks import paired_contrasts, sink_scores
 
     def task(settings: dict) -> SinksTask:
         return SinksTask.from_args(args, prompts, settings, conditions=tuple(conditions(args.bos)),

@@ -111,7 +111,7 @@ def _fused_kernel(q: Tensor, k: Tensor, v: Tensor, scaling: float) -> tuple[Tens
         try:
             found = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True,
                                                                           scale=scaling)
-        except RuntimeError:  # a head size or dtype the kernel does not take
+        except (RuntimeError, TypeError):  # a head size or dtype (or a signature) the kernel does not take
             return None
         return found[0], found[1][..., : q.shape[-2]].float()
     return None
