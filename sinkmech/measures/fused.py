@@ -40,6 +40,7 @@ ATTENTION_MODES = ("fused", "pattern", "auto")
 # (scripts/bench_long.py; docs/benchmarks.md).
 FUSED_FROM = 512
 CHUNK = 512  # query rows per step where the kernel cannot be used (a chunk x T block at most)
+CUDA_CHUNK = 4096  # on a GPU: fewer, larger steps (each one a few kernel launches)
 FUSED = "sinkmech_fused"  # the name transformers' attention interface knows `fused_attention` by
 
 
@@ -124,7 +125,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, scaling: float, softcap: float | N
     fused kernel with the chunk's mask where it takes one, else the eager
     attention's own steps in float32 from the scores on."""
     n_pos = q.shape[-2]
-    if window is not None:  # a chunk computes chunk x (chunk + window) scores for chunk x window useful ones
+    if q.device.type == "cuda":
+        chunk = max(chunk, CUDA_CHUNK)
+    elif window is not None:  # a chunk computes chunk x (chunk + window) scores for chunk x window useful ones
         chunk = min(chunk, max(window // 2, 64))
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
