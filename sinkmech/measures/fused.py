@@ -73,6 +73,7 @@ def attend(
     window: int | None = None,
     sinks: Float[Tensor, " head_index"] | None = None,
     chunk: int | None = None,
+    stream: tuple[int, int] | None = None,
 ) -> tuple[Float[Tensor, "batch head_index query_pos d_head"], Float[Tensor, "batch head_index query_pos"]]:
     """Causal attention of every query on keys 0 .. t (each key head already
     repeated to its query heads), without the pattern.
@@ -83,6 +84,9 @@ def attend(
         window: query t sees keys j with t - j < window (transformers' sliding window).
         sinks: a learned logit per head that joins every row's softmax with no value (gpt-oss).
         chunk: query rows per step where the fused kernel cannot be used (default `CHUNK`).
+        stream: (W, keep): StreamingLLM's restriction on top of the model's own
+            (Xiao et al. 2024): query t also sees only keys t - W < j <= t and
+            the first `keep` keys (`sinkmech.context.stream.window_mask`).
 
     Returns:
         The head outputs (q's dtype) and each row's log-sum-exp in float32:
@@ -90,11 +94,12 @@ def attend(
         share exp(sink - lse_t).
     """
     chunk = chunk or CHUNK
-    if softcap is None and window is None:
+    sees = Sees(window, *(stream or (None, 0)))
+    if softcap is None and sees == Sees():
         found = _fused_kernel(q, k, v, scaling)
-        out, lse = found if found is not None else _chunked(q, k, v, scaling, None, None, chunk)
+        out, lse = found if found is not None else _chunked(q, k, v, scaling, None, sees, chunk)
     else:
-        out, lse = _chunked(q, k, v, scaling, softcap, window, chunk)
+        out, lse = _chunked(q, k, v, scaling, softcap, sees, chunk)
     if sinks is not None:  # the sink's column joins the softmax: every real weight shrinks by exp(lse - total)
         total = torch.logaddexp(lse, sinks.detach().float().to(lse.device)[None, :, None])
         out = out * torch.exp(lse - total)[..., None].to(out.dtype)
@@ -118,33 +123,35 @@ def _fused_kernel(q: Tensor, k: Tensor, v: Tensor, scaling: float) -> tuple[Tens
     return None
 
 
-def _chunked(q: Tensor, k: Tensor, v: Tensor, scaling: float, softcap: float | None, window: int | None,
+def _chunked(q: Tensor, k: Tensor, v: Tensor, scaling: float, softcap: float | None, sees: Sees,
              chunk: int) -> tuple[Tensor, Tensor]:
     """The same as the fused kernel, a chunk of query rows at a time against
-    the keys they can see (chunk + window of them with a window): through the
-    fused kernel with the chunk's mask where it takes one, else the eager
-    attention's own steps in float32 from the scores on."""
+    the keys they can see (with a window: the first keys kept and the last
+    chunk + window): through the fused kernel with the chunk's mask where it
+    takes one, else the eager attention's own steps in float32 from the scores on."""
     n_pos = q.shape[-2]
     if q.device.type == "cuda":
         chunk = max(chunk, CUDA_CHUNK)
-    elif window is not None:  # a chunk computes chunk x (chunk + window) scores for chunk x window useful ones
-        chunk = min(chunk, max(window // 2, 64))
+    elif sees.span is not None:  # a chunk computes chunk x (chunk + window) scores for chunk x window useful ones
+        chunk = min(chunk, max(sees.span // 2, 64))
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     for a in range(0, n_pos, chunk):
         b = min(n_pos, a + chunk)
-        lo = 0 if window is None else max(0, a - window + 1)
-        seen = visible(torch.arange(a, b), torch.arange(lo, b), window).to(q.device)
+        keys = sees.keys(a, b)
+        seen = visible(torch.arange(a, b), keys, sees).to(q.device)
+        kk, vv = (x[..., keys.to(x.device), :] if len(keys) != b - int(keys[0]) else x[..., int(keys[0]):b, :]
+                  for x in (k, v))
         if softcap is None and q.device.type == "cpu":
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[..., a:b, :], k[..., lo:b, :], v[..., lo:b, :], 0.0, False, attn_mask=bias, scale=scaling)
+                q[..., a:b, :], kk, vv, 0.0, False, attn_mask=bias, scale=scaling)
             out[..., a:b, :], lse[..., a:b] = o, l.float()
             continue
-        scores = key_scores(q[..., a:b, :], k[..., lo:b, :], scaling, softcap).masked_fill(~seen, float("-inf"))
+        scores = key_scores(q[..., a:b, :], kk, scaling, softcap).masked_fill(~seen, float("-inf"))
         lse[..., a:b] = scores.logsumexp(-1)
         weights = torch.exp(scores - lse[..., a:b, None])
-        out[..., a:b, :] = weights.to(v.dtype) @ v[..., lo:b, :]
+        out[..., a:b, :] = weights.to(v.dtype) @ vv
     return out, lse
 
 
@@ -157,11 +164,41 @@ def key_scores(q: Tensor, k: Tensor, scaling: float, softcap: float | None) -> T
     return scores
 
 
-def visible(queries: Tensor, keys: Tensor, window: int | None) -> Tensor:
-    """[query key] bool: key j is visible to query t when j <= t (and t - j < window)."""
+@dataclass(frozen=True)
+class Sees:
+    """Which keys query t sees: j <= t, within the model's own sliding window
+    (t - j < window), and under StreamingLLM's restriction within its window
+    (t - j < stream) or among the first `keep` keys."""
+
+    window: int | None = None
+    stream: int | None = None
+    keep: int = 0
+
+    @property
+    def span(self) -> int | None:
+        """The widest gap t - j a query sees, the first keys apart (None: all of them)."""
+        spans = [w for w in (self.window, self.stream) if w is not None]
+        return min(spans) if spans else None
+
+    def keys(self, a: int, b: int) -> Tensor:
+        """The keys some query of a .. b-1 can see: the first `keep` (when a
+        stream window keeps them) and the last b - a + span - 1."""
+        lo = 0 if self.span is None else max(0, a - self.span + 1)
+        first = min(self.keep, lo) if self.stream is not None else 0
+        return torch.cat([torch.arange(first), torch.arange(lo, b)])
+
+
+def visible(queries: Tensor, keys: Tensor, sees: Sees | int | None = None) -> Tensor:
+    """[query key] bool: whether query t sees key j (`Sees`; an int: the model's window alone)."""
+    if not isinstance(sees, Sees):
+        sees = Sees(window=sees)
     gap = queries[:, None] - keys[None, :]
     seen = gap >= 0
-    return seen & (gap < window) if window is not None else seen
+    if sees.window is not None:
+        seen &= gap < sees.window
+    if sees.stream is not None:
+        seen &= (gap < sees.stream) | (keys[None, :] < sees.keep)
+    return seen
 
 
 def key_weight(
@@ -173,11 +210,13 @@ def key_weight(
     scaling: float,
     softcap: float | None = None,
     window: int | None = None,
+    stream: tuple[int, int] | None = None,
 ) -> Float[Tensor, "batch head_index query_pos"]:
     """Every query's attention on key position `key`: exp(s_t,key - lse_t), 0
-    for the queries that cannot see it (before it, or past the window)."""
+    for the queries that cannot see it (before it, or past a window; `stream` as `attend` takes it)."""
     scores = key_scores(q, k[..., key : key + 1, :], scaling, softcap)[..., 0]  # [batch head query]
-    seen = visible(torch.arange(q.shape[-2]), torch.tensor([key]), window)[:, 0].to(q.device)
+    sees = Sees(window, *(stream or (None, 0)))
+    seen = visible(torch.arange(q.shape[-2]), torch.tensor([key]), sees)[:, 0].to(q.device)
     return torch.where(seen, torch.exp(scores - lse), 0.0)
 
 
@@ -194,19 +233,23 @@ class Recorder:
         weights: layer -> [batch head_index key query_pos]: query t's attention on keys[key].
         sink: layer -> [batch head_index query_pos]: the learned sink's share (models with sink logits).
         value_norm: layer -> [batch head_index key_pos]: each key's value-vector norm, per query head.
+        stream: (W, keep): StreamingLLM's window for the pass (`attend`), or None.
     """
 
     keys: tuple[int, ...] = (0,)
+    stream: tuple[int, int] | None = None
     weights: dict[int, Tensor] = field(default_factory=dict)
     sink: dict[int, Tensor] = field(default_factory=dict)
     value_norm: dict[int, Tensor] = field(default_factory=dict)
 
     def record(self, layer: int, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, *, scaling: float,
                softcap: float | None, window: int | None, sinks: Tensor | None) -> None:
+        """Layer `layer`'s share: each query's attention on `keys`, the sink's share, the value norms."""
         if not torch.isfinite(lse).all():
             raise FloatingPointError(f"layer {layer}: NaN or inf in the attention scores")
         self.weights[layer] = torch.stack([key_weight(q, k, lse, key, scaling=scaling, softcap=softcap,
-                                                      window=window) for key in self.keys], dim=2).cpu()
+                                                      window=window, stream=self.stream)
+                                         for key in self.keys], dim=2).cpu()
         if sinks is not None:
             self.sink[layer] = torch.exp(sinks.detach().float().to(lse.device)[None, :, None] - lse).cpu()
         self.value_norm[layer] = v.float().norm(dim=-1).cpu()
@@ -216,9 +259,12 @@ _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("sinkm
 
 
 @contextmanager
-def recording(keys: Sequence[int] = (0,)) -> Iterator[Recorder]:
-    """`fused_attention` records into the Recorder this yields while the block runs."""
-    rec = Recorder(keys=tuple(int(k) for k in keys))
+def recording(keys: Sequence[int] = (0,), stream: tuple[int, int] | None = None) -> Iterator[Recorder]:
+    """`fused_attention` records into the Recorder this yields while the block
+    runs (and attends under `stream`, StreamingLLM's (W, keep), when given)."""
+    if stream is not None and (stream[0] < 1 or stream[1] < 0):
+        raise ValueError(f"a stream window is (W >= 1, keep >= 0), got {stream}")
+    rec = Recorder(keys=tuple(int(k) for k in keys), stream=None if stream is None else (int(stream[0]), int(stream[1])))
     token = _ACTIVE.set(rec)
     try:
         yield rec
@@ -239,8 +285,9 @@ def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     repeat = query.shape[1] // key.shape[1]  # grouped-query attention: head h reads key head h // repeat
     key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    out, lse = attend(query, key, value, scaling=scaling, softcap=softcap, window=sliding_window, sinks=s_aux)
     rec = _ACTIVE.get()
+    out, lse = attend(query, key, value, scaling=scaling, softcap=softcap, window=sliding_window, sinks=s_aux,
+                      stream=None if rec is None else rec.stream)
     if rec is not None:
         rec.record(module.layer_idx, query, key, value, lse, scaling=scaling, softcap=softcap,
                    window=sliding_window, sinks=s_aux)
@@ -274,17 +321,23 @@ def register() -> str:
 class AttentionColumns:
     """What one forward pass gives the sink measures, per layer, with no T x T
     tensor: each query's attention on the chosen keys, the learned sink's share,
-    value and residual norms at every position, and each row's summed loss."""
+    value and residual norms at every position, and the next-token losses."""
 
     weights: Float[Tensor, "layer batch head_index key query_pos"]
     value_norm: Float[Tensor, "layer batch head_index pos"]
     resid_norm: Float[Tensor, "layer batch pos"]
     sink: Float[Tensor, "layer batch head_index query_pos"] | None = None
-    row_loss: Float[Tensor, " batch"] | None = None
+    # position p's next-token loss (nats, predicting token p + 1) where the loss mask is True, NaN elsewhere
+    token_loss: Float[Tensor, "batch pos"] | None = None
+
+    @property
+    def row_loss(self) -> Float[Tensor, " batch"] | None:
+        """Each row's summed next-token loss over its scored positions (nats, float64)."""
+        return None if self.token_loss is None else self.token_loss.double().nan_to_num(0.0).sum(1)
 
 
 def attention_columns(model, tokens: Tensor, *, keys: Sequence[int] = (0,), loss_mask: Tensor | None = None,
-                      chunk: int | None = None) -> AttentionColumns:
+                      chunk: int | None = None, stream: tuple[int, int] | None = None) -> AttentionColumns:
     """One no-grad forward pass of right-padded `tokens` [batch pos] that never
     holds a T x T pattern: on the Bridge through transformers' attention
     interface and `fused_attention`; on TransformerLens 3.9 in query chunks
@@ -293,20 +346,41 @@ def attention_columns(model, tokens: Tensor, *, keys: Sequence[int] = (0,), loss
     Args:
         model: a HookedTransformer or a TransformerBridge.
         keys: key positions whose attention every query's is returned.
-        loss_mask: True at the positions whose next token is scored: each row's
-            summed next-token loss (nats, float64) as `sinkmech.measures.loss.masked_row_losses` gives it.
+        loss_mask: True at the positions whose next token is scored: their
+            next-token losses as `sinkmech.measures.loss.masked_row_losses` computes them.
         chunk: query positions per step on TransformerLens 3.9 (default `CHUNK`).
+        stream: (W, keep): every layer under StreamingLLM's sliding window of W
+            keys with the first `keep` kept (`sinkmech.context.stream`), or None.
     """
     # the seam is imported here, not above: the kernel imports with torch alone
     from sinkmech.loading.backend import IS_BRIDGE
 
-    return (_bridge_columns if IS_BRIDGE else _chunked_columns)(model, tokens, tuple(keys), loss_mask, chunk or CHUNK)
+    if stream is not None and (stream[0] < 1 or stream[1] < 0):
+        raise ValueError(f"a stream window is (W >= 1, keep >= 0), got {stream}")
+    run = _bridge_columns if IS_BRIDGE else _chunked_columns
+    return run(model, tokens, tuple(keys), loss_mask, chunk or CHUNK, stream)
 
 
-def _bridge_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
-    from sinkmech.hooks import act_name, run
+def _token_losses(model, resid: Tensor, tokens: Tensor, mask: Tensor, start: int, out: Tensor) -> None:
+    """Next-token losses of the positions start .. start + len(resid) - 1 that
+    `mask` scores (position p predicts token p + 1), into `out` [batch pos],
+    through the one readout `sinkmech.measures.loss.next_token_nll`, a few
+    hundred rows at a time."""
+    from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll
+
+    stop = min(start + resid.shape[1], tokens.shape[1] - 1)
+    step = max(1, UNEMBED_ROWS // tokens.shape[0])
+    for a in range(start, stop, step):
+        b = min(a + step, stop)
+        scored = mask[:, a:b].cpu()
+        if scored.any():
+            nll = next_token_nll(model, resid[:, a - start : b - start], tokens[:, a + 1 : b + 1])
+            out[:, a:b] = torch.where(scored, nll.float().cpu(), out[:, a:b])
+
+
+def _bridge_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionColumns:
+    from sinkmech.hooks import act_name, cached_run
     from sinkmech.loading.attention import attention_interface
-    from sinkmech.measures.loss import masked_row_losses
 
     L = model.cfg.n_layers
     resid = torch.zeros(L, *tokens.shape)
@@ -315,12 +389,13 @@ def _bridge_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
         resid[hook.layer()] = x.float().norm(dim=-1).cpu()
 
     hooks = [(act_name("resid_post", l), resid_hook) for l in range(L)]
-    row_loss = None
-    with attention_interface(model, register()), recording(keys) as rec:
-        if loss_mask is not None:
-            row_loss = masked_row_losses(model, tokens, loss_mask, hooks)
-        else:
-            run(model, tokens, hooks, stop_at_layer=L)
+    last = act_name("resid_post", L - 1)
+    token_loss = None
+    with attention_interface(model, register()), recording(keys, stream) as rec:
+        _, cache = cached_run(model, tokens, [last], hooks, stop_at_layer=L)
+    if loss_mask is not None:
+        token_loss = torch.full(tokens.shape, float("nan"))
+        _token_losses(model, cache[last], tokens, loss_mask, 0, token_loss)
     if sorted(rec.weights) != list(range(L)):
         raise RuntimeError(f"the fused attention ran in layers {sorted(rec.weights)} of {L}: some layer's attention "
                            "does not go through transformers' attention interface")
@@ -329,24 +404,28 @@ def _bridge_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
         value_norm=torch.stack([rec.value_norm[l] for l in range(L)]),
         resid_norm=resid,
         sink=torch.stack([rec.sink[l] for l in range(L)]) if rec.sink else None,
-        row_loss=row_loss,
+        token_loss=token_loss,
     )
 
 
-def _chunked_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
+def _chunked_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionColumns:
     from sinkmech.hooks import act_name, expand_kv
     from sinkmech.loading.attention import forward_chunks
     from sinkmech.loading.backend import has_learned_sinks
     from sinkmech.measures.definitions import check_rows
-    from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll
 
     cfg = model.cfg
     L, H, (B, T) = cfg.n_layers, cfg.n_heads, tokens.shape
     weights = torch.zeros(L, B, H, len(keys), T)
     value_norm, resid = torch.zeros(L, B, H, T), torch.zeros(L, B, T)
     sink = torch.zeros(L, B, H, T) if has_learned_sinks(model) else None
+    sees = None if stream is None else Sees(stream=stream[0], keep=stream[1])
 
     def hooks(start: int):
+        def scores_hook(scores, hook):  # StreamingLLM's window on the chunk's [query key] block
+            seen = visible(torch.arange(start, start + scores.shape[-2]), torch.arange(scores.shape[-1]), sees)
+            return scores.masked_fill(~seen.to(scores.device), float("-inf"))
+
         def pattern_hook(pattern, hook):  # [batch head_index chunk key_pos]: keys 0 .. start + chunk - 1
             l, stop = hook.layer(), start + pattern.shape[-2]
             check_rows(pattern, torch.ones(B, stop - start), l, learned=sink is not None)
@@ -363,18 +442,14 @@ def _chunked_columns(model, tokens, keys, loss_mask, chunk) -> AttentionColumns:
         def resid_hook(x, hook):
             resid[hook.layer(), :, start : start + x.shape[1]] = x.float().norm(dim=-1).cpu()
 
-        return [h for l in range(L) for h in ((act_name("pattern", l), pattern_hook), (act_name("v", l), value_hook),
-                                              (act_name("resid_post", l), resid_hook))]
+        per_layer = [(act_name("attn_scores", l), scores_hook) for l in range(L)] if sees is not None else []
+        return per_layer + [h for l in range(L) for h in ((act_name("pattern", l), pattern_hook),
+                                                          (act_name("v", l), value_hook),
+                                                          (act_name("resid_post", l), resid_hook))]
 
-    row_loss = torch.zeros(B, dtype=torch.float64) if loss_mask is not None else None
-    step = max(1, UNEMBED_ROWS // B)
+    token_loss = None if loss_mask is None else torch.full(tokens.shape, float("nan"))
     for start, out in forward_chunks(model, tokens, hooks, chunk=chunk):
-        if row_loss is None:
-            continue
-        for a in range(start, min(start + out.shape[1], T - 1), step):  # position p predicts token p + 1
-            e = min(a + step, start + out.shape[1], T - 1)
-            scored = loss_mask[:, a:e].cpu()
-            if scored.any():
-                nll = next_token_nll(model, out[:, a - start : e - start], tokens[:, a + 1 : e + 1])
-                row_loss += torch.where(scored, nll.double().cpu(), 0.0).sum(1)
-    return AttentionColumns(weights=weights, value_norm=value_norm, resid_norm=resid, sink=sink, row_loss=row_loss)
+        if token_loss is not None:
+            _token_losses(model, out, tokens, loss_mask, start, token_loss)
+    return AttentionColumns(weights=weights, value_norm=value_norm, resid_norm=resid, sink=sink,
+                            token_loss=token_loss)

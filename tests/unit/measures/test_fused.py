@@ -168,3 +168,30 @@ def test_every_architecture_scores_the_same_fused(arch, matrix_folders, monkeypa
     batch = _batch(seed=2)
     kw = dict(loss=True, progress=False, bos_position=2)
     assert_same(sink_scores(model, batch, **kw), sink_scores(model, batch, attention="fused", **kw), arch)
+
+
+@pytest.mark.parametrize("window, keep", [(4, 0), (4, 1), (6, 3)])
+def test_a_stream_window_gives_the_losses_and_scores_of_the_masked_pattern(tiny_model, monkeypatch, window, keep):
+    """StreamingLLM's window on the fused path against the pattern path's
+    `window_hook` on every layer's scores (sinkmech.context.stream): the same
+    per-prompt losses and the same attention on key 0 (none past the window
+    when the first key is dropped)."""
+    from sinkmech.context.stream import window_hook
+    from sinkmech.hooks import act_name
+    from sinkmech.measures.fused import attention_columns
+    from sinkmech.measures.loss import masked_row_losses, target_mask
+
+    monkeypatch.setattr(fused, "CHUNK", 5)
+    batch = _batch(seed=3)
+    mask = target_mask(batch)
+    L = tiny_model.cfg.n_layers
+    hooks = [(act_name("attn_scores", l), window_hook(window, keep)) for l in range(L)]
+    firsts = []
+    hooks += [(act_name("pattern", l), lambda p, hook: firsts.append(p[..., 0].float())) for l in range(L)]
+    ref = masked_row_losses(tiny_model, batch.tokens, mask, hooks)
+    cols = attention_columns(tiny_model, batch.tokens, loss_mask=mask, stream=(window, keep))
+    assert ((cols.row_loss - ref).abs() / ref).max() < TOL
+    for l in range(L):
+        assert (cols.weights[l, :, :, 0] - firsts[l]).abs().max() < TOL
+    past = cols.weights[:, :, :, 0, window:]
+    assert (past == 0).all() if keep == 0 else (past > 0).all()
