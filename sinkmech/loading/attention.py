@@ -124,3 +124,17 @@ def forward_chunks(
                 out = model(tokens[:, start:stop], past_kv_cache=cache, attention_mask=ones[:, start:stop],
                             stop_at_layer=model.cfg.n_layers)
             yield start, out
+
+
+def layer_windows(model: Model) -> list[int | None]:
+    """Each layer's own sliding window (query t sees keys j with t - j < window;
+    None: every earlier key), as the model's config states it."""
+    L = model.cfg.n_layers
+    if IS_BRIDGE:
+        config = model.original_model.config
+        config = getattr(config, "text_config", None) or config
+        window = getattr(config, "sliding_window", None)
+        types = getattr(config, "layer_types", None) or ["sliding_attention" if window else "full_attention"] * L
+        return [window if t == "sliding_attention" and window else None for t in types]
+    types = getattr(model.cfg, "attn_types", None) or ["global"] * L
+    return [model.cfg.window_size if t == "local" else None for t in types]

@@ -32,17 +32,20 @@ def sink_rate(scores: Float[Tensor, "..."], eps: float | str) -> float:
 
 
 def query_mean(
-    column: Float[Tensor, "batch head_index query_pos"], lengths: Int[Tensor, " batch"], start: int = 0
+    column: Float[Tensor, "batch head_index query_pos"], lengths: Int[Tensor, " batch"], start: int = 0,
+    stop: int | None = None,
 ) -> Float[Tensor, "batch head_index"]:
     """The one mean over queries behind every score here: per prompt and head,
     the mean of `column` (one value per query: its attention on a key, a
-    learned sink's share) over the real queries t = start .. T-1; padding
-    queries never count. Float32 sums, as the pattern's own dtype gives them."""
+    learned sink's share) over the real queries t = start .. T-1 (and t < stop
+    when given); padding queries never count. Float32 sums, as the pattern's
+    own dtype gives them; NaN for a prompt with no such query."""
     pos = torch.arange(column.shape[-1], device=column.device)
     n = lengths.to(column.device)
-    valid = ((pos[None, :] >= start) & (pos[None, :] < n[:, None])).float()  # [batch, query_pos]
+    end = n if stop is None else n.clamp(max=stop)
+    valid = ((pos[None, :] >= start) & (pos[None, :] < end[:, None])).float()  # [batch, query_pos]
     total = einops.einsum(column.float(), valid, "b h q, b q -> b h")
-    return total / (n - start)[:, None].float()
+    return total / (end - start)[:, None].float()
 
 
 def first_key_score(

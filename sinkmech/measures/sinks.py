@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
-from sinkmech.measures.fused import Attention, attention_columns, resolve_attention
+from sinkmech.measures.columns import attention_columns
+from sinkmech.measures.fused import Attention, resolve_attention
 from sinkmech.measures.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result

@@ -178,7 +178,7 @@ def test_a_stream_window_gives_the_losses_and_scores_of_the_masked_pattern(tiny_
     when the first key is dropped)."""
     from sinkmech.context.stream import window_hook
     from sinkmech.hooks import act_name
-    from sinkmech.measures.fused import attention_columns
+    from sinkmech.measures.columns import attention_columns
     from sinkmech.measures.loss import masked_row_losses, target_mask
 
     monkeypatch.setattr(fused, "CHUNK", 5)
@@ -195,3 +195,19 @@ def test_a_stream_window_gives_the_losses_and_scores_of_the_masked_pattern(tiny_
         assert (cols.weights[l, :, :, 0] - firsts[l]).abs().max() < TOL
     past = cols.weights[:, :, :, 0, window:]
     assert (past == 0).all() if keep == 0 else (past > 0).all()
+
+
+@pytest.mark.parametrize("stream", [None, (5, 1)])
+def test_columns_read_off_the_pattern_equal_the_fused_ones(tiny_model, monkeypatch, stream):
+    from sinkmech.measures.columns import attention_columns
+    from sinkmech.measures.loss import target_mask
+
+    monkeypatch.setattr(fused, "CHUNK", 4)
+    batch = _batch(seed=4)
+    kw = dict(keys=(0, 2), loss_mask=target_mask(batch), stream=stream)
+    p = attention_columns(tiny_model, batch.tokens, attention="pattern", **kw)
+    f = attention_columns(tiny_model, batch.tokens, attention="fused", **kw)
+    real = batch.mask  # padding positions are not compared
+    assert (p.weights - f.weights).abs()[..., real[None, :, None, None, :].expand_as(p.weights)].max() < TOL
+    assert torch.equal(p.token_loss.isnan(), f.token_loss.isnan())
+    assert ((p.row_loss - f.row_loss).abs() / p.row_loss).max() < TOL
