@@ -275,7 +275,7 @@ def run(model: Model, config: LongContextConfig = LongContextConfig(),
     if config.collapse_repeats:
         for bos in CONDITIONS:  # one prompt a pass: two sequences of prefix + k + 1 tokens
             per = [repeat_collapse(model, [p], repeats=config.collapse_repeats, bos=bos,
-                                   max_tokens=config.collapse_prefix, bos_token_id=options.bos_token_id)
+                                   max_tokens=config.collapse_prefix, options=options.replace(progress=False))
                    for p in tqdm(prompts, desc=f"collapse bos={bos}", disable=not options.progress, unit="prompt")]
             collapse[bos] = torch.cat(per)
     return LongContextResult(config=config, model_name=model.cfg.model_name, sources=tuple(t.to_dict() for t in texts),

@@ -13,6 +13,7 @@ import pytest
 import sinkmech.measures.fused as fused
 from sinkmech.context.long_text import long_prompts_for
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET
 from sinkmech.prompts import tokenize
 
 TOL = 1e-5
@@ -24,7 +25,7 @@ def test_fused_scores_equal_the_pattern_path_on_the_offline_models(name, request
     monkeypatch.setattr(fused, "CHUNK", 256)
     texts = [t.text for t in long_prompts_for(2, 640)]
     batch = tokenize(model, texts, bos="prepend", max_tokens=640)
-    kw = dict(loss=True, progress=False, batch_size=1, bos_position=5)
+    kw = dict(loss=True, bos_position=5, options=QUIET.replace(batch_size=1))
     p = sink_scores(model, batch, attention="pattern", **kw)
     f = sink_scores(model, batch, attention="fused", **kw)
     assert (p.scores - f.scores).abs().max() < TOL

@@ -23,6 +23,7 @@ from helpers.tiny_hf import BOS, MATRIX, save_tiny
 from sinkmech.loading.backend import IS_BRIDGE
 from sinkmech.measures.fused import attend, check_attention, check_right_padded, key_weight, resolve_attention
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET
 from sinkmech.prompts import TokenBatch
 
 TOL = 1e-5
@@ -122,7 +123,7 @@ def assert_same(pattern, fused_, what: str) -> None:
 def test_fused_sink_scores_equal_the_pattern_path_across_chunks(tiny_model, monkeypatch, bos_position):
     monkeypatch.setattr(fused, "CHUNK", 5)  # five chunks over 26 positions
     batch = _batch()
-    kw = dict(loss=True, progress=False, bos_position=bos_position, batch_size=2)
+    kw = dict(loss=True, bos_position=bos_position, options=QUIET.replace(batch_size=2))
     assert_same(sink_scores(tiny_model, batch, **kw), sink_scores(tiny_model, batch, attention="fused", **kw), "tiny")
 
 
@@ -140,7 +141,7 @@ def test_the_fused_path_never_holds_the_whole_pattern(tiny_model, monkeypatch):
             return real_forward(self, *args, **kwargs)
 
     monkeypatch.setattr(type(tiny_model), "forward", spy)
-    sink_scores(tiny_model, _batch(), attention="fused", progress=False)
+    sink_scores(tiny_model, _batch(), attention="fused", options=QUIET)
     if IS_BRIDGE:
         assert shapes == []
     else:
@@ -148,7 +149,7 @@ def test_the_fused_path_never_holds_the_whole_pattern(tiny_model, monkeypatch):
 
 
 def test_auto_takes_the_pattern_path_on_short_prompts(tiny_model):
-    assert sink_scores(tiny_model, _batch(), attention="auto", progress=False).attention == "pattern"
+    assert sink_scores(tiny_model, _batch(), attention="auto", options=QUIET).attention == "pattern"
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_every_architecture_scores_the_same_fused(arch, matrix_folders, monkeypa
     monkeypatch.setattr(fused, "CHUNK", 6)
     model = load_model(str(matrix_folders[arch]), device="cpu")
     batch = _batch(seed=2)
-    kw = dict(loss=True, progress=False, bos_position=2)
+    kw = dict(loss=True, bos_position=2, options=QUIET)
     assert_same(sink_scores(model, batch, **kw), sink_scores(model, batch, attention="fused", **kw), arch)
 
 
