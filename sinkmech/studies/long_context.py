@@ -67,7 +67,7 @@ def bucket_label(lo: int, hi: int) -> str:
 
 
 @dataclass(frozen=True)
-class LengthRun(Result):
+class LengthRun:
     """One (T, `<bos>` condition): per prompt and position bucket, the summed
     content-target loss and its count, and per (prompt, layer, head, bucket)
     the mean attention on key 0 over the bucket's content queries."""
@@ -92,13 +92,17 @@ class LengthRun(Result):
             above = above[:, heads]
         return t_interval(100.0 * above.flatten(1).double().mean(1))
 
-    def summary(self, eps, global_heads: Tensor) -> dict:
+    def to_dict(self, eps=(0.3, 0.8), global_heads: Tensor | None = None) -> dict:
+        return self.summary(eps, global_heads)
+
+    def summary(self, eps, global_heads: Tensor | None) -> dict:
         out = {}
         for b, (lo, hi) in enumerate(self.buckets):
             out[bucket_label(lo, hi)] = {
                 "loss": self.loss(b),
                 "sink_rate": {format_eps(e): self.sink_rate(e, b) for e in eps},
-                "sink_rate_global_layers": {format_eps(e): self.sink_rate(e, b, global_heads) for e in eps},
+                "sink_rate_global_layers": {format_eps(e): None if global_heads is None else
+                                            self.sink_rate(e, b, global_heads) for e in eps},
                 "targets": int(self.loss_count[:, b].sum()),
             }
         whole = {"alpha0_sink_rate": {format_eps(e): t_interval(100.0 * (self.alpha0 > check_eps(e)).flatten(1)
@@ -142,7 +146,7 @@ def length_run(model: Model, texts: list[str], T: int, bos: str, config: LongCon
 
 
 @dataclass(frozen=True)
-class StreamRuns(Result):
+class StreamRuns:
     """StreamingLLM at one length with `<bos>`: per prompt, the summed loss on
     the same scored tokens under full attention and each window setting."""
 
@@ -152,6 +156,10 @@ class StreamRuns(Result):
     settings: tuple[str, ...]  # "full", "keep0", "keep1", "control1" (a window of W + 1, no first key), ...
     loss_sum: Float[Tensor, "prompt setting"]
     n_scored: int
+
+    def to_dict(self) -> dict:
+        return {"T": self.T, "window": self.window, "scored_from": self.scored_from, "n_scored": self.n_scored,
+                "settings": self.summary()}
 
     def summary(self) -> dict:
         counts = torch.full((self.loss_sum.shape[0],), float(self.n_scored), dtype=torch.float64)
@@ -238,20 +246,34 @@ class LongContextResult(Result):
             "layer_windows": list(self.windows),
             "lengths": {str(T): {bos: self.run(T, bos).summary(self.config.eps, g) for bos in CONDITIONS}
                         for T in self.config.lengths},
-            "stream": None if self.stream is None else {
-                "T": self.stream.T, "window": self.stream.window, "scored_from": self.stream.scored_from,
-                "n_scored": self.stream.n_scored, "settings": self.stream.summary()},
+            "stream": None if self.stream is None else self.stream.to_dict(),
             "collapse": self.collapse_summary(),
             "interval": "95 % Student t over prompts (loss: ratio of sums, linearised)",
         }
+
+    def to_dataframe(self):
+        """Long format: one row per (length, condition, position bucket): the loss and
+        the sink rate at each eps, each with its interval."""
+        import pandas as pd
+
+        rows = []
+        for T, conds in self.to_dict()["lengths"].items():
+            for bos, d in conds.items():
+                for bucket, b in d["buckets"].items():
+                    row = {"T": int(T), "bos": bos, "bucket": bucket, "targets": b["targets"]}
+                    for name, v in [("loss", b["loss"])] + [(f"sink_rate_{e}", x) for e, x in b["sink_rate"].items()]:
+                        row[name] = None if v is None else v["value"]
+                        row[f"{name}_lo"], row[f"{name}_hi"] = (None, None) if v is None else v["ci"]
+                    rows.append(row)
+        return pd.DataFrame(rows)
 
     def findings(self) -> dict:
         """The numbers the docs quote, flat under `<model>.long.` (`sinkmech.findings.record`)."""
         from sinkmech.findings import flatten
 
         d = self.to_dict()
-        values = {"n_prompts": self.config.n_prompts, "lengths": d["lengths"], "stream": d["stream"],
-                  "collapse": d["collapse"]}
+        values = {"config": d["config"], "n_prompts": self.config.n_prompts, "lengths": d["lengths"],
+                  "stream": d["stream"], "collapse": d["collapse"]}
         return flatten(f"{self.model_name}.long", values)
 
 
