@@ -140,9 +140,10 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, scaling: float, softcap: float | N
     for a in range(0, n_pos, chunk):
         b = min(n_pos, a + chunk)
         keys = sees.keys(a, b)
-        seen = visible(torch.arange(a, b), keys, sees).to(q.device)
-        kk, vv = (x[..., keys.to(x.device), :] if len(keys) != b - int(keys[0]) else x[..., int(keys[0]):b, :]
-                  for x in (k, v))
+        first, contiguous = int(keys[0]), len(keys) == b - int(keys[0])
+        keys = keys.to(q.device)
+        seen = visible(torch.arange(a, b, device=q.device), keys, sees)  # built where it is used
+        kk, vv = (x[..., first:b, :] if contiguous else x[..., keys, :] for x in (k, v))
         if softcap is None and q.device.type == "cpu":
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -217,7 +218,7 @@ def key_weight(
     for the queries that cannot see it (before it, or past a window; `stream` as `attend` takes it)."""
     scores = key_scores(q, k[..., key : key + 1, :], scaling, softcap)[..., 0]  # [batch head query]
     sees = Sees(window, *(stream or (None, 0)))
-    seen = visible(torch.arange(q.shape[-2]), torch.tensor([key]), sees)[:, 0].to(q.device)
+    seen = visible(torch.arange(q.shape[-2], device=q.device), torch.tensor([key], device=q.device), sees)[:, 0]
     return torch.where(seen, torch.exp(scores - lse), 0.0)
 
 
