@@ -15,7 +15,8 @@ not depend on the ids or the weights' values), alpha_0 of every head read by:
   every layer's T x T kept, then alpha_0 from each.
 
 Each (method, T) runs in its own process: the model loads (not timed), one
-warm-up at 64 tokens, then the timed pass; peak RSS of that process during the
+warm-up at 64 tokens, then the timed pass (the fastest of `--repeats` up to
+4,096 tokens: a shared machine's other work only slows a pass); peak RSS of that process during the
 pass (its resident high-water mark, reset after the warm-up: the weights
 included, the load's transients not), on CUDA the peak GPU memory torch allocated. A method stops at the first T whose
 predicted memory does not fit (`--memory-limit`, default 80 % of the memory
@@ -43,6 +44,7 @@ from pathlib import Path
 
 METHODS = ("fused", "pattern", "gu")
 DEFAULT_LENGTHS = (256, 1024, 4096, 16384)
+REPEAT_UP_TO = 4096  # passes this long or shorter are timed --repeats times (the fastest counts); longer ones once
 BOS = 2  # Gemma's <bos>
 # Gemma 3 270M as its GGUF's config gives it (the folder sinkmech converts it
 # into, ~/.cache/sinkmech/hf/*/config.json): the random-weights model is built from this.
@@ -143,15 +145,18 @@ def child(args) -> None:
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    scores = fn(model, ids)
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    times = []
+    for _ in range(args.repeats if args.child_length <= REPEAT_UP_TO else 1):
+        start = time.perf_counter()
+        scores = fn(model, ids)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = min(times)
     from sinkmech.files import json_text
 
     print(json_text({
-        "method": args.child_method, "T": args.child_length, "seconds": seconds,
+        "method": args.child_method, "T": args.child_length, "seconds": seconds, "times": times,
         "peak_rss_gib": peak_rss_kib() / 2 ** 20,
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None,
         "alpha0": scores.tolist(),
@@ -207,7 +212,7 @@ def run_all(args) -> list[dict]:
                 rows.append({"method": method, "T": T, "skipped": stopped})
                 continue
             cmd = [sys.executable, __file__, "--child-method", method, "--child-length", str(T),
-                   "--device", args.device, "--threads", str(args.threads)]
+                   "--device", args.device, "--threads", str(args.threads), "--repeats", str(args.repeats)]
             cmd += ["--random-weights"] if args.random_weights else ["--model-dir", str(args.model_dir)]
             print(f"{method} T={T} ...", file=sys.stderr, flush=True)
             done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
@@ -270,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help=f"timed passes at T <= {REPEAT_UP_TO} (the fastest is reported; one pass above it)")
     ap.add_argument("--random-weights", action="store_true",
                     help="Gemma 3 270M's architecture with random weights (no weights on this machine)")
     ap.add_argument("--model-dir", type=Path, default=None,
@@ -292,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
 
         import torch
 
-        meta = {"device": args.device, "threads": args.threads, "torch": torch.__version__,
+        meta = {"device": args.device, "threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
                 "random_weights": args.random_weights, "lengths": sorted(args.lengths)}
         write_text(args.out / "bench_long.json", json_text({"settings": meta, "rows": rows,
                                                               "max_alpha0_gap": agreement(rows)}))
