@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -18,7 +19,7 @@ from torch import Tensor
 from sinkmech.hooks import act_name, cached_run, expand_kv
 from sinkmech.loading.attention import attention_interface, forward_chunks
 from sinkmech.loading.backend import IS_BRIDGE, has_learned_sinks
-from sinkmech.measures.definitions import check_rows
+from sinkmech.measures.definitions import check_rows, query_mean
 from sinkmech.measures import fused
 from sinkmech.measures.fused import Attention, Sees, recording, register, resolve_attention, visible
 from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll
@@ -36,6 +37,28 @@ class AttentionColumns:
     sink: Float[Tensor, "layer batch head_index query_pos"] | None = None
     # position p's next-token loss (nats, predicting token p + 1) where the loss mask is True, NaN elsewhere
     token_loss: Float[Tensor, "batch pos"] | None = None
+
+    def first_key_stats(self, lengths: Tensor, bos_position: int | None = None) -> dict[str, Tensor]:
+        """What `SinkScores` holds per prompt, from these columns, through the one
+        mean over queries (`definitions.query_mean`): alpha_0 ("scores") [batch
+        layer head_index], the moved `<bos>` key's score (keys[1], from
+        `bos_position` on), the learned sink's mass, value norms at position 0
+        and over the rest, residual norms [batch layer] likewise."""
+        L = self.weights.shape[0]
+        rest = (torch.arange(self.weights.shape[-1])[None, :] < lengths[:, None]).float()
+        rest[:, 0] = 0.0
+        n_rest = (lengths.float() - 1).clamp(min=1)
+        per_layer = [{
+            "scores": query_mean(self.weights[l, :, :, 0], lengths),
+            **({} if bos_position is None else
+               {"bos_scores": query_mean(self.weights[l, :, :, 1], lengths, start=bos_position)}),
+            **({} if self.sink is None else {"learned_sink_scores": query_mean(self.sink[l], lengths)}),
+            "value_norm_first": self.value_norm[l, ..., 0],
+            "value_norm_rest": einops.einsum(self.value_norm[l], rest, "b h p, b p -> b h") / n_rest[:, None],
+            "resid_norm_first": self.resid_norm[l, :, 0],
+            "resid_norm_rest": (self.resid_norm[l] * rest).sum(-1) / n_rest,
+        } for l in range(L)]
+        return {k: torch.stack([d[k] for d in per_layer], dim=1) for k in per_layer[0]}
 
     @property
     def row_loss(self) -> Float[Tensor, " batch"] | None:

@@ -70,8 +70,8 @@ class SinkScores(Result):
     # models with learned sink logits (gpt-oss): per (prompt, layer, head) the mean over
     # real queries of the learned sink's share (1 - the row's sum over real keys); None otherwise
     learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
-    # how attention was read: "pattern" (each layer's T x T in its hook) or "fused" (never held)
-    attention: str = "pattern"
+    # how attention was read: "pattern" (each layer's T x T in its hook) or "fused" (never held); None: not recorded
+    attention: str | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -329,21 +329,15 @@ def sink_scores(
         n_rest = (n_real - 1).clamp(min=1)
         rest = valid.clone()
         rest[:, 0] = 0.0
-        if path == "fused":
+        if path == "fused":  # the same numbers from the per-query columns, no T x T pattern
             mask = None if not loss else target_mask(part) if bos_position is None else moved_bos_targets(part, bos_position)
             cols = attention_columns(model, part.tokens, keys=(0,) if bos_position is None else (0, bos_position),
                                      loss_mask=mask)
-            for l in range(L):
-                out["scores"][rows, l] = query_mean(cols.weights[l, :, :, 0], part.lengths)
-                if bos_scores is not None:
-                    bos_scores[rows, l] = query_mean(cols.weights[l, :, :, 1], part.lengths, start=bos_position)
-                if learned is not None:
-                    learned[rows, l] = query_mean(cols.sink[l], part.lengths)
-                norms = cols.value_norm[l]  # [batch, head_index, pos]
-                out["value_norm_first"][rows, l] = norms[..., 0]
-                out["value_norm_rest"][rows, l] = einops.einsum(norms, rest, "b h p, b p -> b h") / n_rest[:, None]
-                resid_first[rows, l] = cols.resid_norm[l, :, 0]
-                resid_rest[rows, l] = (cols.resid_norm[l] * rest).sum(-1) / n_rest
+            for name, v in cols.first_key_stats(part.lengths, bos_position).items():
+                target = {"resid_norm_first": resid_first, "resid_norm_rest": resid_rest, "bos_scores": bos_scores,
+                          "learned_sink_scores": learned}.get(name, out.get(name))
+                if target is not None:
+                    target[rows] = v
             if loss:
                 prompt_loss[rows] = cols.row_loss
                 loss_sum, loss_n = loss_sum + float(cols.row_loss.sum()), loss_n + int(mask[:, :-1].sum())
