@@ -95,6 +95,10 @@ class LengthRun:
     def to_dict(self, eps=(0.3, 0.8), global_heads: Tensor | None = None) -> dict:
         return self.summary(eps, global_heads)
 
+    def prompt_rate(self, eps: float, b: int) -> Tensor:
+        """[prompt] percent of the heads whose bucket-mean attention on key 0 exceeds eps."""
+        return 100.0 * (self.first[..., b] > check_eps(eps)).flatten(1).double().mean(1)
+
     def summary(self, eps, global_heads: Tensor | None) -> dict:
         out = {}
         for b, (lo, hi) in enumerate(self.buckets):
@@ -225,6 +229,21 @@ class LongContextResult(Result):
     def run(self, T: int, bos: str) -> LengthRun:
         return next(r for r in self.runs if r.T == T and r.bos == bos)
 
+    def contrasts(self, T: int) -> dict:
+        """Without minus with `<bos>` at length T, paired by prompt (the same
+        content targets and queries): per bucket the loss gap (nats) and the
+        sink-rate gap (points) per eps, each with its t interval."""
+        pre, none = self.run(T, "prepend"), self.run(T, "none")
+        out = {}
+        for b, (lo, hi) in enumerate(pre.buckets):
+            out[bucket_label(lo, hi)] = {
+                "loss_gap": ratio_difference_t_interval(none.loss_sum[:, b], none.loss_count[:, b],
+                                                        pre.loss_sum[:, b], pre.loss_count[:, b]),
+                "sink_rate_gap": {format_eps(e): t_interval(none.prompt_rate(e, b) - pre.prompt_rate(e, b))
+                                  for e in self.config.eps},
+            }
+        return out
+
     def collapse_summary(self) -> dict:
         """Per condition and k: the last layer's ||h_last(k) - h_last(k + 1)|| with its t interval,
         and without minus with `<bos>` paired by prompt."""
@@ -246,6 +265,11 @@ class LongContextResult(Result):
             "layer_windows": list(self.windows),
             "lengths": {str(T): {bos: self.run(T, bos).summary(self.config.eps, g) for bos in CONDITIONS}
                         for T in self.config.lengths},
+            "contrasts": {str(T): self.contrasts(T) for T in self.config.lengths},
+            # per prompt and bucket, what the intervals rest on: summed loss (nats) and targets
+            "per_prompt": {str(T): {bos: {"loss_sum": self.run(T, bos).loss_sum.tolist(),
+                                          "loss_count": self.run(T, bos).loss_count.tolist()} for bos in CONDITIONS}
+                           for T in self.config.lengths},
             "stream": None if self.stream is None else self.stream.to_dict(),
             "collapse": self.collapse_summary(),
             "interval": "95 % Student t over prompts (loss: ratio of sums, linearised)",
@@ -273,7 +297,7 @@ class LongContextResult(Result):
 
         d = self.to_dict()
         values = {"config": d["config"], "n_prompts": self.config.n_prompts, "lengths": d["lengths"],
-                  "stream": d["stream"], "collapse": d["collapse"]}
+                  "contrasts": d["contrasts"], "stream": d["stream"], "collapse": d["collapse"]}
         return flatten(f"{self.model_name}.long", values)
 
 

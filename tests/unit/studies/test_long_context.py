@@ -109,3 +109,15 @@ def test_a_model_loaded_with_too_short_a_context_is_refused(tiny_model):
 
     with pytest.raises(ValueError, match="load it with n_ctx="):
         run(tiny_model, LongContextConfig(**{**SMALL, "lengths": (100,)}), QUIET)
+
+
+def test_contrasts_pair_the_conditions_bucket_by_bucket(study):
+    """The paired loss gap of a bucket is the difference of the two conditions' losses there."""
+    result, _ = study
+    c = result.to_dict()["contrasts"]["40"]
+    pre, none = result.run(40, "prepend"), result.run(40, "none")
+    for b, key in enumerate(c):
+        gap = c[key]["loss_gap"]["value"]
+        want = float(none.loss_sum[:, b].sum() / none.loss_count[:, b].sum()
+                     - pre.loss_sum[:, b].sum() / pre.loss_count[:, b].sum())
+        assert abs(gap - want) < 1e-9
