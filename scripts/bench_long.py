@@ -11,8 +11,10 @@ not depend on the ids or the weights' values), alpha_0 of every head read by:
 - pattern: eager attention, each layer's pattern reduced to alpha_0 by a hook
   as soon as the layer returns it (sinkmech's pattern path: one layer's
   batch x heads x T x T at a time, plus transformers' T x T masks).
-- gu: Gu et al.'s method, transformers eager with `output_attentions=True`:
-  every layer's T x T kept, then alpha_0 from each.
+- gu: Gu et al.'s method as their released code runs it: transformers eager,
+  `generate` one token with `output_attentions=True`, every layer's T x T kept and
+  concatenated, then their importance score of every key (alpha_k), of which
+  alpha_0 is key 0's (`alpha0_gu`).
 
 Each (method, T) runs in its own process: the model loads (not timed), one
 warm-up at 64 tokens, then the timed pass (the fastest of `--repeats` up to
@@ -66,7 +68,9 @@ def predicted_gib(method: str, T: int, n_params: int, cfg) -> float:
     H, L = cfg.num_attention_heads, cfg.num_hidden_layers
     base = 4 * n_params + 4 * T * (12 * cfg.hidden_size + 4 * cfg.intermediate_size + 3 * H * cfg.head_dim)
     square = 4 * T * T
-    extra = {"fused": 0, "pattern": square * (2 + 3 * H), "gu": square * (2 + 3 * H + L * H)}[method]
+    # Gu et al.'s code holds every layer's pattern, their concatenation, the full-size
+    # tensor of query counts and the quotient at once: four L x H x T x T tensors
+    extra = {"fused": 0, "pattern": square * (2 + 3 * H), "gu": square * (2 + 3 * H + 4 * L * H)}[method]
     return (base + extra) / 2 ** 30
 
 
@@ -118,12 +122,25 @@ def alpha0_pattern(model, ids):
 
 
 def alpha0_gu(model, ids):
-    """alpha_0 [layer head] the way Gu et al. read it: every layer's pattern kept, then reduced."""
+    """alpha_0 [layer head] as Gu et al.'s released code reads it (eval_sink_open_source.py in
+    sail-sg/Attention-Sink): `generate` one token with `output_attentions=True`, every layer's
+    pattern concatenated into one tensor and taken to NumPy (their code saves it to a .npy file
+    and loads it back: here it stays in memory), then each key's importance score
+    alpha_k = sum_t A[t, k] / (T - k) for every key, divided by a full-size tensor of query
+    counts as they compute it; alpha_0 is key 0's."""
+    import numpy as np
     import torch
 
     with torch.no_grad():
-        out = model.model(input_ids=ids, use_cache=False, output_attentions=True)
-    return torch.stack([a[0, :, :, 0].float().mean(-1).cpu() for a in out.attentions])
+        out = model.generate(input_ids=ids, output_attentions=True, return_dict_in_generate=True, max_new_tokens=1,
+                             do_sample=False, pad_token_id=0)
+    layers = torch.cat(list(out["attentions"][0]), dim=0)  # [layer * batch, head, query, key]
+    scores = torch.from_numpy(np.ascontiguousarray(layers.float().cpu().numpy()))[None]
+    del out, layers
+    T = scores.shape[-1]
+    ratios = torch.arange(T, 0, -1)[None, None, None, :].expand(*scores.shape).to(scores)
+    importance = (scores / ratios).sum(dim=-2)  # [sample, layer, head, key]
+    return importance[0, :, :, 0]
 
 
 def child(args) -> None:
