@@ -245,6 +245,18 @@ def _theory(m, rows, batch):
     return Theory(per_model, correct(per_model), TheoryConfig(models=("tiny",)), 1.0)
 
 
+def _long_context(m, rows, batch):
+    from helpers.tiny import WordTokenizer, toy_tokenizer
+    from sinkmech.studies.configs import LongContextConfig
+    from sinkmech.studies.long_context import run
+
+    config = LongContextConfig(lengths=(10, 20), n_prompts=2, buckets=(4, 16, 32), stream_length=20, stream_window=4,
+                               collapse_repeats=(1, 3), collapse_prefix=4)
+    with pytest.MonkeyPatch.context() as mp:
+        toy_tokenizer(mp, m, WordTokenizer())
+        return run(m, config, QUIET.replace(bos_token_id=TINY_BOS))
+
+
 TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sinkmech.train)
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
@@ -256,6 +268,7 @@ FACTORIES = {
     "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
     "BoundRanking": _bound_ranking, "FirstTokenRuns": _first_tokens, "HeadLossChanges": _head_losses,
     "SummaryRow": _summary_row, "Domains": _domains, "Calibration": _calibration, "Theory": _theory,
+    "LongContextResult": _long_context,
 }
 
 
