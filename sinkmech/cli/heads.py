@@ -221,8 +221,10 @@ def heads_shard(args, prompts, shard) -> None:
 def merged_heads(part, args) -> None:
     """`sinkmech merge` for heads parts: loads the model the parts were run on (its
     token texts and band layout; the no-op check, when asked, runs on it, on the
-    prompts after the scanned ones), then prints and writes what `heads` writes.
-    A merged scan has no per-query records: no threshold sweep, no bootstrap."""
+    prompts after the scanned ones, --batch-size prompts a pass: batched as the
+    unsharded run batches them, it makes the same passes), then prints and writes
+    what `heads` writes. A merged scan has no per-query records: no threshold
+    sweep, no bootstrap."""
     from sinkmech.loading import models
     from sinkmech.dormant.discover import split_corpus
     from sinkmech.prompts import load_prompts
@@ -244,7 +246,7 @@ def merged_heads(part, args) -> None:
     th = s["thresholds"]
     run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"], "high": th["high"],
                                 "low": th["low"], "noop_prompts": s["noop_prompts"], "max_tokens": s["max_tokens"],
-                                "batch_size": 16})
+                                "batch_size": args.batch_size})
     heads_output(run, model, prompts, scan, s["bos_token_id"], None, noop_rows)
 
 
