@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> dict:
         from sinkmech.interventions.ablation import ablation_hooks, ablation_setup, head_ablations
         from sinkmech.interventions.attribution import attribute_ablations, pearson
         from sinkmech.loading.models import load_model
-        from sinkmech.prompts import default_corpus, tokenize
+        from sinkmech.corpus import default_corpus
+        from sinkmech.prompts import tokenize
         from sinkmech.interventions.sweep import Intervention, loop, reference_logits
 
         model = load_model(args.model)

@@ -32,7 +32,8 @@ from sinkmech.studies.theory import bound_ranking, sign_flip_p, t_interval, vali
 from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
-from sinkmech.prompts import CONDITIONS, default_corpus, tokenize
+from sinkmech.corpus import default_corpus
+from sinkmech.prompts import CONDITIONS, tokenize
 
 
 def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tensor:

@@ -13,11 +13,11 @@ import importlib
 # public name -> the module that defines it
 _EXPORTS = {
     "load_model": "sinkmech.loading.models", "bos_token_id": "sinkmech.loading.models",
-    "default_corpus": "sinkmech.prompts", "load_prompts": "sinkmech.prompts", "tokenize": "sinkmech.prompts",
+    "default_corpus": "sinkmech.corpus", "load_prompts": "sinkmech.corpus", "tokenize": "sinkmech.prompts",
     "as_batch": "sinkmech.prompts", "TokenBatch": "sinkmech.prompts",
     "sink_scores": "sinkmech.measures.sinks", "SinkScores": "sinkmech.measures.sinks",
     "content_loss": "sinkmech.measures.loss",
-    "scan_heads": "sinkmech.dormant.scan", "HeadScan": "sinkmech.dormant.scan",
+    "scan_heads": "sinkmech.dormant.scan", "HeadScan": "sinkmech.dormant.scan", "Thresholds": "sinkmech.dormant.labels",
     "noop_check": "sinkmech.dormant.noop",
     "BosPair": "sinkmech.interventions.patching", "bos_pair": "sinkmech.interventions.patching",
     "patch": "sinkmech.interventions.patching",
@@ -34,7 +34,7 @@ _EXPORTS = {
 
 __all__ = [
     "load_model", "bos_token_id", "default_corpus", "load_prompts", "tokenize", "as_batch", "TokenBatch",
-    "sink_scores", "SinkScores", "content_loss", "scan_heads", "HeadScan", "noop_check",
+    "sink_scores", "SinkScores", "content_loss", "scan_heads", "HeadScan", "Thresholds", "noop_check",
     "BosPair", "bos_pair", "patch", "head_ablations", "HeadAblation", "attribute_ablations", "ablation_setup",
     "AblationSetup", "perturbation_spread", "sensitivity", "sensitivity_study", "rank_collapse", "repeat_collapse", "head_attention", "HeadAttention",
     "compare_model", "ModelComparison", "build_report",

@@ -172,17 +172,17 @@ def write_report(args, model, name: str, prompts, shared) -> None:
 
 
 def cmd_compare(args) -> None:
-    from sinkmech.studies.compare import compare_model
-    from sinkmech.plots.compare import depth_curves, first_token_score_panels, spread_panels
-    from sinkmech.prompts import CONDITIONS
-
     names = args.models if args.models is not None else default_models()
-    prompts = prompts_arg(args)
+    prompts = prompts_arg(args)  # a bad prompt file fails before torch is imported
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
     if args.report is not None:
         if args.report.resolve() == args.out.resolve():
             raise UsageError("--report must name a folder other than --out")
         check_output_dir(args.report, overwrite=args.overwrite, what="report folder")
+    from sinkmech.studies.compare import compare_model
+    from sinkmech.plots.compare import depth_curves, first_token_score_panels, spread_panels
+    from sinkmech.prompts import CONDITIONS
+
     results, t0 = [], time.perf_counter()
     for i, name in enumerate(names):
         print(f"loading {name} ...", flush=True)

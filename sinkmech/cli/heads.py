@@ -53,14 +53,9 @@ def add_heads_parser(sub) -> None:
 PYTHON_SOURCE = "python-source"
 
 
-def cmd_contrast(args) -> None:
-    """`heads --contrast`: two scans, one contrast."""
-    from sinkmech.dormant.scan import scan_heads
-    from sinkmech.hooks import head_label
-    from sinkmech.prompts import load_prompts
-
-    from sinkmech.dormant.contrast import contrast_heads
-    from sinkmech.prompts import python_source_corpus
+def contrast_corpora(args) -> tuple[list, list]:
+    """--prompts and --contrast's corpus, read and checked before any model loads."""
+    from sinkmech.corpus import load_prompts, python_source_corpus
 
     a = load_prompts(args.prompts)
     b = python_source_corpus() if args.contrast == PYTHON_SOURCE else load_prompts(args.contrast)
@@ -68,6 +63,19 @@ def cmd_contrast(args) -> None:
         a, b = a[: args.n_prompts], b[: args.n_prompts]
     if min(len(a), len(b)) < 4:
         raise UsageError(f"--contrast needs >= 4 prompts in each corpus, got {len(a)} and {len(b)}")
+    if a == b:
+        raise UsageError("--contrast compares two corpora, and both hold the same prompts: give PROMPTS_B another "
+                         "corpus than --prompts (a within-corpus contrast is the null contrast the run already reports)")
+    return a, b
+
+
+def cmd_contrast(args, a: list, b: list) -> None:
+    """`heads --contrast`: two scans, one contrast."""
+    from sinkmech.dormant.scan import scan_heads
+    from sinkmech.hooks import head_label
+
+    from sinkmech.dormant.contrast import contrast_heads
+
     names = ("prose" if args.prompts is None else str(args.prompts),
              "python-source" if args.contrast == PYTHON_SOURCE else str(args.contrast))
     model = load_model_arg(args)
@@ -82,8 +90,10 @@ def cmd_contrast(args) -> None:
         c.pop("diff_all")  # every head's difference: in the JSON, not a quotable number
         c["heads"] = {head_label(h["layer"], h["head"]): h for h in c.pop("heads")}
         c["null_contrasts"] = {n["name"].replace(" ", "_"): n for n in c["null_contrasts"]}
-        c["confirmed_heads"] = [head_label(h.layer, h.head) for h in contrast.confirmed()]
-        c["domain_specific_heads"] = [head_label(h.layer, h.head) for h in contrast.domain_specific()]
+        # without power the rule's confirmations say nothing: none is quoted
+        c["confirmed_heads"] = [head_label(h.layer, h.head) for h in contrast.confirmed()] if contrast.powered else []
+        c["domain_specific_heads"] = ([head_label(h.layer, h.head) for h in contrast.domain_specific()]
+                                      if contrast.powered else [])
         record(args.findings, flatten(f"{args.model}.contrast", c), replace_prefix=f"{args.model}.contrast")
         print(f"recorded findings in {args.findings}", file=sys.stderr)
 
@@ -93,7 +103,8 @@ def cmd_contrast(args) -> None:
     def png_out() -> None:
         from sinkmech.plots.heads import contrast_distribution
 
-        marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head]) for h in contrast.confirmed()}
+        marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head])
+                  for h in (contrast.confirmed() if contrast.powered else [])}
         path = contrast_distribution(contrast.diff_all.flatten().tolist(), marked, contrast.population_shift, args.png,
                                      title=f"Dormant fraction, {contrast.name_a} - {contrast.name_b}: every head "
                                            f"({args.model})")
@@ -120,11 +131,9 @@ def noop_split(n_prompts: int, asked: int | None) -> int:
 
 
 def cmd_heads(args) -> None:
-    from sinkmech.dormant.discover import split_corpus
-    from sinkmech.dormant.scan import scan_heads
-    from sinkmech.hooks import parse_head
-    from sinkmech.prompts import load_prompts
+    from sinkmech.corpus import load_prompts, split_corpus
 
+    # the flags and the prompt files alone decide these: refused before torch is imported
     if not args.low < args.high:  # each is in [0, 1] by its type
         raise UsageError(f"need 0 <= --low < --high <= 1, got --low {args.low} --high {args.high}")
     if args.contrast is not None:
@@ -133,7 +142,7 @@ def cmd_heads(args) -> None:
     elif args.findings is not None and (args.head or getattr(args, "shard", None) or getattr(args, "ray", None)):
         raise UsageError("--findings records a whole scan: not with --head, --shard or --ray")
     if args.contrast is not None:
-        return cmd_contrast(args)
+        return cmd_contrast(args, *contrast_corpora(args))
     prompts = load_prompts(args.prompts)
     if args.n_prompts is not None:
         prompts = prompts[: args.n_prompts]
@@ -160,6 +169,8 @@ def cmd_heads(args) -> None:
             return
         return heads_shard(args, scanned, shard)
     model = load_model_arg(args)
+    from sinkmech.dormant.scan import scan_heads
+    from sinkmech.hooks import parse_head
     from sinkmech.loading.backend import learned_sink_note
 
     if note := learned_sink_note(model, "a query is dormant when key 0 plus the learned sink's share >= --high; the "
@@ -226,8 +237,7 @@ def merged_heads(part, args) -> None:
     what `heads` writes. A merged scan has no per-query records: no threshold
     sweep, no bootstrap."""
     from sinkmech.loading import models
-    from sinkmech.dormant.discover import split_corpus
-    from sinkmech.prompts import load_prompts
+    from sinkmech.corpus import load_prompts, split_corpus
     from sinkmech.sharding.dormant import heads_result
 
     from sinkmech.sharding.resume import model_sha256
@@ -472,16 +482,20 @@ def print_contrast(c) -> None:
     print(f"{c.name_b}: " + ", ".join(f"{v} {k}" for k, v in c.mode_counts_b.items()))
     if not c.heads:
         print("no head differs by that much on the selection halves")
+    judged = c.powered or c.power is None or c.power["powered"] is None
     for h in c.heads:
         lo, hi = h.diff_validated_ci
         rlo, rhi = h.vs_shift_ci
+        verdict = ("confirmed" if h.confirmed else "not confirmed") if judged else "not judged (no power)"
         print(f"  {head_label(h.layer, h.head)}: dormant {h.dormant_a:.2f} ({h.mode_a}) vs {h.dormant_b:.2f} ({h.mode_b}); "
               f"diff {h.diff_selected:+.2f} chosen, {h.diff_validated:+.2f} [{lo:+.2f}, {hi:+.2f}] held out: "
-              + ("confirmed" if h.confirmed else "not confirmed")
-              + f"; against the shift {h.vs_shift:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
-              + (", domain-specific" if h.domain_specific else ""))
-    print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed, {len(c.domain_specific())} stand out from "
-          f"the population shift ({c.n_boot} bootstrap resamples)")
+              + verdict + f"; against the shift {h.vs_shift:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
+              + (", domain-specific" if h.domain_specific and judged else ""))
+    if judged:
+        print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed, {len(c.domain_specific())} stand out "
+              f"from the population shift ({c.n_boot} bootstrap resamples)")
+    else:
+        print(f"{c.power['reason']} ({len(c.heads)} heads chosen, none judged)")
     s = c.population_shift
     if s is not None:
         print(f"population shift: median over every head of the difference "

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sinkmech.cli.common import (
     BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, output_folder, positive_int,
+    prompts_arg,
 )
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
@@ -43,9 +44,11 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args) -> None:
+    check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
+    if args.prompts is not None:
+        prompts_arg(args)  # a bad prompt file fails before torch is imported (the report reads it again)
     from sinkmech.report.page import build_report
 
-    check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
     t0 = time.perf_counter()
     print(f"loading {args.model} ...", flush=True)
     model = load_model_arg(args)

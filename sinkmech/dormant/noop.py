@@ -284,7 +284,7 @@ def noop_check(
 
     Args:
         model: a HookedTransformer or a TransformerBridge (`sinkmech.loading.backend`).
-        tokens: a `TokenBatch`, or prompts (`sinkmech.prompts.load_prompts`)
+        tokens: a `TokenBatch`, or prompts (`sinkmech.corpus.load_prompts`)
             tokenized once with `bos` (default "prepend"), `max_tokens`
             (default 64) and `bos_token_id`; see `sinkmech.prompts.as_batch`.
         heads: (layer, head) pairs, e.g. `scan.if_else_heads()`.

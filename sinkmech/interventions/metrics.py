@@ -25,8 +25,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 MetricFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-MetricName = Literal["kl", "logit_diff"]
-MetricSpec = Union[MetricName, "LogitDiff", MetricFn]
+MetricName = Literal["kl", "logit_diff", "loss"]
+MetricSpec = Union[MetricName, "LogitDiff", "NextTokenLoss", MetricFn]
 
 
 @dataclass(frozen=True)
@@ -179,22 +179,68 @@ class Custom:
         return score
 
 
-Metric = Union[KL, LogitDiff, Custom]
+@dataclass(frozen=True)
+class NextTokenLoss:
+    """The mean next-token loss (nats per target) over the content targets: content
+    position j predicts content token j + 1, for every j whose next token is real
+    (the targets `sinkmech.measures.loss` scores, the same with and without `<bos>`).
+    Not relative to the reference: the patched run's own loss, so a patch result's
+    `baseline` and `source_value` are the two runs' losses. Computed a few positions
+    at a time, as KL is."""
+
+    content: Int[Tensor, "batch content_pos"]  # the content tokens (the no-<bos> run's tokens)
+    name: str = "loss"
+
+    def bind(self, reference: Logits, mask: Tensor) -> Bound:
+        batch, n_pos = mask.shape
+        targets = torch.zeros_like(self.content)
+        targets[:, :-1] = self.content[:, 1:]
+        scored = torch.zeros_like(mask)
+        scored[:, :-1] = mask[:, :-1] & mask[:, 1:]  # j scored and its target j + 1 real
+        if not scored.any():
+            raise ValueError("metric 'loss': no content targets (every prompt has a single content token)")
+        n_targets = float(scored.sum())
+        vocab = logits_at(reference, (0, slice(0, 1))).shape[-1]
+        step = max(1, KL_CHUNK_BYTES // (4 * vocab))
+        chunks = [(b, slice(a, min(a + step, n_pos))) for b in range(batch) for a in range(0, n_pos, step)
+                  if scored[b, a : a + step].any()]
+
+        def score(logits: Logits) -> Tensor:
+            out = []
+            for c in range(logits.shape[0]):
+                total = torch.zeros((), dtype=torch.float64, device=mask.device)
+                for b, pos in chunks:
+                    lp = torch.log_softmax(logits_at(logits, (c, b, pos)).float(), dim=-1)
+                    nll = -lp.gather(-1, targets[b, pos, None].to(lp.device))[..., 0]
+                    total = total + nll[scored[b, pos]].double().sum()
+                out.append(total / n_targets)
+            return torch.stack(out).float()
+
+        return score
 
 
-def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | None = None) -> Metric:
-    """'kl', 'logit_diff' (needs `answers=(correct, incorrect)`), a LogitDiff, or a callable."""
-    if isinstance(metric, (KL, LogitDiff, Custom)):
+Metric = Union[KL, LogitDiff, NextTokenLoss, Custom]
+
+
+def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | None = None,
+                   content: Tensor | None = None) -> Metric:
+    """'kl', 'logit_diff' (needs `answers=(correct, incorrect)`), 'loss' (needs the
+    `content` tokens [batch, content_pos]), a LogitDiff, a NextTokenLoss, or a callable."""
+    if isinstance(metric, (KL, LogitDiff, NextTokenLoss, Custom)):
         return metric
     if metric == "kl":
         return KL()
+    if metric == "loss":
+        if content is None:
+            raise ValueError("metric 'loss' needs the content tokens it predicts (content=)")
+        return NextTokenLoss(content)
     if metric == "logit_diff":
         if answers is None:
             raise ValueError("metric 'logit_diff' needs answers=(correct_token, incorrect_token)")
         return LogitDiff(*answers)
     if callable(metric):
         return Custom(metric, getattr(metric, "__name__", "custom"))
-    raise ValueError(f"metric must be 'kl', 'logit_diff' or a callable, got {metric!r}")
+    raise ValueError(f"metric must be 'kl', 'logit_diff', 'loss' or a callable, got {metric!r}")
 
 
 def content_mask(lengths: Int[Tensor, " batch"], offset: int, n_content: int) -> Bool[Tensor, "batch content_pos"]:

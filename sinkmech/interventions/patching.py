@@ -159,7 +159,9 @@ def patch(
         source: the run activations come from; `target` defaults to the other
             run (`target == source` patches a run into itself: a no-op check).
         metric: "kl" (mean KL(source || patched) over content positions),
-            "logit_diff" (with `answers`), or f(logits, reference, mask).
+            "logit_diff" (with `answers`), "loss" (the patched run's mean
+            next-token loss on content targets, nats per target; `baseline`
+            and `source_value` are the two runs' own), or f(logits, reference, mask).
         layers: the layers to sweep (default all).
         method: "sweep" (batched, restarts at the layer) or "loop" (one
             `run_with_hooks` per cell: the reference).
@@ -190,7 +192,8 @@ def patch(
     names = [act_name(act, l) for l in layers]
     src_logits, cache = cached_run(model, src.tokens, names)
     reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
-    bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
+    resolved = resolve_metric(metric, answers, content=pair.without_bos.tokens)
+    bound = resolved.bind(reference, pair.content_mask)
     baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
     source_value = float(bound(reference[None])[0])
 
@@ -204,7 +207,7 @@ def patch(
         keep = torch.tensor(positions)
         s_all, t_all = s_all[keep], t_all[keep]
         scored = pair.content_mask & (torch.arange(n_content) >= positions[0])[None, :]
-        bound = resolve_metric(metric, answers).bind(reference, scored)
+        bound = resolved.bind(reference, scored)
         baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
         source_value = float(bound(reference[None])[0])
     n_heads = cache[names[0]].shape[2] if act in HEAD_ACTS else 1
@@ -231,7 +234,7 @@ def patch(
         values = loop(model, tgt.tokens, cells, **kw)
     return PatchResult(
         values=values.reshape(shape), axes=AXES[by], act=act, source=source, target=target,
-        metric=resolve_metric(metric, answers).name, baseline=baseline, source_value=source_value, layers=layers,
+        metric=resolved.name, baseline=baseline, source_value=source_value, layers=layers,
         positions=positions,
     )
 

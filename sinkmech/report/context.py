@@ -19,7 +19,8 @@ import torch
 from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
-from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
+from sinkmech.corpus import default_corpus, load_prompts
+from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, token_text
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
 

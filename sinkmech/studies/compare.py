@@ -25,7 +25,8 @@ from torch import Tensor
 from sinkmech.loading.backend import Model
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
-from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
+from sinkmech.corpus import load_prompts
+from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, tokenize
 from sinkmech.interventions.recipes import SPREAD_POSITION, swap_then_spread
 from sinkmech.measures.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
 from sinkmech.results import Result

@@ -45,6 +45,24 @@ def test_sinks_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, 
     assert png.stat().st_size > 0
 
 
+def test_sinks_bos_position_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path):
+    """<bos> moved after K content tokens: each shard moves it in its own prompts and keeps their
+    scores on the <bos> key as rows, so the merge writes what the whole run writes (its shards
+    batch their own prompts: the tiny model's forward bound)."""
+    args = [*SINKS, "--bos-position", "3", "--prompts", prompts]
+    full = tmp_path / "full.json"
+    assert main([*args, "--json", str(full)]) == 0
+    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
+    for i, p in enumerate(parts, 1):
+        assert main([*args, "--shard", f"{i}/2", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", *map(str, reversed(parts)), "--json", str(out)]) == 0
+    a, b = json.loads(full.read_text()), json.loads(out.read_text())
+    assert a["conditions"]["prepend"]["bos_position"] == 3 and "bos_position" not in a["conditions"]["none"]
+    assert max(max(row) for row in a["conditions"]["prepend"]["bos_scores"]) > 0.1  # scores to compare
+    assert_same_json(a, b, tol=TINY_FLOAT32_RTOL)
+
+
 def test_resume_skips_a_finished_shard_and_reruns_a_changed_one(cli_model, prompts, tmp_path, capsys):
     part = tmp_path / "s1.partial.json"
     assert main([*SINKS, "--prompts", prompts, "--shard", "1/2", "--json", str(part)]) == 0

@@ -58,7 +58,9 @@ def test_massive_refuses_to_shard_the_reset(prompts, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("extra", "n"), [pytest.param(["--act", "resid_pre"], 3, marks=SLOW),
-                                          (["--act", "z", "--source", "prepend"], 2)])
+                                          (["--act", "z", "--source", "prepend"], 2),
+                                          # the loss: a mean over content targets, weighted by them
+                                          pytest.param(["--act", "resid_pre", "--metric", "loss"], 3, marks=SLOW)])
 def test_patch_shards_merge_to_the_unsharded_json(cli_model, prompts, tmp_path, extra, n):
     """Per position (layer_pos: some shards lack the corpus' last positions) and per head."""
     a = shards_merge_to_the_unsharded_json(["patch", "--prompts", prompts, "--max-tokens", "16", *extra], tmp_path, n)

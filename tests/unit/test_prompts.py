@@ -8,7 +8,8 @@ import json
 import pytest
 
 from helpers.tiny import TINY_BOS
-from sinkmech.prompts import load_prompts, tokenize
+from sinkmech.corpus import load_prompts
+from sinkmech.prompts import tokenize
 
 
 @pytest.mark.parametrize("name", ["p.JSONL", "p.ndjson", "p.jsonl"])

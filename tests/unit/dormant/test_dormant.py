@@ -206,7 +206,8 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
 
 
 def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
-    from sinkmech.dormant.discover import discover_heads, split_corpus
+    from sinkmech.corpus import split_corpus
+    from sinkmech.dormant.discover import discover_heads
 
     model, corpus, _ = planted
     found = discover_heads(model, corpus[:40], noop_prompts=8, n_candidates=1, bos_token_id=TINY_BOS, max_tokens=20,
@@ -327,7 +328,7 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     and the two closest candidates besides."""
     from sinkmech import cli
     from sinkmech.loading import models
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
     threads = torch.get_num_threads()

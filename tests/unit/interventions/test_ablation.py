@@ -93,7 +93,7 @@ def test_bad_ablation_inputs(planted, tokens):
 
 @pytest.mark.slow
 def test_ablation_sweep_equals_loop_on_smollm2(smollm2):
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     kw = dict(mode="mask_first", max_tokens=8, layers=[1, 29], heads=[8], progress=False)
     fast = head_ablations(smollm2, default_corpus(2), **kw)

@@ -72,6 +72,29 @@ def test_last_layer_patch_reproduces_the_source_run(tiny_model, pair):
         assert float(r.restored()[0]) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_loss_metric_is_each_runs_content_target_loss_and_the_last_layer_restores_it(tiny_model, pair):
+    """--metric loss: the unpatched target run's and the source run's own next-token losses on
+    the content targets (`content_loss`, the one definition, computed another way: the float32
+    forward bound of the tiny model on values of a few nats), and patching the last layer's
+    output moves the target run's loss onto the source run's."""
+    from helpers.tolerance import TINY_D_MLP, forward_rtol
+
+    from sinkmech.measures.loss import content_loss
+
+    last = tiny_model.cfg.n_layers - 1
+    for source, target in (("prepend", "none"), ("none", "prepend")):
+        r = patch_resid_post(tiny_model, pair, per_position=False, source=source, layers=[last], metric="loss",
+                             progress=False)
+        want_target, want_source = content_loss(tiny_model, pair.run(target)), content_loss(tiny_model, pair.run(source))
+        tol = forward_rtol(TINY_D_MLP) * 4  # nats: losses of ~ln(50) = 3.9
+        assert r.metric == "loss" and abs(want_target - want_source) > 1e-3  # the two runs differ
+        assert r.baseline == pytest.approx(want_target, abs=tol) and r.source_value == pytest.approx(want_source, abs=tol)
+        assert float(r.values[0]) == pytest.approx(want_source, abs=tol)
+        assert float(r.restored()[0]) == pytest.approx(1.0, abs=1e-3)
+    with pytest.raises(ValueError, match="content tokens"):
+        resolve_metric("loss")
+
+
 CASES = {
     None: [("resid_pre", "layer_pos", [1]), ("resid_mid", "layer_pos", [0]), ("resid_post", "layer"), ("attn_out", "layer_pos", [1]),
            ("mlp_out", "layer"), ("z", "head_pos", [1])],
@@ -159,7 +182,7 @@ def test_bad_patch_inputs(tiny_model, pair):
 
 @pytest.mark.slow
 def test_sweep_equals_loop_on_smollm2(smollm2):
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     pair = bos_pair(smollm2, default_corpus(2), max_tokens=6)
     for kw in (dict(act="v", by="head", source="none", layers=[28]),):

@@ -150,7 +150,7 @@ def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, g
     within 2e-3, sink rates within 0.5 points, loss within 0.1 nats of
     transformers' own eager attention on the same GGUF, on default-corpus
     windows 100-111 (picked by index, not by result)."""
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     prompts = default_corpus()[100:112]
     batch = tokenize(gemma, prompts, bos=bos, max_tokens=48)
@@ -176,7 +176,7 @@ def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, g
 
 def test_gemma_bfloat16_holds_sink_rates_within_2_points(gemma):
     from sinkmech.loading.models import load_model as load
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     prompts = default_corpus()[100:112]
     f32 = sink_scores(gemma, prompts, max_tokens=48, batch_size=4, progress=False)

@@ -10,7 +10,8 @@ import torch
 
 from sinkmech.loading.backend import Model
 
-from sinkmech.prompts import default_corpus, load_prompts, tokenize
+from sinkmech.corpus import default_corpus, load_prompts
+from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny import TINY_BOS, toy_tokenizer
 from helpers.backends import require

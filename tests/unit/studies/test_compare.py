@@ -108,7 +108,7 @@ def test_gemma_cli_contracts(gemma, tmp_path, monkeypatch):
     """`sinks` (with the loss) and `perturb` on Gemma 3 270M: the contracts other scripts rely on."""
     from sinkmech import cli
     from sinkmech.loading import models
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: gemma)
     prompts = tmp_path / "p.txt"

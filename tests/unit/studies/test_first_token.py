@@ -100,7 +100,8 @@ def test_gemma_first_tokens_match_transformers(gemma):
     from transformers import AutoModelForCausalLM
 
     from sinkmech.loading.models import packaged_gguf_path
-    from sinkmech.prompts import default_corpus, tokenize
+    from sinkmech.corpus import default_corpus
+    from sinkmech.prompts import tokenize
 
     sys.path.insert(0, str(REPO / "scripts"))
     from first_token import first_tokens

@@ -111,7 +111,7 @@ def test_bound_ranking_estimators_agree_and_report(tiny_model, tiny_tokens):
 
 def test_smollm2_hutchinson_matches_exact(smollm2):
     """A few SmolLM2 prompts: per-entry relative error and the ranking it yields."""
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpus import default_corpus
 
     check = validate_estimator(smollm2, default_corpus()[130:132], max_tokens=4, n_probes=32, progress=False)
     assert check["relative_error"]["median"] < 0.15
