@@ -80,12 +80,14 @@ def content_logits(
     return logits[:, offset : offset + n_content]
 
 
-# Bytes of one fp32 temporary in the KL's chunks: 16 positions of a 262k
-# vocabulary (Gemma 3), 85 of SmolLM2's 49k. A chunk makes about a dozen such
-# temporaries (measured on Gemma 3 270M: 64 MiB chunks peaked 0.8 GiB above
-# the resident set while the KL ran).
-KL_CHUNK_BYTES = 16 << 20
-# The reference's log-probabilities and probabilities are kept between copies up to this size.
+# Bytes of one fp32 temporary in the KL's blocks of rows: 32 positions of a
+# 262k vocabulary (Gemma 3), 170 of SmolLM2's 49k. A block makes a few such
+# temporaries (measured on Gemma 3 270M: 64 MiB blocks peaked 0.8 GiB above
+# the resident set while the KL ran). Each block unembeds its rows in one
+# product, which reads the whole unembedding once: on a CPU, blocks of few rows
+# spend their time reading it (SmolLM2's is 113 MB, Gemma 3's 671 MB).
+KL_CHUNK_BYTES = 32 << 20
+# The reference's log-probabilities and probabilities are kept between calls up to this size.
 REFERENCE_KEEP_BYTES = 128 << 20
 
 
@@ -93,49 +95,50 @@ REFERENCE_KEEP_BYTES = 128 << 20
 class KL:
     """Mean KL(reference || intervened) over the real content positions.
 
-    Computed a few positions at a time (`KL_CHUNK_BYTES` per temporary), the
-    reference's log-probabilities included: nothing as large as the logits is
-    held besides the logits themselves (with Gemma 3's 262k vocabulary, a
-    log_softmax of a whole sweep pass, or of the reference, is another GiB)."""
+    Computed a block of rows at a time (`KL_CHUNK_BYTES` per temporary; a block
+    takes the real positions of several prompts, in order), the reference's
+    log-probabilities included: nothing as large as the logits is held besides
+    the logits themselves (with Gemma 3's 262k vocabulary, a log_softmax of a
+    whole sweep pass, or of the reference, is another GiB). Each copy's per-row
+    KLs are summed in float64, so a copy's value does not depend on how its rows
+    were blocked beyond the float32 of each row."""
 
     name: str = "kl"
 
     def bind(self, reference: Logits, mask: Tensor) -> Bound:
-        batch, n_pos = mask.shape
         vocab = logits_at(reference, (0, slice(0, 1))).shape[-1]
-        weight = mask.float() / mask.float().sum()
+        real = mask.nonzero()  # [row, 2]: (prompt, content position) of every real position, in order
+        n_real = max(len(real), 1)
         step = max(1, KL_CHUNK_BYTES // (4 * vocab))
-        # (prompt, positions) chunks; indexing, never reshaping, so no view of the logits is copied whole
-        chunks = [(b, slice(a, min(a + step, n_pos))) for b in range(batch) for a in range(0, n_pos, step)]
+        # blocks of (prompt, position) index pairs; indexing, never reshaping, so no view of the logits is copied whole
+        blocks = [(real[a : a + step, 0], real[a : a + step, 1]) for a in range(0, len(real), step)]
 
         # The reference's log-probabilities and probabilities are the same for
-        # every copy: kept when they are small (a report's ablation: 4 x 16
-        # positions), else recomputed per copy so that a long sweep never holds
-        # them whole.
-        keep = batch * n_pos * vocab * 8 <= REFERENCE_KEEP_BYTES
+        # every copy and every call: kept when they are small (a report's
+        # ablation: 4 x 16 positions), else recomputed per block and call so
+        # that a long sweep never holds them whole.
+        keep = len(real) * vocab * 8 <= REFERENCE_KEEP_BYTES
         kept: dict[int, tuple[Tensor, Tensor]] = {}
 
-        def reference_chunk(i: int) -> tuple[Tensor, Tensor]:
+        def reference_block(i: int) -> tuple[Tensor, Tensor]:
             if i in kept:
                 return kept[i]
-            b, pos = chunks[i]
-            lp = torch.log_softmax(logits_at(reference, (b, pos)).float(), dim=-1)
+            lp = torch.log_softmax(logits_at(reference, blocks[i]).float(), dim=-1)
             pair = lp, lp.exp()
             if keep and not lp.requires_grad:
                 kept[i] = pair
             return pair
 
         def score(logits: Logits) -> Tensor:
-            out = []
-            for c in range(logits.shape[0]):  # each copy: [batch, content_pos, d_vocab]
-                total = torch.zeros((), dtype=torch.float, device=mask.device)
-                for i, (b, pos) in enumerate(chunks):
-                    ref_lp, ref_p = reference_chunk(i)
+            copies = logits.shape[0]  # each copy: [batch, content_pos, d_vocab]
+            totals = [torch.zeros((), dtype=torch.float64, device=mask.device) for _ in range(copies)]
+            for i, (b, pos) in enumerate(blocks):
+                ref_lp, ref_p = reference_block(i)
+                for c in range(copies):
                     lp = torch.log_softmax(logits_at(logits, (c, b, pos)).float(), dim=-1)
                     kl = (ref_p * (ref_lp - lp)).sum(-1)  # out of place: attribution differentiates it
-                    total = total + (kl * weight[b, pos]).sum()
-                out.append(total)
-            return torch.stack(out)
+                    totals[c] = totals[c] + kl.double().sum()
+            return (torch.stack(totals) / n_real).float()
 
         return score
 
@@ -192,28 +195,25 @@ class NextTokenLoss:
     name: str = "loss"
 
     def bind(self, reference: Logits, mask: Tensor) -> Bound:
-        batch, n_pos = mask.shape
-        targets = torch.zeros_like(self.content)
-        targets[:, :-1] = self.content[:, 1:]
         scored = torch.zeros_like(mask)
         scored[:, :-1] = mask[:, :-1] & mask[:, 1:]  # j scored and its target j + 1 real
-        if not scored.any():
+        real = scored.nonzero()  # [target, 2]: (prompt, content position), in order
+        if not len(real):
             raise ValueError("metric 'loss': no content targets (every prompt has a single content token)")
-        n_targets = float(scored.sum())
+        targets = self.content.to(mask.device)[real[:, 0], real[:, 1] + 1]
         vocab = logits_at(reference, (0, slice(0, 1))).shape[-1]
         step = max(1, KL_CHUNK_BYTES // (4 * vocab))
-        chunks = [(b, slice(a, min(a + step, n_pos))) for b in range(batch) for a in range(0, n_pos, step)
-                  if scored[b, a : a + step].any()]
+        blocks = [(a, real[a : a + step, 0], real[a : a + step, 1]) for a in range(0, len(real), step)]
 
         def score(logits: Logits) -> Tensor:
             out = []
             for c in range(logits.shape[0]):
                 total = torch.zeros((), dtype=torch.float64, device=mask.device)
-                for b, pos in chunks:
+                for a, b, pos in blocks:
                     lp = torch.log_softmax(logits_at(logits, (c, b, pos)).float(), dim=-1)
-                    nll = -lp.gather(-1, targets[b, pos, None].to(lp.device))[..., 0]
-                    total = total + nll[scored[b, pos]].double().sum()
-                out.append(total / n_targets)
+                    at = targets[a : a + len(b), None].to(lp.device)
+                    total = total - lp.gather(-1, at).double().sum()
+                out.append(total / len(real))
             return torch.stack(out).float()
 
         return score
