@@ -101,7 +101,7 @@ class KL:
     the logits themselves (with Gemma 3's 262k vocabulary, a log_softmax of a
     whole sweep pass, or of the reference, is another GiB). Each copy's per-row
     KLs are summed in float64, so a copy's value does not depend on how its rows
-    were blocked beyond the float32 of each row."""
+    were blocked beyond the float32 of each row's own log-softmax."""
 
     name: str = "kl"
 
@@ -115,30 +115,45 @@ class KL:
 
         # The reference's log-probabilities and probabilities are the same for
         # every copy and every call: kept when they are small (a report's
-        # ablation: 4 x 16 positions), else recomputed per block and call so
-        # that a long sweep never holds them whole.
+        # ablation: 4 x 16 positions), and then a block runs across copies (a
+        # sweep pass of short prompts unembeds its copies together); else
+        # recomputed per block and call, so that a long sweep never holds them whole.
         keep = len(real) * vocab * 8 <= REFERENCE_KEEP_BYTES
-        kept: dict[int, tuple[Tensor, Tensor]] = {}
+        kept: list[tuple[Tensor, Tensor]] = []
 
         def reference_block(i: int) -> tuple[Tensor, Tensor]:
-            if i in kept:
-                return kept[i]
             lp = torch.log_softmax(logits_at(reference, blocks[i]).float(), dim=-1)
-            pair = lp, lp.exp()
-            if keep and not lp.requires_grad:
-                kept[i] = pair
-            return pair
+            return lp, lp.exp()
 
-        def score(logits: Logits) -> Tensor:
-            copies = logits.shape[0]  # each copy: [batch, content_pos, d_vocab]
+        def across_copies(logits: Logits) -> Tensor:
+            if not kept:
+                lps, ps = zip(*(reference_block(i) for i in range(len(blocks))))
+                kept.append((torch.cat(lps), torch.cat(ps)))
+            ref_lp, ref_p = kept[0]
+            copies = logits.shape[0]
+            totals = torch.zeros(copies, dtype=torch.float64, device=mask.device)
+            for a in range(0, copies * len(real), step):
+                r = torch.arange(a, min(a + step, copies * len(real)), device=mask.device)
+                c, k = r // len(real), r % len(real)
+                lp = torch.log_softmax(logits_at(logits, (c, real[k, 0], real[k, 1])).float(), dim=-1)
+                kl = (ref_p[k] * (ref_lp[k] - lp)).sum(-1)  # out of place: attribution differentiates it
+                totals = totals.index_add(0, c, kl.double())
+            return totals
+
+        def block_by_block(logits: Logits) -> Tensor:
+            copies = logits.shape[0]
             totals = [torch.zeros((), dtype=torch.float64, device=mask.device) for _ in range(copies)]
             for i, (b, pos) in enumerate(blocks):
                 ref_lp, ref_p = reference_block(i)
                 for c in range(copies):
                     lp = torch.log_softmax(logits_at(logits, (c, b, pos)).float(), dim=-1)
-                    kl = (ref_p * (ref_lp - lp)).sum(-1)  # out of place: attribution differentiates it
+                    kl = (ref_p * (ref_lp - lp)).sum(-1)
                     totals[c] = totals[c] + kl.double().sum()
-            return (torch.stack(totals) / n_real).float()
+            return torch.stack(totals)
+
+        def score(logits: Logits) -> Tensor:  # each copy: [batch, content_pos, d_vocab]
+            small = keep and not logits_at(reference, (0, slice(0, 1))).requires_grad
+            return ((across_copies if small else block_by_block)(logits) / n_real).float()
 
         return score
 
