@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,8 +36,9 @@ def add_heads_parser(sub) -> None:
     p.add_argument("--noop", type=non_negative_int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
     p.add_argument("--noop-prompts", type=positive_int, default=None, help="prompts used by the no-op check, held out from "
-                   f"the scan (the last ones of the corpus; default {NOOP_PROMPTS}, or half the prompts of a corpus of "
-                   f"{NOOP_PROMPTS} or fewer)")
+                   f"the scan (the last ones of the corpus; default {NOOP_PROMPTS}, a first look in about a minute on "
+                   f"2 CPU cores, or half the prompts of a corpus of {NOOP_PROMPTS} or fewer; the findings check "
+                   f"{FULL_NOOP_PROMPTS}, and the run says what that would take)")
     p.add_argument("--contrast", nargs="?", const=PYTHON_SOURCE, default=None, metavar="PROMPTS_B",
                    help="heads whose mode differs between --prompts (default: Python-docs prose) and PROMPTS_B "
                    f"(a prompt file; alone or '{PYTHON_SOURCE}': windows of the standard library's .py files), "
@@ -113,7 +115,8 @@ def cmd_contrast(args, a: list, b: list) -> None:
     write_results(args, payload, png_out)
 
 
-NOOP_PROMPTS = 32  # the no-op check's held-out prompts when the corpus has room
+NOOP_PROMPTS = 8  # the no-op check's held-out prompts when the corpus has room: a first look
+FULL_NOOP_PROMPTS = 64  # what `make findings` checks on (its cost is printed after a first look)
 
 
 def noop_split(n_prompts: int, asked: int | None) -> int:
@@ -269,9 +272,15 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
     check_heads = [target] if target else noop_heads(scan, args.noop)
     check = None
     if check_heads and len(noop_rows):
+        t0 = time.perf_counter()
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
                            max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
                            high=scan.thresholds.high, low=scan.thresholds.low, prompt_indices=noop_rows)
+        if len(noop_rows) < FULL_NOOP_PROMPTS:
+            minutes = (time.perf_counter() - t0) * FULL_NOOP_PROMPTS / len(noop_rows) / 60
+            print(f"note: the no-op check ran on {len(noop_rows)} held-out prompts, a first look (wide intervals); "
+                  f"--noop-prompts {FULL_NOOP_PROMPTS} checks these {len(check_heads)} heads on {FULL_NOOP_PROMPTS} "
+                  f"(about {minutes:.0f} min at this speed)", file=sys.stderr)
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     if target:

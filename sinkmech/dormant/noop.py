@@ -330,7 +330,11 @@ def noop_check(
     counts = torch.zeros(len(cells), n_prompts, dtype=torch.float64)
     looks = {lh: torch.zeros(len(LOOKS) + 1, dtype=torch.float64) for lh in heads}  # masses, then the count
     loss_sum, n_tokens = 0.0, 0
-    for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not progress, unit="batch"):
+    # one step per head and batch of prompts (its restarted passes: seconds on a CPU), so the bar moves
+    n_batches = -(-len(batch) // batch_size)
+    bar = tqdm(total=n_batches * len(heads), desc=f"no-op check ({len(heads)} heads)", disable=not progress,
+               unit="head")
+    for rows, part in batch.batches(batch_size):
         first: dict[int, Tensor] = {}
         valid_q = part.mask.clone()
         valid_q[:, 0] = False
@@ -369,6 +373,8 @@ def noop_check(
                     for i, hook in enumerate(_hooks(layer, head, means[layer][head], [queries] * len(INTERVENTIONS))):
                         delta = change(model, part.tokens, starts[layer], layer, hook, queries, clean, valid_loss)
                         pending.delta.index_add_(0, out[i], delta.double().cpu())
+            bar.update(1)
+    bar.close()
     if n_tokens == 0:
         raise ValueError("no next-token predictions: every prompt has a single token")
     deltas = pending.finish().view(len(cells), n_prompts)

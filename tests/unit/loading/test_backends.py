@@ -131,21 +131,9 @@ def test_version_names_the_backend(capsys):
     assert f"backend {BACKEND}" in out and "TransformerLens " in out and "torch " in out and "device " in out
 
 
-@pytest.fixture(scope="module")
-def gemma_eager():
-    """transformers' own Gemma 3 270M from the same GGUF, eager attention (read once)."""
-    from transformers import AutoModelForCausalLM
-
-    from sinkmech.loading.models import packaged_gguf_path
-
-    path = packaged_gguf_path("gemma3-270m")
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("bos", ["prepend", "none"])
-def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, gemma_eager, bos):
+def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, gemma_transformers, bos):
     """The backend acceptance check: Gemma 3 270M's alpha_0
     within 2e-3, sink rates within 0.5 points, loss within 0.1 nats of
     transformers' own eager attention on the same GGUF, on default-corpus
@@ -155,7 +143,7 @@ def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, g
     prompts = default_corpus()[100:112]
     batch = tokenize(gemma, prompts, bos=bos, max_tokens=48)
     ours = sink_scores(gemma, batch, loss=True, batch_size=4, progress=False)
-    hf = gemma_eager
+    hf = gemma_transformers
     ref = torch.zeros_like(ours.scores)
     nll, n = 0.0, 0
     with torch.no_grad():

@@ -91,15 +91,12 @@ def test_bos_position_study_pairs_with_bos_first(tiny_model, tiny_tokens):
 
 
 @pytest.mark.slow
-def test_gemma_first_tokens_match_transformers(gemma):
+def test_gemma_first_tokens_match_transformers(gemma, gemma_transformers):
     """Every substituted first token of scripts/first_token.py on Gemma 3 270M:
     alpha_0 within 2e-3 and the content-target loss within 1e-3 nats of
     transformers' own eager Gemma on the same ids (default-corpus windows 120-121)."""
     import sys
 
-    from transformers import AutoModelForCausalLM
-
-    from sinkmech.loading.models import packaged_gguf_path
     from sinkmech.corpus import default_corpus
     from sinkmech.prompts import tokenize
 
@@ -109,9 +106,7 @@ def test_gemma_first_tokens_match_transformers(gemma):
     prefixes, _ = first_tokens(gemma)
     prompts = default_corpus()[120:122]
     runs = first_token_study(gemma, prompts, prefixes, max_tokens=24, progress=False)
-    path = packaged_gguf_path("gemma3-270m")
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                              attn_implementation="eager").eval()
+    hf = gemma_transformers
     rows = tokenize(gemma, prompts, bos="none", max_tokens=24).content()
     for name, prefix in prefixes.items():
         m = len(prefix)
