@@ -117,7 +117,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def load_model_arg(args, spec: str | None = None):
-    """The model named by --model (or `spec`), in --dtype on --device."""
+    """The model named by --model (or `spec`), in --dtype on --device (said on stderr first:
+    the imports before it and a first load's conversion take a while)."""
+    print(f"loading {spec or args.model} ...", file=sys.stderr, flush=True)
     from sinkmech.loading import models
 
     return models.load_model(spec or args.model, device=getattr(args, "device", None),

@@ -185,7 +185,6 @@ def cmd_compare(args) -> None:
 
     results, t0 = [], time.perf_counter()
     for i, name in enumerate(names):
-        print(f"loading {name} ...", flush=True)
         model = load_model_arg(args, name)
         result = compare_model(
             model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,

@@ -50,7 +50,6 @@ def cmd_report(args) -> None:
     from sinkmech.report.page import build_report
 
     t0 = time.perf_counter()
-    print(f"loading {args.model} ...", flush=True)
     model = load_model_arg(args)
     report = build_report(
         model,
