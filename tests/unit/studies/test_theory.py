@@ -112,7 +112,7 @@ def test_bound_ranking_estimators_agree_and_report(tiny_model, tiny_tokens):
 def test_smollm2_hutchinson_matches_exact_through_four_layers(smollm2):
     """SmolLM2, one prompt of 4 content tokens with <bos>, the Jacobian of the residual leaving
     layer 4 (of 30): the estimate's per-entry relative error and its ranking against the exact
-    norms (the whole depth on two prompts in both conditions: the `long` test below)."""
+    norms (the whole depth on two prompts in both conditions: the `extended` test below)."""
     from sinkmech.corpus import default_corpus
     from sinkmech.prompts import tokenize
 
@@ -126,10 +126,10 @@ def test_smollm2_hutchinson_matches_exact_through_four_layers(smollm2):
     assert spearman(est[mask], exact[mask]) > 0.9
 
 
-@pytest.mark.long
+@pytest.mark.extended
 def test_smollm2_hutchinson_matches_exact(smollm2):
     """A few SmolLM2 prompts, the whole depth, both conditions: per-entry relative error and the
-    ranking it yields (about 5 minutes on 2 cores: make test-long)."""
+    ranking it yields (about 5 minutes on 2 cores: make test-extended, which .ci/run runs)."""
     from sinkmech.corpus import default_corpus
 
     check = validate_estimator(smollm2, default_corpus()[130:132], max_tokens=4, n_probes=32, progress=False)
