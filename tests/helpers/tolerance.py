@@ -68,3 +68,20 @@ def sum_of_changes_atol(n_terms: int, scale: float, k: int = TINY_D_MLP) -> floa
     within forward_rtol(k) * scale, a difference within twice that, n independent such errors
     within 4 sqrt(n) of one (the probable bound again)."""
     return 4 * math.sqrt(n_terms) * 2 * forward_rtol(k) * scale
+
+
+TINY_FORWARD = forward_rtol(TINY_D_MLP)  # the tiny models' forward bound: 2.7e-6
+SMOLLM2_FORWARD = forward_rtol(SMOLLM2_D_MLP)  # 9.3e-6
+
+
+def assert_normwise(got, want, rtol: float, what: str = "") -> None:
+    """max |got - want| <= rtol * max |want| (tensors or arrays of one shape): the normwise
+    comparison of two float32 computation orders (a near-zero entry of a large array is held
+    to the array's scale, as float32 computed it)."""
+    import numpy as np
+
+    a, b = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert a.shape == b.shape, (what, a.shape, b.shape)
+    scale = float(np.abs(b).max()) if b.size else 0.0
+    worst = float(np.abs(a - b).max()) if b.size else 0.0
+    assert worst <= rtol * scale, f"{what}: max |difference| {worst:.3g} > {rtol:.3g} x largest |value| {scale:.3g}"
