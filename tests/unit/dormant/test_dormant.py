@@ -5,6 +5,7 @@ modes, and bad input gets clear errors."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
 from helpers.tiny import TINY_BOS, make_tiny
 from helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model, trigger_corpus
+from helpers.tolerance import TINY_FORWARD, sum_of_changes_atol
 
 @pytest.fixture(scope="module")
 def planted():
@@ -133,6 +135,8 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
     valid = torch.arange(clean.shape[1])[None, :] < (batch.lengths[:, None] - 1)
     valid_q = batch.mask.clone()
     valid_q[:, 0] = False
+    # sums of float32 loss changes from restarted passes against whole ones (helpers/tolerance.py)
+    tol = sum_of_changes_atol(int(valid.sum()), math.log(model.cfg.d_vocab))
     for (l, h), r in zip(heads, check.results):
         dormant, active = force_mask(cache["pattern", l][:, h, :, 0], valid_q, high=high, low=low)
         got = {"dormant": (r.per_query_dormant, r.zero_dormant), "active": (r.per_query_active, r.zero_active)}
@@ -143,10 +147,10 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
                 want = float(torch.where(valid, hooked - clean, 0.0).sum()) / int(q.sum()) if q.any() else None
                 assert (got[mode][k] is None) == (want is None)
                 if want is not None:
-                    assert got[mode][k] == pytest.approx(want, abs=1e-5)
+                    assert got[mode][k] == pytest.approx(want, abs=tol)
         assert r.n_dormant == int(dormant.sum()) and r.n_active == int(active.sum())
     assert any(r.n_active and r.n_dormant for r in check.results)  # both modes exercised
-    assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=1e-6)
+    assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=TINY_FORWARD * 4)  # nats: ~ln 50
     full = noop_check(model, batch, heads, high=high, low=low, batch_size=4, progress=False, n_boot=10, method="full")
     from sinkmech.findings import flatten
 
@@ -155,7 +159,7 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
         assert fa.keys() == fb.keys() and any(".mean_ablate_active.matched_control.difference.ci" in k for k in fa)
         for k, v in fa.items():
             if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
-                assert v == pytest.approx(fb[k], abs=1e-5), k
+                assert v == pytest.approx(fb[k], abs=tol), k
     with pytest.raises(ValueError, match="method"):
         noop_check(model, batch, heads, method="fast", progress=False)
 
@@ -193,6 +197,8 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
     a = got["restart"].results[0]
     assert a.n_prompts_active == 6 and a.n_prompts_dormant == 9
     assert a.checks["zero_out_active"]["matched_control"]["n_prompts"] == 6
+    # sums of float32 loss changes from passes of other shapes (helpers/tolerance.py)
+    tol = sum_of_changes_atol(got["restart"].n_tokens, math.log(model.cfg.d_vocab))
     for m in ("restart_each", "full"):
         assert got[m].n_tokens == got["restart"].n_tokens
         for x, y in zip(got["restart"].results, got[m].results):
@@ -200,7 +206,7 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
             assert fx.keys() == fy.keys()
             for k, v in fx.items():
                 if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
-                    assert v == pytest.approx(fy[k], rel=1e-5, abs=1e-6), (m, k)
+                    assert v == pytest.approx(fy[k], abs=tol), (m, k)
                 elif not isinstance(v, float):
                     assert v == fy[k], (m, k)
 
