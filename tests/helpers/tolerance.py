@@ -80,7 +80,10 @@ def assert_normwise(got, want, rtol: float, what: str = "") -> None:
     to the array's scale, as float32 computed it)."""
     import numpy as np
 
-    a, b = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    def values(x):
+        return x.detach().cpu().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=np.float64)
+
+    a, b = values(got), values(want)
     assert a.shape == b.shape, (what, a.shape, b.shape)
     scale = float(np.abs(b).max()) if b.size else 0.0
     worst = float(np.abs(a - b).max()) if b.size else 0.0
