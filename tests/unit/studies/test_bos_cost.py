@@ -3,9 +3,8 @@ ablation sweep's own code path, a planted null head, and the held-out split."""
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 
 import pytest
 import torch
