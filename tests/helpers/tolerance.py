@@ -88,3 +88,14 @@ def assert_normwise(got, want, rtol: float, what: str = "") -> None:
     scale = float(np.abs(b).max()) if b.size else 0.0
     worst = float(np.abs(a - b).max()) if b.size else 0.0
     assert worst <= rtol * scale, f"{what}: max |difference| {worst:.3g} > {rtol:.3g} x largest |value| {scale:.3g}"
+
+
+def two_implementations(k: int = TINY_D_MLP) -> float:
+    """Two implementations of one float32 model (sinkmech's seam and transformers' eager
+    attention, say): each within the forward bound of the exact value and free to order every
+    sum its own way, so within twice the bound of each other; twice again for the operations
+    one fuses and the other does not (a scaled softmax, a fused norm): 4 forward_rtol(k)."""
+    return 4 * forward_rtol(k)
+
+
+BF16_U = 2.0 ** -8  # bfloat16's unit roundoff (8 bits of mantissa): what a bfloat16 model rounds each activation by

@@ -17,6 +17,7 @@ from sinkmech.loading.models import check_dtype, load_model
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny_hf import ARCHS, BOS, eager_reference, save_tiny
+from helpers.tolerance import BF16_U, TINY_FORWARD, assert_normwise, two_implementations
 
 
 def _tokens(seed: int = 0, batch: int = 5, n: int = 12) -> list[list[int]]:
@@ -39,13 +40,14 @@ def test_sink_scores_and_loss_match_transformers_eager_attention(tiny_folder, bo
     attns, logprobs = eager_reference(folder, batch.tokens)
     # alpha_0: mean over real queries of the attention on key 0 (no padding here).
     ref = torch.stack([a[:, :, :, 0].mean(-1) for a in attns], dim=1)  # [prompt layer head]
-    assert (ours.scores - ref).abs().max() < 1e-5, arch
+    assert (ours.scores - ref).abs().max() < two_implementations(), arch  # probabilities (<= 1)
     # the same targets in both conditions: content tokens 1..n-1
     off = batch.offset
     targets = batch.tokens[:, off + 1 :]
     lp = logprobs[:, off : -1].gather(-1, targets[..., None])[..., 0]
-    assert abs(ours.loss - float(-lp.mean())) < 1e-4, arch
-    assert abs(content_loss(model, batch) - float(-lp.mean())) < 1e-4, arch
+    # losses of ~ln(vocab) = 4 nats: two implementations' bound, relative
+    assert abs(ours.loss - float(-lp.mean())) < 4 * two_implementations(), arch
+    assert abs(content_loss(model, batch) - float(-lp.mean())) < 4 * two_implementations(), arch
 
 
 def test_forward_starts_and_stops_at_a_layer(tiny_folder):
@@ -61,11 +63,12 @@ def test_forward_starts_and_stops_at_a_layer(tiny_folder):
     with torch.no_grad():
         last = forward(model, tokens, stop_at_layer=L)
         assert last.shape == (2, 9, model.cfg.d_model)
-        assert torch.allclose(last, cache[names[-1]], atol=1e-6)
-        assert torch.allclose(torch.log_softmax(unembed(model, last).float(), -1), full, atol=1e-5)
+        # another pass of the same shapes, stopped or restarted at a layer: the forward bound (log-probs ~4 nats)
+        assert_normwise(last, cache[names[-1]], TINY_FORWARD)
+        assert torch.allclose(torch.log_softmax(unembed(model, last).float(), -1), full, atol=4 * TINY_FORWARD, rtol=0)
         for l in range(L):
             again = forward(model, cache[names[l]], start_at_layer=l)
-            assert torch.allclose(torch.log_softmax(again.float(), -1), full, atol=1e-5), l
+            assert torch.allclose(torch.log_softmax(again.float(), -1), full, atol=4 * TINY_FORWARD, rtol=0), l
 
 
 def test_weights_keep_key_value_heads_unexpanded(tiny_folder):
@@ -85,7 +88,7 @@ def test_bfloat16_holds_alpha_0_within_1e_2(tmp_path):
     assert next(bf16_model.parameters()).dtype == torch.bfloat16
     bf16 = sink_scores(bf16_model, prompts, bos_token_id=BOS, progress=False)
     assert bf16.scores.dtype == torch.float32  # reductions accumulate in float32
-    assert (bf16.scores - f32.scores).abs().max() < 1e-2
+    assert (bf16.scores - f32.scores).abs().max() < 4 * BF16_U  # probabilities: a few bfloat16 roundings
 
 
 def test_bfloat16_loss_and_perturbation_stay_near_float32(tmp_path):
