@@ -17,6 +17,7 @@ from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.loading.models import load_model
 from sinkmech.corpus import default_corpus
 from sinkmech.prompts import tokenize
+from sinkmech.options import RunOptions
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
             run(model, batch.tokens[i : i + bs], stop_at_layer=L)
 
     def keys():
-        key_sink_scores(model, batch, batch_size=bs, progress=False)
+        key_sink_scores(model, batch, options=RunOptions(batch_size=bs, progress=False))
 
     phases = {"plain forward (no unembed)": plain, "key_sink_scores": keys}
     keys()  # warm-up

@@ -30,6 +30,7 @@ from sinkmech.studies.bos_cost import bos_cost
 from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
 from sinkmech.corpus import default_corpus
+from sinkmech.options import RunOptions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         model = models.load_model(name)
         r = results[name] = bos_cost(model, default_corpus()[: args.select + args.eval], select_prompts=args.select,
                                      eval_prompts=args.eval, ks=args.ks, max_tokens=args.max_tokens,
-                                     batch_size=args.batch_size)
+                                     options=RunOptions(batch_size=args.batch_size))
         r["max_tokens"], r["seconds"] = args.max_tokens, round(time.perf_counter() - t0, 1)
         del model
         args.out.write_text(json_text(results))
@@ -91,7 +92,7 @@ def trained(args, results: dict) -> int:
     for run_dir in args.checkpoints:
         t0 = time.perf_counter()
         r = checkpoint_bos_cost(run_dir, n_select=args.select, n_eval=args.eval, ks=args.ks,
-                                batch_size=args.batch_size, progress=True)
+                                options=RunOptions(batch_size=args.batch_size, progress=True))
         name = r["run"]
         if args.logs is not None:
             committed, log = args.logs / f"{name}.json", run_dir / "log.json"

@@ -25,6 +25,7 @@ from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.studies.first_token import bos_position_study, first_token_study
 from sinkmech.corpus import default_corpus
+from sinkmech.options import RunOptions
 
 
 def rare_word(model) -> int:
@@ -64,7 +65,7 @@ def measure(name: str, *, n_prompts: int, max_tokens: int, positions: list[int],
     prompts = default_corpus()[:n_prompts]
     prefixes, skipped = first_tokens(model)
     t0 = time.perf_counter()
-    runs = first_token_study(model, prompts, prefixes, max_tokens=max_tokens, batch_size=batch_size)
+    runs = first_token_study(model, prompts, prefixes, max_tokens=max_tokens, options=RunOptions(batch_size=batch_size))
     out = {"first_token": runs.to_dict()["first_tokens"], "first_token_skipped": skipped,
            "n_prompts": n_prompts, "max_tokens": max_tokens, "swap_position": runs.swap_position}
     for k, ids in prefixes.items():
@@ -72,7 +73,8 @@ def measure(name: str, *, n_prompts: int, max_tokens: int, positions: list[int],
     out["first_token_seconds"] = round(time.perf_counter() - t0, 1)
     if positions:
         t0 = time.perf_counter()
-        out["bos_position"] = bos_position_study(model, prompts, positions, max_tokens=max_tokens, batch_size=batch_size)
+        out["bos_position"] = bos_position_study(model, prompts, positions, max_tokens=max_tokens,
+                                                 options=RunOptions(batch_size=batch_size))
         out["bos_position_seconds"] = round(time.perf_counter() - t0, 1)
     del model
     return out

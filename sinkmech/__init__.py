@@ -17,7 +17,7 @@ _EXPORTS = {
     "as_batch": "sinkmech.prompts", "TokenBatch": "sinkmech.prompts",
     "sink_scores": "sinkmech.measures.sinks", "SinkScores": "sinkmech.measures.sinks",
     "content_loss": "sinkmech.measures.loss",
-    "scan_heads": "sinkmech.dormant.scan", "HeadScan": "sinkmech.dormant.scan", "Thresholds": "sinkmech.dormant.labels",
+    "scan_heads": "sinkmech.dormant.scan", "HeadScan": "sinkmech.dormant.scan",
     "noop_check": "sinkmech.dormant.noop",
     "BosPair": "sinkmech.interventions.patching", "bos_pair": "sinkmech.interventions.patching",
     "patch": "sinkmech.interventions.patching",
@@ -30,14 +30,17 @@ _EXPORTS = {
     "head_attention": "sinkmech.measures.attention", "HeadAttention": "sinkmech.measures.attention",
     "compare_model": "sinkmech.studies.compare", "ModelComparison": "sinkmech.studies.compare",
     "build_report": "sinkmech.report",
+    "RunOptions": "sinkmech.options", "QUIET": "sinkmech.options", "Thresholds": "sinkmech.dormant.labels",
+    "LogitDiff": "sinkmech.interventions.metrics", "CompareConfig": "sinkmech.studies.configs",
 }
 
 __all__ = [
     "load_model", "bos_token_id", "default_corpus", "load_prompts", "tokenize", "as_batch", "TokenBatch",
-    "sink_scores", "SinkScores", "content_loss", "scan_heads", "HeadScan", "Thresholds", "noop_check",
+    "sink_scores", "SinkScores", "content_loss", "scan_heads", "HeadScan", "noop_check",
     "BosPair", "bos_pair", "patch", "head_ablations", "HeadAblation", "attribute_ablations", "ablation_setup",
     "AblationSetup", "perturbation_spread", "sensitivity", "sensitivity_study", "rank_collapse", "repeat_collapse", "head_attention", "HeadAttention",
     "compare_model", "ModelComparison", "build_report",
+    "RunOptions", "QUIET", "Thresholds", "LogitDiff", "CompareConfig",
 ]
 
 

@@ -21,12 +21,14 @@ from sinkmech.cli.common import (
     output_file,
     positive_int,
     prompts_arg,
+    run_options,
     share_below_one,
     warn_short,
     write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
 from sinkmech.findings import flatten, record
+from sinkmech.options import RunOptions
 
 
 def add_sinks_parser(sub) -> None:
@@ -111,8 +113,8 @@ class SinksTask(BosTokenTask):
             batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
             moved = self.settings.get("bos_position") if bos == "prepend" else None
             check_moved_bos(batch, moved)
-            results[bos] = sink_scores(model, batch, batch_size=self.batch_size, max_tokens=self.max_tokens,
-                                       loss=True, progress=False, bos_position=moved)
+            results[bos] = sink_scores(model, batch, max_tokens=self.max_tokens, loss=True, bos_position=moved,
+                                       options=RunOptions(batch_size=self.batch_size, progress=False))
         where = self.where(shard, n_shards, index)
         part = sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
                              n_ctx=model.cfg.n_ctx, **where)
@@ -120,7 +122,8 @@ class SinksTask(BosTokenTask):
         if s["keys"] == "all":
             for bos, batch in batches.items():
                 rows, sums = key_sink_sums(model, batch, top_k=s["top_keys"], min_queries=s["min_queries"],
-                                           min_excess=s["min_excess"], batch_size=self.batch_size, progress=False)
+                                           min_excess=s["min_excess"],
+                                           options=RunOptions(batch_size=self.batch_size, progress=False))
                 keys = key_sinks_partial(rows, sums, batch, {}, width=self.max_tokens + 1, decode=token_text(model),
                                          **where)
                 part = attach(part, f"keys.{bos}", keys)
@@ -255,12 +258,12 @@ def cmd_sinks(args) -> None:
             warn_short(batch, args.max_tokens)
         moved = args.bos_position if bos == "prepend" else None
         check_moved_bos(batch, moved)
-        results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True,
-                                   bos_position=moved)
+        results[bos] = sink_scores(model, batch, max_tokens=args.max_tokens, loss=True, bos_position=moved,
+                                   options=run_options(args))
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
-                                        min_excess=args.min_excess, batch_size=args.batch_size)
+                                        min_excess=args.min_excess, options=run_options(args))
     print_sinks_table(results, args.eps, args.top)
     if keys:
         print_flagged(keys)

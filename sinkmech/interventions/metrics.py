@@ -26,7 +26,8 @@ from torch import Tensor
 
 MetricFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 MetricName = Literal["kl", "logit_diff", "loss"]
-MetricSpec = Union[MetricName, "LogitDiff", "NextTokenLoss", MetricFn]
+# "logit_diff" needs its answers (LogitDiff), "loss" its content tokens (NextTokenLoss)
+MetricSpec = Union[MetricName, "KL", "LogitDiff", "NextTokenLoss", "Custom", MetricFn]
 
 
 @dataclass(frozen=True)
@@ -239,8 +240,9 @@ Metric = Union[KL, LogitDiff, NextTokenLoss, Custom]
 
 def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | None = None,
                    content: Tensor | None = None) -> Metric:
-    """'kl', 'logit_diff' (needs `answers=(correct, incorrect)`), 'loss' (needs the
-    `content` tokens [batch, content_pos]), a LogitDiff, a NextTokenLoss, or a callable."""
+    """'kl', a `LogitDiff(correct, incorrect)`, a `NextTokenLoss`, a callable, 'logit_diff' with
+    `answers=(correct, incorrect)` (the command line's --metric and --answers), or 'loss' with the
+    `content` tokens [batch, content_pos] it predicts."""
     if isinstance(metric, (KL, LogitDiff, NextTokenLoss, Custom)):
         return metric
     if metric == "kl":
@@ -251,7 +253,8 @@ def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | 
         return NextTokenLoss(content)
     if metric == "logit_diff":
         if answers is None:
-            raise ValueError("metric 'logit_diff' needs answers=(correct_token, incorrect_token)")
+            raise ValueError("metric 'logit_diff' needs its answers: pass metric=LogitDiff(correct_token, "
+                             "incorrect_token)")
         return LogitDiff(*answers)
     if callable(metric):
         return Custom(metric, getattr(metric, "__name__", "custom"))

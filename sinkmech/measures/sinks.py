@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.measures.loss import masked_row_losses, target_mask
+from sinkmech.options import RunOptions
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
 from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmech.measures.sinks is where callers look)
@@ -258,11 +259,9 @@ def sink_scores(
     *,
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
     loss: bool = False,
-    progress: bool = True,
     bos_position: int | None = None,
+    options: RunOptions = RunOptions(),
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -281,8 +280,6 @@ def sink_scores(
         max_tokens: content tokens per prompt (default 64, as in the paper); for
             a TokenBatch, only recorded as requested. `SinkScores.max_tokens`
             is always the longest content actually scored.
-        batch_size: prompts per forward pass.
-        bos_token_id: override for models whose tokenizer lacks one.
         loss: also the mean next-token loss on content targets 1..n-1 (the
             same targets with and without `<bos>`; see `sinkmech.measures.loss`), from
             the last block's output in the same pass, unembedded in chunks.
@@ -290,16 +287,19 @@ def sink_scores(
             bos="prepend"): `scores` stay alpha_0 on key 0 (now a content
             token), `bos_scores` hold the attention on the `<bos>` key, and the
             loss stays on the same content targets (`moved_bos_targets`).
+        options: batch size (default 16 prompts per forward pass), progress bar,
+            and the `<bos>` id for prompts of a model whose tokenizer lacks one.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
     """
     if max_tokens is None and not isinstance(tokens, TokenBatch):
         max_tokens = 64
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     if bos_position is not None:
         batch = move_bos(batch, bos_position)
-    chunks = batch.batches(batch_size)  # before any work: checks batch_size
+    chunks = batch.batches(options.batch(16))
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -311,7 +311,7 @@ def sink_scores(
     learned = torch.zeros(P, L, H) if has_learned_sinks(model) else None
     loss_sum, loss_n = 0.0, 0
     prompt_loss = torch.zeros(P, dtype=torch.float64)
-    for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
+    for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not options.progress, unit="batch"):
         valid = part.mask.float()  # [batch, pos]
         n_real = part.lengths.float()
         n_rest = (n_real - 1).clamp(min=1)

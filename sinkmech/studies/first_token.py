@@ -38,6 +38,7 @@ from sinkmech.interventions.recipes import SPREAD_POSITION
 from sinkmech.results import Result
 from sinkmech.measures.sinks import check_eps, first_key_score, format_eps, sink_scores
 from sinkmech.stats import prompt_curve, ratio_with_ci
+from sinkmech.options import RunOptions
 
 REFERENCE = "bos"  # the trained first token every other is paired against
 
@@ -142,8 +143,7 @@ def first_token_study(
     *,
     max_tokens: int = 64,
     swap_position: int = SPREAD_POSITION,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> FirstTokenRuns:
     """The same content tokens behind each prefix in turn.
 
@@ -153,6 +153,7 @@ def first_token_study(
             "eos": [1], "bos_bos": [2, 2], "none": []}); pair against "bos".
         swap_position: the content position whose token is swapped for the
             token there in the next prompt that differs (`corpus_swaps`).
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         FirstTokenRuns, one set of per-prompt tensors per prefix.
@@ -170,8 +171,8 @@ def first_token_study(
     swaps = corpus_swaps(rows, swap_position)
     swapped = [apply_swap(model, [r], s)[0][0] for r, s in zip(rows, swaps)]
     out: dict[str, tuple] = {}
-    for name, ids in tqdm(list(prefixes.items()), desc="first tokens", disable=not progress, unit="token"):
-        out[name] = _prefixed_pass(model, rows, swapped, [int(t) for t in ids], swap_position, batch_size)
+    for name, ids in tqdm(list(prefixes.items()), desc="first tokens", disable=not options.progress, unit="token"):
+        out[name] = _prefixed_pass(model, rows, swapped, [int(t) for t in ids], swap_position, options.batch(16))
     return FirstTokenRuns(
         prefixes={k: tuple(int(t) for t in v) for k, v in prefixes.items()},
         scores={k: v[0] for k, v in out.items()},
@@ -190,9 +191,7 @@ def bos_position_study(
     *,
     max_tokens: int = 64,
     eps: Sequence[float | str] = DEFAULT_EPS,
-    bos_token_id: int | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """`<bos>` at each position K (`sink_scores(..., bos_position=K)`) against
     `<bos>` first and no `<bos>`, on the same content targets, paired by prompt.
@@ -204,15 +203,16 @@ def bos_position_study(
         on key 0 and bos_sink_rate on the moved key, each minus `<bos>`-first's
         rate on key 0), "vs_none": the loss against no
         `<bos>`}}, plus "bos" and "none" entries for the two references.
+        `options`: batch size, progress bars, the `<bos>` id to move.
     """
     if not positions or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in positions):
         raise ValueError(f"positions must be integers >= 1, got {list(positions)}")
-    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     short = int(first.lengths.min()) - 1
     if max(positions) >= short:
         raise ValueError(f"bos position {max(positions)} is at or beyond the content length ({short} tokens)")
     none = tokenize(model, prompts, bos="none", max_tokens=max_tokens)
-    kw = dict(batch_size=batch_size, loss=True, progress=progress)
+    kw = dict(loss=True, options=options)
     ref = sink_scores(model, first, **kw)
     plain = sink_scores(model, none, **kw)
     targets = ref.prompt_targets().double()

@@ -14,6 +14,7 @@ from sinkmech.context.stream import StreamResult, stream_perplexity, window_mask
 from helpers.tiny import TINY_BOS
 from helpers.backends import needs
 from helpers.tolerance import TINY_FORWARD
+from sinkmech.options import QUIET
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_window_mask_by_hand():
 def test_stream_equals_explicit_mask(tiny_model, seq):
     """Each perplexity against a brute-force pass with the mask written out: exp of a mean of
     float32 losses from passes of other shapes (the forward bound on ~ln 50 nats, relative)."""
-    res = stream_perplexity(tiny_model, seq, window=6, keep=(0, 1, 3), progress=False)
+    res = stream_perplexity(tiny_model, seq, window=6, keep=(0, 1, 3), options=QUIET)
     tol = TINY_FORWARD * 4
     assert res.scored_from == 9
     for k, p in zip(res.keep, res.ppl):
@@ -73,13 +74,13 @@ def test_stream_equals_explicit_mask(tiny_model, seq):
 
 def test_window_covering_everything_is_full_attention(tiny_model, seq):
     T = int(seq.lengths[0])
-    res = stream_perplexity(tiny_model, seq, window=T, keep=(0, 2), scored_from=5, progress=False)
+    res = stream_perplexity(tiny_model, seq, window=T, keep=(0, 2), scored_from=5, options=QUIET)
     for p in res.ppl:  # a mask that masks nothing: another pass, the forward bound on the loss
         assert math.isclose(p, res.full_ppl, rel_tol=TINY_FORWARD * 4)
 
 
 def test_stream_to_dict_contract(tiny_model, seq):
-    d = stream_perplexity(tiny_model, seq, window=4, keep=(0, 1), progress=False).to_dict()
+    d = stream_perplexity(tiny_model, seq, window=4, keep=(0, 1), options=QUIET).to_dict()
     assert set(d) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "reindex", "results"}
     assert d["positions"].startswith("original") and d["reindex"] is False
     assert [set(r) for r in d["results"]] == [{"keep", "ppl", "control_window", "control_ppl"}] * 2
@@ -134,11 +135,11 @@ def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
     window, scored_from = 6, 9
     if not CAPABILITIES.can_reindex_cache:  # TL 4: no HookedTransformer rotary tables to re-index with; it says so
         with pytest.raises(ValueError, match="bridge"):
-            stream_perplexity(tiny_model, seq, window=window, keep=(keep,), reindex=True, progress=False)
+            stream_perplexity(tiny_model, seq, window=window, keep=(keep,), reindex=True, options=QUIET)
         return
     re = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, reindex=True,
-                           progress=False)
-    orig = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, progress=False)
+                           options=QUIET)
+    orig = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, options=QUIET)
     want = streaming_llm_ppl(tiny_model, seq, window, keep, scored_from)
     assert math.isclose(re.ppl[1], want, rel_tol=TINY_FORWARD * 4)  # one pass against token by token
     assert not math.isclose(orig.ppl[1], want, rel_tol=1e-3)  # the positions matter on this model
@@ -157,7 +158,7 @@ def test_reindex_needs_rotary_positions(seq):
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=64, d_vocab=50, act_fn="gelu",
                                   positional_embedding_type="standard", device="cpu")
     with pytest.raises(ValueError, match="rotary"):
-        stream_perplexity(HookedTransformer(cfg), seq, window=4, keep=(1,), reindex=True, progress=False)
+        stream_perplexity(HookedTransformer(cfg), seq, window=4, keep=(1,), reindex=True, options=QUIET)
 
 
 def test_smollm2_sink_tokens_rescue_window_attention(smollm2):
@@ -167,7 +168,7 @@ def test_smollm2_sink_tokens_rescue_window_attention(smollm2):
     from sinkmech.context.stream import long_tokens
 
     batch = long_tokens(smollm2, 160, bos="prepend")
-    res = stream_perplexity(smollm2, batch, window=32, keep=(0, 4), progress=False)
+    res = stream_perplexity(smollm2, batch, window=32, keep=(0, 4), options=QUIET)
     print(res.to_dict())
     no_sink, sink = res.ppl
     assert sink < no_sink

@@ -10,9 +10,11 @@ import torch
 from helpers.paths import REPO
 from helpers.tiny import TINY_BOS
 from helpers.tolerance import TINY_FORWARD, assert_normwise
+from helpers.tiny import TINY_RUN
 from sinkmech.studies.first_token import bos_position_study, first_token_study
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET, RunOptions
 
 PREFIXES = {"bos": [TINY_BOS], "other": [7], "bos_bos": [TINY_BOS, TINY_BOS], "none": []}
 
@@ -26,7 +28,8 @@ def rows(tiny_tokens):
 
 @pytest.fixture(scope="module")
 def runs(tiny_model, rows):
-    return first_token_study(tiny_model, rows, PREFIXES, swap_position=3, batch_size=2, progress=False)
+    return first_token_study(tiny_model, rows, PREFIXES, swap_position=3,
+                             options=RunOptions(batch_size=2, progress=False))
 
 
 def test_each_prefix_equals_the_hand_built_sequence(tiny_model, rows, runs):
@@ -49,7 +52,8 @@ def test_spread_equals_perturbation_spread(tiny_model, rows, runs):
     """With one first token (or none) the spread is `perturbation_spread`'s per-prompt mean change over layers."""
     swaps = corpus_swaps(rows, 3)
     for name, bos_id in (("bos", TINY_BOS), ("other", 7)):
-        ref = perturbation_spread(tiny_model, rows, perturbation=swaps, bos_token_id=bos_id, progress=False)
+        ref = perturbation_spread(tiny_model, rows, perturbation=swaps,
+                                  options=RunOptions(progress=False, bos_token_id=bos_id))
         per = ref.per_prompt()["mean_change"].mean(-1)  # [bos, prompt]
         assert_normwise(runs.spread[name].float(), per[0], TINY_FORWARD)  # passes batched otherwise
         assert_normwise(runs.spread["none"].float(), per[1], TINY_FORWARD)
@@ -66,30 +70,30 @@ def test_contrasts_are_paired_against_bos(tiny_model, rows, runs):
     assert "vs_bos" not in runs.entry("bos")
     # the same first token twice under two names: every paired difference is exactly 0
     same = first_token_study(tiny_model, rows, {"bos": [TINY_BOS], "again": [TINY_BOS]}, swap_position=3,
-                             progress=False).entry("again")["vs_bos"]
+                             options=QUIET).entry("again")["vs_bos"]
     assert same["loss"] == [0.0, 0.0, 0.0] and same["spread"] == [0.0, 0.0, 0.0]
     assert set(runs.to_dict()["first_tokens"]) == set(PREFIXES)
 
 
 def test_bad_first_tokens_are_refused(tiny_model, rows):
     with pytest.raises(ValueError, match="must lie in"):
-        first_token_study(tiny_model, rows, {"bos": [999]}, progress=False)
+        first_token_study(tiny_model, rows, {"bos": [999]}, options=QUIET)
     with pytest.raises(ValueError, match="swap_position"):
-        first_token_study(tiny_model, rows, PREFIXES, swap_position=8, progress=False)
+        first_token_study(tiny_model, rows, PREFIXES, swap_position=8, options=QUIET)
 
 
 def test_bos_position_study_pairs_with_bos_first(tiny_model, tiny_tokens):
-    out = bos_position_study(tiny_model, tiny_tokens, [1, 4], bos_token_id=TINY_BOS, progress=False)
-    first = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, loss=True, progress=False)
-    moved = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, loss=True, bos_position=4,
-                        progress=False)
+    out = bos_position_study(tiny_model, tiny_tokens, [1, 4], options=TINY_RUN)
+    first = sink_scores(tiny_model, tiny_tokens, bos="prepend", loss=True, options=TINY_RUN)
+    moved = sink_scores(tiny_model, tiny_tokens, bos="prepend", loss=True, bos_position=4,
+                        options=TINY_RUN)
     targets = first.prompt_targets().sum()
     assert out["4"]["loss"][0] == pytest.approx(float(moved.prompt_loss.sum() / targets))
     assert out["4"]["vs_bos"]["loss"][0] == pytest.approx(float((moved.prompt_loss - first.prompt_loss).sum() / targets))
     assert out["4"]["bos_score"] == pytest.approx(float(moved.bos_scores.mean()))
     assert set(out) == {"bos", "none", "1", "4"}
     with pytest.raises(ValueError, match="at or beyond"):
-        bos_position_study(tiny_model, tiny_tokens, [12], bos_token_id=TINY_BOS, progress=False)
+        bos_position_study(tiny_model, tiny_tokens, [12], options=TINY_RUN)
 
 
 @pytest.mark.slow
@@ -107,7 +111,7 @@ def test_gemma_first_tokens_match_transformers(gemma, gemma_transformers):
 
     prefixes, _ = first_tokens(gemma)
     prompts = default_corpus()[120:122]
-    runs = first_token_study(gemma, prompts, prefixes, max_tokens=24, progress=False)
+    runs = first_token_study(gemma, prompts, prefixes, max_tokens=24, options=QUIET)
     hf = gemma_transformers
     rows = tokenize(gemma, prompts, bos="none", max_tokens=24).content()
     for name, prefix in prefixes.items():
