@@ -198,7 +198,7 @@ def test_a_contrast_too_small_for_its_nulls_has_no_power_and_one_corpus_twice_is
 
     model = planted_dormant_model({0: "if_else", 1: "sink", 2: "prev", 3: "position"}, cut=13)
     g = torch.Generator().manual_seed(9)
-    kw = dict(KW, sweep=False, n_boot=0, min_queries=0)
+    kw = dict(KW, sweep=False, n_boot=0, thresholds=Thresholds(min_queries=0))
     prose, code = (scan_heads(model, trigger_corpus(6, s, r, g), **kw) for s, r in ((5, 0.0), (6, 0.5)))
     small = contrast_heads(prose, code, name_a="prose", name_b="code", n_boot=2_000)
     assert small.null_contrasts == () and small.powered is False
