@@ -87,8 +87,8 @@ findings: demo
 	# The default dormant-head cut, calibrated on planted heads and nulls (docs/dormant_calibration.md; seconds).
 	$(BIN)/python scripts/calibrate_dormant.py --json figures/dormant_calibration.json --findings figures/findings.json
 	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 64 after them (~30 min each).
-	$(BIN)/sinkmech heads --model smollm2 --n-prompts 128 --noop-prompts 64 --json figures/heads_smollm2.json --findings figures/findings.json
-	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 128 --noop-prompts 64 --json figures/heads_gemma3-270m.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model smollm2 --n-prompts 128 --noop-prompts 64 --noop-max-heads all --json figures/heads_smollm2.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 128 --noop-prompts 64 --noop-max-heads all --json figures/heads_gemma3-270m.json --findings figures/findings.json
 	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models,
 	# with the within-corpus null contrasts and every head's difference drawn.
 	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --png figures/contrast_smollm2.png --findings figures/findings.json

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
-    BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
+    BOS_HELP, FlagValueError, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
     load_model_arg, non_negative_int, output_file, positive_int, run_options, write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
@@ -36,6 +36,9 @@ def add_heads_parser(sub) -> None:
                    "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
     p.add_argument("--noop", type=non_negative_int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
+    p.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+                   help=f"check at most N of those heads, the if-else heads first (default {NOOP_MAX_HEADS}, a first "
+                        "look; 'all': every one, as the findings do; the run says what the whole check would take)")
     p.add_argument("--noop-prompts", type=positive_int, default=None, help="prompts used by the no-op check, held out from "
                    f"the scan (the last ones of the corpus; default {NOOP_PROMPTS}, a first look in about a minute on "
                    f"2 CPU cores, or half the prompts of a corpus of {NOOP_PROMPTS} or fewer; the findings check "
@@ -117,6 +120,18 @@ def cmd_contrast(args, a: list, b: list) -> None:
 
 
 NOOP_PROMPTS = 8  # the no-op check's held-out prompts when the corpus has room: a first look
+NOOP_MAX_HEADS = 4  # ... on at most this many heads (None: all)
+
+
+def max_heads_arg(text: str) -> int | None:
+    """--noop-max-heads: a whole number >= 1, or 'all' (None: no cap)."""
+    if text == "all":
+        return None
+    if not text.strip().isdigit():
+        raise FlagValueError(f"takes a whole number >= 1 or 'all', got {text!r}")
+    return positive_int(text)
+
+
 FULL_NOOP_PROMPTS = 64  # what `make findings` checks on (its cost is printed after a first look)
 
 
@@ -157,7 +172,8 @@ def cmd_heads(args) -> None:
     except ValueError as e:
         raise UsageError(f"{e}; lower --noop-prompts or give more prompts") from None
     scanned = prompts[: len(scan_rows)]
-    extra = {"bos": args.bos, "noop": args.noop, "noop_prompts": args.noop_prompts, "prompts_file": args.prompts}
+    extra = {"bos": args.bos, "noop": args.noop, "noop_prompts": args.noop_prompts, "prompts_file": args.prompts,
+             "noop_max_heads": args.noop_max_heads}
     if args.ray is not None:
         if args.head:
             raise UsageError("--head is not run on Ray: run it on the merged result")
@@ -258,7 +274,8 @@ def merged_heads(part, args) -> None:
     model = models.load_model(s["model"])
     scan = heads_result(part, model)
     th = s["thresholds"]
-    run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"], "high": th["high"],
+    run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"],
+                                "noop_max_heads": s.get("noop_max_heads"), "high": th["high"],
                                 "low": th["low"], "noop_prompts": s["noop_prompts"], "max_tokens": s["max_tokens"],
                                 "batch_size": args.batch_size})
     heads_output(run, model, prompts, scan, s["bos_token_id"], None, noop_rows)
@@ -270,18 +287,21 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
     from sinkmech.dormant.noop import noop_check, noop_heads
     from sinkmech.plots.core import heatmap_panels, save
 
-    check_heads = [target] if target else noop_heads(scan, args.noop)
+    every = [target] if target else noop_heads(scan, args.noop)
+    check_heads = every[: args.noop_max_heads] if args.noop_max_heads is not None else every
     check = None
     if check_heads and len(noop_rows):
         t0 = time.perf_counter()
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
                            max_tokens=args.max_tokens, thresholds=scan.thresholds, prompt_indices=noop_rows,
                            options=run_options(args, bos_token_id=bos_id))
-        if len(noop_rows) < FULL_NOOP_PROMPTS:
-            minutes = (time.perf_counter() - t0) * FULL_NOOP_PROMPTS / len(noop_rows) / 60
-            print(f"note: the no-op check ran on {len(noop_rows)} held-out prompts, a first look (wide intervals); "
-                  f"--noop-prompts {FULL_NOOP_PROMPTS} checks these {len(check_heads)} heads on {FULL_NOOP_PROMPTS} "
-                  f"(about {minutes:.0f} min at this speed)", file=sys.stderr)
+        if len(noop_rows) < FULL_NOOP_PROMPTS or len(check_heads) < len(every):
+            scale = max(FULL_NOOP_PROMPTS, len(noop_rows)) / len(noop_rows) * len(every) / len(check_heads)
+            minutes = (time.perf_counter() - t0) * scale / 60
+            print(f"note: the no-op check ran on {len(check_heads)} of the {len(every)} heads it covers (every if-else "
+                  f"head and {args.noop} candidates) and {len(noop_rows)} held-out prompts: a first look (wide "
+                  f"intervals); --noop-max-heads all --noop-prompts {max(FULL_NOOP_PROMPTS, len(noop_rows))} checks "
+                  f"every one (about {minutes:.0f} min at this speed)", file=sys.stderr)
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     if target:

@@ -251,14 +251,17 @@ __all__ = ["INTERVENTIONS", "LOOKS", "METHODS", "MODES", "NoopCheck", "NoopResul
            "matched_control", "noop_check", "noop_heads"]
 
 
-def noop_heads(scan, n_candidates: int) -> list[tuple[int, int]]:
+def noop_heads(scan, n_candidates: int, max_heads: int | None = None) -> list[tuple[int, int]]:
     """The heads a no-op check should cover: every head the scan (a HeadScan)
     labels if_else, then the `n_candidates` best-ranked heads that are not
-    (the closest candidates); [] for 0."""
+    (the closest candidates); [] for 0. With `max_heads`, the first that many
+    of them (the if-else heads in the scan's order first): a check's cost grows
+    with its heads (a SmolLM2 scan of 162 prompts labels 22 if-else heads)."""
     if n_candidates < 1:
         return []
     found = scan.if_else_heads()
-    return found + [hd for hd in scan.ranked() if hd not in found][:n_candidates]
+    heads = found + [hd for hd in scan.ranked() if hd not in found][:n_candidates]
+    return heads if max_heads is None else heads[:max_heads]
 
 
 def noop_check(

@@ -565,3 +565,21 @@ def test_heads_flags_are_refused_before_the_model_loads(argv, message, monkeypat
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("error:") and "Traceback" not in err
+
+
+def test_noop_heads_takes_the_if_else_heads_first_and_caps_them():
+    """Every if-else head, then the best-ranked others; --noop-max-heads keeps the first N
+    (a first look), 'all' every one; a bad value is refused by the flag's type."""
+    from types import SimpleNamespace
+
+    from sinkmech.cli.heads import max_heads_arg
+    from sinkmech.dormant.noop import noop_heads
+
+    scan = SimpleNamespace(if_else_heads=lambda: [(3, 1), (0, 2)], ranked=lambda: [(3, 1), (5, 0), (0, 2), (1, 1), (2, 2)])
+    assert noop_heads(scan, 2) == [(3, 1), (0, 2), (5, 0), (1, 1)]
+    assert noop_heads(scan, 2, max_heads=3) == [(3, 1), (0, 2), (5, 0)]
+    assert noop_heads(scan, 0, max_heads=3) == []
+    assert max_heads_arg("all") is None and max_heads_arg("4") == 4
+    from sinkmech import cli
+
+    assert cli.main(["heads", "--noop-max-heads", "some"]) == 2
