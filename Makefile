@@ -76,7 +76,7 @@ setup: $(STAMP)
 # quoted number is merged into figures/findings.json by the command that
 # measured it. (`sinkmech report --model gemma3-270m --out DIR` gives Gemma's page.)
 demo: $(STAMP)
-	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --n-prompts 80 --noop-prompts 8 --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
+	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --n-prompts 80 --noop-prompts 0 --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
 
 # Every other number the README quotes: the long runs (an hour or more on two
 # cores; each Gemma run holds 4-7 GiB, so they run one after the other).

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, output_folder, positive_int,
+    BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, non_negative_int, output_file, output_folder,
+    positive_int,
     prompts_arg, run_options,
 )
 from sinkmech.files import check_output_dir
@@ -35,7 +36,9 @@ def add_report_parser(sub) -> None:
     sizes = p.add_argument_group("section sizes (prompt counts are capped by --n-prompts)")
     for name in SECTION_SIZES:
         default = defaults[name]
-        sizes.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=default, help=f"default {default}")
+        kind = non_negative_int if name == "noop_prompts" else positive_int  # 0: no no-op check
+        sizes.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                           help=f"default {default}" + ("; 0: none" if name == "noop_prompts" else ""))
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",

@@ -339,7 +339,8 @@ def dormant_section(ctx: ReportContext) -> Section:
            f"over all {noop.n_intervals} intervals of the check (clean loss {noop.loss_clean:.3f}). The matched "
            "control zeroes as many of the head's dormant queries at the nearest positions; the last column is where "
            "the active queries' attention goes. Totals per mode are in summary.json.</p>" + noop_table
-           if noop is not None else "<p>No no-op check: too few prompts to hold some out from the scan.</p>")
+           if noop is not None else "<p>No no-op check: none asked for (no-op prompts 0), or too few prompts to hold "
+                                    "some out from the scan.</p>")
         + "<p>Threshold sweep: every head relabelled at other (high, low) cuts, every other threshold as above, "
         "so a reader sees whether a label survives another cut.</p>" + sweep_table
         + (figure_html(sweep_figs, "Mode counts over the (high, low) cuts", ctx.out) if sweep_figs else "")

@@ -226,3 +226,13 @@ def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
     a, b = reused.summary["sections"]["dormant"], fresh.summary["sections"]["dormant"]
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert set(res.dormant.noop) and set(res.dormant.noop) <= set(json.dumps(a).replace('"', " ").split())
+
+
+def test_noop_prompts_0_runs_the_scan_alone_on_the_same_prompts(tiny_model):
+    """`make demo` passes --noop-prompts 0: the same scan (the first dormant_prompts prompts), no check."""
+    rows = torch.randint(2, 50, (8, 16), generator=torch.Generator().manual_seed(4)).tolist()
+    kw = dict(n_prompts=8, max_tokens=12, spread_prompts=2, spread_tokens=10, spread_position=2, dormant_prompts=4)
+    off = compare_model(tiny_model, rows, config=CompareConfig(noop_prompts=0, **kw), options=TINY_RUN).dormant
+    on = compare_model(tiny_model, rows, config=CompareConfig(noop_prompts=2, noop_heads=1, **kw), options=TINY_RUN).dormant
+    assert off.noop == {} and off.noop_prompts == [] and off.loss_clean is None and on.noop
+    assert (off.n_prompts, off.mode_counts, off.if_else_heads) == (on.n_prompts, on.mode_counts, on.if_else_heads)
