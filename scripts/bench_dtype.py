@@ -29,7 +29,8 @@ from benchtime import interleaved_medians
 
 from sinkmech.files import json_text, write_text
 from sinkmech.loading.models import cpu_slowdown, load_model, native_cpu_dtype
-from sinkmech.prompts import default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from sinkmech.options import RunOptions
 

@@ -22,7 +22,7 @@ import torch
 from sinkmech.loading.bridge import read_gguf_transformers, save_hf_folder
 from sinkmech.loading.hooked import _llama_from_gguf, hooked_from_hf_folder
 from sinkmech.loading.models import smollm2_path
-from sinkmech.prompts import default_corpus
+from sinkmech.corpora import default_corpus
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     from sinkmech.dormant.scan import scan_heads
     from sinkmech.files import write_text
     from sinkmech.loading.models import load_model
-    from sinkmech.prompts import default_corpus, tokenize
+    from sinkmech.corpora import default_corpus
+    from sinkmech.prompts import tokenize
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")

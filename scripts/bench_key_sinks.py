@@ -15,7 +15,8 @@ from benchtime import interleaved_medians
 from sinkmech.hooks import run
 from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.loading.models import load_model
-from sinkmech.prompts import default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import tokenize
 from sinkmech.options import RunOptions
 
 

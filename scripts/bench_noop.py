@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
     from sinkmech.files import json_text
     from sinkmech.hooks import parse_head
     from sinkmech.loading.models import load_model
-    from sinkmech.prompts import load_prompts, tokenize
+    from sinkmech.corpora import load_prompts
+    from sinkmech.prompts import tokenize
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -2,24 +2,27 @@
 
 All measured in one run, side by side: the model load (from the converted-model
 cache, with the imports), the exact sweep over all heads as `ablate` runs it by default (batched
-copies, restarting at each head's layer, every prompt in one group), the
-independent one-`run_with_hooks`-per-head loop, a plain forward pass, and
-attribution patching (one batched forward + backward); with --prompt-batch-one
-also the sweep with each prompt in its own group (`ablate --prompt-batch 1`).
-The loop / sweep ratio is printed with the load added to both sides (what a
-user waits for) and without it. The compute floor of any exact per-head sweep is
-n_heads x (n_layers + 1) / 2 plain-forward equivalents (a head in layer l must
-recompute layers l..L-1). With --loop-heads N the loop runs on N heads spread
-evenly over the model, its time is extrapolated per head to all heads (said so
-in the output), and its values are checked against the sweep on those heads.
-Wall-clock and CPU (process) time are both printed: on a shared machine CPU
-time is the fairer comparison.
+copies, restarting at each head's layer, every prompt in one group), the loop a
+researcher writes without sinkmech (per head, one `run_with_hooks` over all the
+prompts at once, its hook ablating the head in place, the mean KL from the clean
+run over the content positions from whole log-softmaxes), a plain forward pass,
+and attribution patching (one batched forward + backward); with
+--prompt-batch-one also the sweep with each prompt in its own group (`ablate
+--prompt-batch 1`). The loop / sweep ratio is printed with the load added to
+both sides (what a user waits for) and without it. The compute floor of any
+exact per-head sweep is n_heads x (n_layers + 1) / 2 plain-forward equivalents
+(a head in layer l must recompute layers l..L-1). With --loop-heads N the loop
+runs on N heads spread evenly over the model, its time is extrapolated per head
+to all heads (said so in the output), and its values are checked against the
+sweep on those heads. Wall-clock and CPU (process) time are both printed: on a
+shared machine CPU time is the fairer comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from sinkmech.options import RunOptions
 
@@ -33,13 +36,51 @@ class Timer:
         self.wall, self.cpu = time.perf_counter() - self.w, time.process_time() - self.c
 
 
+def researcher_loop(model, batch, mode: str, heads: list[tuple[int, int]]):
+    """The loop one writes with TransformerLens alone: per head, one forward over every prompt
+    with a hook that ablates the head in place, then the mean over the real content positions
+    of KL(clean || ablated) from whole log-softmaxes. Returns one KL per head."""
+    import torch
+
+    from sinkmech.hooks import act_name
+
+    tokens, offset = batch.tokens, batch.offset
+    n_content = tokens.shape[1] - offset
+    mask = torch.arange(n_content)[None, :] < (batch.lengths - offset)[:, None]
+
+    def zero(z, hook, head):
+        z[:, :, head] = 0.0
+        return z
+
+    def mask_first(scores, hook, head):
+        scores[:, head, 1:, 0] = torch.finfo(scores.dtype).min  # query 0 keeps its only key
+        return scores
+
+    def all_to_first(pattern, hook, head):
+        pattern[:, head] = 0.0
+        pattern[:, head, :, 0] = 1.0
+        return pattern
+
+    hook_fn, act = {"zero": (zero, "z"), "mask_first": (mask_first, "attn_scores"),
+                    "all_to_first": (all_to_first, "pattern")}[mode]
+    with torch.no_grad():
+        clean = model(tokens)[:, offset:].log_softmax(-1)
+        p = clean.exp()
+        out = torch.empty(len(heads))
+        for i, (layer, head) in enumerate(heads):
+            logits = model.run_with_hooks(tokens, fwd_hooks=[(act_name(act, layer), partial(hook_fn, head=head))])
+            kl = (p * (clean - logits[:, offset:].log_softmax(-1))).sum(-1)
+            out[i] = kl[mask].mean()
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--mode", default="mask_first", choices=["mask_first", "all_to_first", "zero"])
+    p.add_argument("--mode", default="zero", choices=["mask_first", "all_to_first", "zero"])
     p.add_argument("--prompt-batch-one", action="store_true", help="also time the sweep one prompt per group")
     p.add_argument("--n-prompts", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=32, help="content tokens per prompt (<bos> is prepended)")
+    p.add_argument("--tokens", type=int, default=20, help="content tokens per prompt (<bos> is prepended)")
     p.add_argument("--loop-heads", type=int, default=None, help="time the loop on N heads only and extrapolate (default: all)")
     p.add_argument("--samples", type=int, default=8, help="label draws for the KL attribution estimate")
     p.add_argument("--forward-repeats", type=int, default=3, help="plain forwards timed before, between and after the phases")
@@ -49,11 +90,12 @@ def main(argv: list[str] | None = None) -> dict:
     with Timer() as tload:  # what a fresh `sinkmech ablate` pays before its sweep: the imports and the load
         import torch
 
-        from sinkmech.interventions.ablation import ablation_hooks, ablation_setup, head_ablations
+        from sinkmech.interventions.ablation import head_ablations
         from sinkmech.interventions.attribution import attribute_ablations, pearson
         from sinkmech.loading.models import load_model
-        from sinkmech.prompts import default_corpus, tokenize
-        from sinkmech.interventions.sweep import Intervention, loop, reference_logits
+        from sinkmech.corpora import default_corpus
+        from sinkmech.prompts import tokenize
+        from sinkmech.interventions.sweep import reference_logits
 
         model = load_model(args.model)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -85,10 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     n_loop = n_cells if args.loop_heads is None else max(1, min(args.loop_heads, n_cells))
     picks = sorted({round(i * (n_cells - 1) / max(n_loop - 1, 1)) for i in range(n_loop)})
-    cells = [Intervention(i // H, ablation_hooks(args.mode, i // H, i % H, None)) for i in picks]
-    setup = ablation_setup(model, batch, mode=args.mode)  # the exact sweep's clean run and metric
     with Timer() as tl:
-        looped = loop(model, batch.tokens, cells, score=setup.score, offset=batch.offset, n_content=setup.n_content)
+        looped = researcher_loop(model, batch, args.mode, [(i // H, i % H) for i in picks])
     diff = float((looped - exact.effects.flatten()[picks]).abs().max())
     time_forwards()
     fwd_wall = min(t.wall for t in fwd)
@@ -105,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
         "imports + model load (converted-model cache)": (tload.wall, tload.cpu),
         f"plain forward (min of {len(fwd)}, sampled between phases)": (fwd_wall, fwd_cpu),
         f"exact sweep, {n_cells} heads": (ts.wall, ts.cpu),
-        f"loop, {len(picks)} heads measured": (tl.wall, tl.cpu),
-        f"loop, {n_cells} heads{' (extrapolated)' if len(picks) < n_cells else ''}": (tl.wall * scale, tl.cpu * scale),
+        f"researcher's loop, {len(picks)} heads measured": (tl.wall, tl.cpu),
+        f"researcher's loop, {n_cells} heads{' (extrapolated)' if len(picks) < n_cells else ''}": (tl.wall * scale, tl.cpu * scale),
         f"attribution ({args.samples} label draws)": (ta.wall, ta.cpu),
         f"compute floor = {H} x ({L}+1)/2 = {floor:g} forwards": (floor * fwd_wall, floor * fwd_cpu),
     }
@@ -117,15 +157,15 @@ def main(argv: list[str] | None = None) -> dict:
     for k, (w, c) in rows.items():
         print(f"{k:52} {w:9.2f} {c:9.2f}")
     ratios = {
-        "loop / exact sweep, load included": ((tload.wall + tl.wall * scale) / (tload.wall + ts.wall),
+        "researcher's loop / exact sweep, load included": ((tload.wall + tl.wall * scale) / (tload.wall + ts.wall),
                                               (tload.cpu + tl.cpu * scale) / (tload.cpu + ts.cpu)),
-        "loop / exact sweep": (tl.wall * scale / ts.wall, tl.cpu * scale / ts.cpu),
+        "researcher's loop / exact sweep": (tl.wall * scale / ts.wall, tl.cpu * scale / ts.cpu),
         "exact sweep / compute floor": (ts.wall / (floor * fwd_wall), ts.cpu / (floor * fwd_cpu)),
         "exact sweep / plain forward": (ts.wall / fwd_wall, ts.cpu / fwd_cpu),
         "exact sweep / attribution": (ts.wall / ta.wall, ts.cpu / ta.cpu),
     }
     if one is not None:
-        ratios["loop / sweep one prompt per group, load included"] = (
+        ratios["researcher's loop / sweep one prompt per group, load included"] = (
             (tload.wall + tl.wall * scale) / (tload.wall + t1.wall), (tload.cpu + tl.cpu * scale) / (tload.cpu + t1.cpu))
         ratios["sweep one prompt per group / exact sweep"] = (t1.wall / ts.wall, t1.cpu / ts.cpu)
     print()
@@ -133,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     for k, (w, c) in ratios.items():
         print(f"{k:52} {w:9.2f} {c:9.2f}")
     note = " (loop time extrapolated from the measured heads)" if len(picks) < n_cells else ""
-    print(f"\nloop vs sweep on the {len(picks)} looped heads: max |difference| = {diff:.2e}{note}")
+    print(f"\nresearcher's loop vs sweep on the {len(picks)} looped heads: max |difference| = {diff:.2e}{note}")
     if one is not None:
         print(f"sweep one prompt per group vs the sweep: max |difference| = "
               f"{float((one.effects - exact.effects).abs().max()):.2e}")

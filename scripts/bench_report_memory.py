@@ -34,7 +34,8 @@ from sinkmech.files import json_text, write_text
 BASELINE = """
 import sys, torch
 from sinkmech.loading.models import load_model
-from sinkmech.prompts import default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import tokenize
 m = load_model(sys.argv[1], dtype=sys.argv[2])
 batch = tokenize(m, default_corpus(16), bos="prepend", max_tokens=64)
 with torch.no_grad():

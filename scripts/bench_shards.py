@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": str(root)}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        from sinkmech.prompts import load_prompts
+        from sinkmech.corpora import load_prompts
 
         corpus = load_prompts(None)
         if args.prompts > len(corpus):

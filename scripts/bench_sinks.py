@@ -18,7 +18,8 @@ import torch
 
 from sinkmech.hooks import run
 from sinkmech.loading.models import load_model
-from sinkmech.prompts import default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from sinkmech.options import RunOptions
 

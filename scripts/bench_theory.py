@@ -14,7 +14,8 @@ import time
 
 from sinkmech.loading import models
 from sinkmech.studies.theory import pair_mask
-from sinkmech.prompts import default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import tokenize
 from sinkmech.theory.sensitivity import attention_patterns, jacobian_norms, jacobian_norms_hutchinson, path_weights, spearman
 
 

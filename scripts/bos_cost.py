@@ -29,7 +29,7 @@ from sinkmech.loading import models
 from sinkmech.studies.bos_cost import bos_cost
 from sinkmech.files import json_text
 from sinkmech.findings import flatten, record
-from sinkmech.prompts import default_corpus
+from sinkmech.corpora import default_corpus
 from sinkmech.options import RunOptions
 
 

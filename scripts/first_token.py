@@ -24,7 +24,7 @@ from sinkmech.loading import models
 from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.studies.first_token import bos_position_study, first_token_study
-from sinkmech.prompts import default_corpus
+from sinkmech.corpora import default_corpus
 from sinkmech.options import RunOptions
 
 

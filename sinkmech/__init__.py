@@ -13,7 +13,7 @@ import importlib
 # public name -> the module that defines it
 _EXPORTS = {
     "load_model": "sinkmech.loading.models", "bos_token_id": "sinkmech.loading.models",
-    "default_corpus": "sinkmech.prompts", "load_prompts": "sinkmech.prompts", "tokenize": "sinkmech.prompts",
+    "default_corpus": "sinkmech.corpora", "load_prompts": "sinkmech.corpora", "tokenize": "sinkmech.prompts",
     "as_batch": "sinkmech.prompts", "TokenBatch": "sinkmech.prompts",
     "sink_scores": "sinkmech.measures.sinks", "SinkScores": "sinkmech.measures.sinks",
     "content_loss": "sinkmech.measures.loss",

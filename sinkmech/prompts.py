@@ -1,4 +1,4 @@
-"""Corpora and tokenization with an explicit `<bos>` choice.
+"""Tokenization with an explicit `<bos>` choice (the corpora and prompt files: `sinkmech.corpora`).
 
 Both conditions of the paper's comparison score the same content tokens: a
 prompt is cut to `max_tokens` content tokens first, then `<bos>` is prepended
@@ -8,10 +8,8 @@ and no analysis may read past them.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Literal, Union
 
@@ -19,7 +17,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from sinkmech.corpora import DOMAINS, default_corpus
+from sinkmech.corpora import load_prompts
 
 Bos = Literal["prepend", "none"]
 # The paper's two conditions, in the order every result lists them.
@@ -29,7 +27,6 @@ CONDITION_LABELS = {"prepend": "with <bos>", "none": "without <bos>"}
 DEFAULT_EPS = (0.3, 0.8)  # Gu et al. 2025's threshold, and the paper's Table 1
 TokenStr = Callable[[int], str]
 PromptSource = Union[str, os.PathLike, Sequence[str], Sequence[Sequence[int]], Tensor, None]
-
 
 
 def token_text(model) -> TokenStr:
@@ -44,110 +41,6 @@ def check_bos(bos: str) -> Bos:
     if bos not in BOS_CHOICES:
         raise ValueError(f"bos must be one of {BOS_CHOICES}, got {bos!r}")
     return bos  # type: ignore[return-value]
-
-
-def load_prompts(source: PromptSource = None) -> list[str] | list[list[int]]:
-    """Prompts from a list of strings, a text file (one prompt per line), a
-    JSONL file with a `text` field, None for the default corpus, or the name
-    of a corpus (`DOMAINS`, e.g. "licenses": its default windows) where no
-    file of that name exists. Lists of token ids and token tensors pass
-    through (as lists of id lists)."""
-    if source is None:
-        return default_corpus()
-    if isinstance(source, str) and source in DOMAINS and not Path(source).exists():
-        return default_corpus(domain=source)
-    if isinstance(source, Tensor):
-        if source.ndim != 2 or source.dtype.is_floating_point:
-            raise ValueError(f"a token tensor must be integer [batch, pos], got {tuple(source.shape)} {source.dtype}")
-        return [row.tolist() for row in source]
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if isinstance(source, os.PathLike) or path.exists() or path.suffix.lower() in PROMPT_SUFFIXES:
-            return _read_prompt_file(path)
-        if "\n" not in source and len(source) < 256 and ("/" in source or "." in source or " " not in source):
-            raise FileNotFoundError(f"prompt file not found: {source}")
-        raise ValueError(
-            "a single string is ambiguous: pass a list of prompts, or the path of a prompt file "
-            f"({', '.join(PROMPT_SUFFIXES)})"
-        )
-    prompts = list(source)
-    if not prompts:
-        raise ValueError("no prompts given: the prompt list is empty")
-    if all(isinstance(p, str) for p in prompts):
-        return prompts
-    if all(isinstance(p, (list, tuple)) for p in prompts):
-        return [list(map(int, p)) for p in prompts]
-    raise ValueError("prompts must all be strings or all be lists of token ids")
-
-
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
-PROMPT_SUFFIXES = (".txt", ".json", *JSONL_SUFFIXES)
-
-
-def _read_prompt_file(path: Path) -> list[str]:
-    """One prompt per line (.txt and any other suffix), one JSON object with a
-    `text` field per line (.jsonl / .ndjson, any case), or a JSON list of
-    strings or of such objects (.json)."""
-    if path.is_dir():
-        raise IsADirectoryError(f"prompt file {path} is a directory; give a file")
-    if not path.exists():
-        raise FileNotFoundError(f"prompt file not found: {path}")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
-    if "\x00" in text:
-        raise ValueError(f"prompt file {path} is binary (NUL byte at offset {text.index(chr(0))}), not text")
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        prompts = _json_prompts(path, text)
-    elif suffix in JSONL_SUFFIXES:
-        prompts = [_text_field(path, i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-    else:
-        prompts = [line for line in text.splitlines() if line.strip()]
-        if prompts and all(_looks_like_json_object(p) for p in prompts):
-            raise ValueError(
-                f"{path} looks like JSON lines but is read as plain text (one prompt per line, braces included); "
-                "name it .jsonl to read its 'text' fields"
-            )
-    if not prompts:
-        raise ValueError(f"prompt file {path} holds no prompts")
-    return prompts
-
-
-def _looks_like_json_object(line: str) -> bool:
-    line = line.strip()
-    if not (line.startswith("{") and line.endswith("}")):
-        return False
-    try:
-        return isinstance(json.loads(line), dict)
-    except json.JSONDecodeError:
-        return False
-
-
-def _text_field(path: Path, where, row) -> str:
-    if isinstance(row, str) and where is not None and not isinstance(where, str):
-        try:
-            row = json.loads(row)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{where}: not valid JSON ({e.msg})") from e
-    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise ValueError(f"{path}:{where}: each JSONL line needs a string field 'text'")
-    return row["text"]
-
-
-def _json_prompts(path: Path, text: str) -> list[str]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        lines = [l for l in text.splitlines() if l.strip()]
-        if len(lines) > 1 and all(_looks_like_json_object(l) for l in lines):
-            return [_text_field(path, i, l) for i, l in enumerate(text.splitlines(), 1) if l.strip()]
-        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from e
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: a .json prompt file holds a list of strings or of objects with 'text'")
-    return [p if isinstance(p, str) else _text_field(path, f"item {i}", p) for i, p in enumerate(data)]
 
 
 @dataclass(frozen=True)
@@ -230,7 +123,7 @@ def tokenize(
 
     Args:
         model: a HookedTransformer (its tokenizer is used for strings).
-        prompts: see `load_prompts`.
+        prompts: see `sinkmech.corpora.load_prompts`.
         bos: "prepend" or "none"; never taken from the model's defaults.
             "prepend" refuses prompts whose first token is already `<bos>`
             (ValueError); "none" takes the tokens exactly as given.
@@ -320,7 +213,7 @@ def as_batch(
     tokenized once with `tokenize` (default `max_tokens` 64).
 
     Args:
-        source: a ready TokenBatch, or prompts (see `load_prompts`).
+        source: a ready TokenBatch, or prompts (see `sinkmech.corpora.load_prompts`).
         bos: the condition; None keeps a TokenBatch's own.
         default: the condition for prompts when `bos` is None (an analysis'
             documented default); without one, prompts need an explicit `bos`.

@@ -60,7 +60,7 @@ _reuse_jaxtyping_checkers()
 _TESTS = Path(__file__).resolve().parent
 # Fixtures that load a real model: every test using one is marked `slow`
 # automatically, so `pytest -m "not slow"` never loads a real model.
-REAL_MODEL_FIXTURES = {"smollm2", "gemma"}
+REAL_MODEL_FIXTURES = {"smollm2", "gemma", "gemma_transformers"}
 
 # `backend` and `pure`, also set automatically: the TransformerLens 4 suite (the
 # Makefile's `-m backend`) runs only the tests that can differ between backends.
@@ -203,6 +203,25 @@ def gemma() -> Model:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setattr(socket.socket, "connect", lambda self, address, *a, **k: pytest.fail(f"network: {address!r}"))
         return load_model("gemma3-270m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma_transformers():
+    """transformers' own Gemma 3 270M read from the same GGUF (its own reader), eager
+    attention, float32: the reference the backend checks compare against, read once
+    per test run (reading the GGUF takes most of a minute on 2 cores)."""
+    import socket
+
+    from transformers import AutoModelForCausalLM
+
+    from sinkmech.loading.models import packaged_gguf_path
+
+    path = packaged_gguf_path("gemma3-270m")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(socket.socket, "connect", lambda self, address, *a, **k: pytest.fail(f"network: {address!r}"))
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
 
 
 @pytest.fixture(scope="session")

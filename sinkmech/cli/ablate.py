@@ -14,6 +14,7 @@ from sinkmech.cli.common import (
     UsageError,
     add_intervention_common,
     add_metric,
+    check_metric_answers,
     answers,
     load_model_arg,
     positive_int,
@@ -45,7 +46,7 @@ def add_ablate_parser(sub) -> None:
                         "more with more prompts; not measured on a GPU), so that a sharded and a whole run made with "
                         "it make the same passes and agree to 1e-6. Ignored by --mode mean, which needs every prompt "
                         "at once")
-    add_metric(p, loss=True)
+    add_metric(p, loss="the change of the next-token loss on content targets, nats per target (one process)")
     add_shard_flags(p, ray=True)
     add_attention(p, needs_pattern="edits each head's attention pattern (mask_first, all_to_first, drop_sink)")
     p.set_defaults(func=cmd_ablate)
@@ -86,10 +87,10 @@ class AblateTask(AnswersTask):
 
 
 def cmd_ablate(args) -> None:
-    from sinkmech.interventions.ablation import head_ablations
-    from sinkmech.interventions.metrics import resolve_metric
-
-    prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
+    check_metric_answers(args)
+    if args.metric == "loss" and (args.shard is not None or args.resume or args.ray is not None or args.attribution):
+        raise UsageError("--metric loss runs in one process without --attribution: drop --shard / --ray / --attribution")
+    prompts = prompts_arg(args)  # a bad prompt file fails before torch is imported
     if args.mode == "drop_sink":
         refuse_drop_sink_early(args.model)
     if args.metric == "loss":
@@ -111,6 +112,9 @@ def cmd_ablate(args) -> None:
         part = task.run(task.load(), shard.i, shard.n, shard.index, [prompts[i] for i in shard.index])
         print(f"wrote {write_partial(args.json, part)}", file=sys.stderr)
         return
+    from sinkmech.interventions.ablation import head_ablations
+    from sinkmech.interventions.metrics import resolve_metric
+
     model = load_model_arg(args)
     _sink_note(model, args.mode)
     kw = dict(mode=args.mode, bos=args.bos, metric=resolve_metric(args.metric, answers(model, args)),
@@ -175,10 +179,6 @@ def ablate_loss(args, prompts) -> None:
     from sinkmech.plots.core import heatmap_panels, save, shared_limits
     from sinkmech.hooks import head_label
 
-    if args.shard is not None or args.resume or args.ray is not None or args.attribution:
-        raise UsageError("--metric loss runs in one process without --attribution: drop --shard / --ray / --attribution")
-    if args.answers is not None:
-        raise UsageError("--answers is for --metric logit_diff")
     model = load_model_arg(args)
     res = head_loss_changes(model, prompts, mode=args.mode, bos=args.bos, max_tokens=args.max_tokens,
                             options=run_options(args))

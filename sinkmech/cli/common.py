@@ -31,7 +31,7 @@ from pathlib import Path
 from sinkmech.cli.flags import (  # noqa: F401  (re-exported: every command imports its flag types from here)
     IMAGE_SUFFIXES, Distinct, FlagValueError, Parser, UsageError, at_least, device_name, eps_value, finite_float,
     fraction, head_spec, image_file, model_name, non_negative_float, non_negative_int, note_missing_folder,
-    output_file, output_folder, positive_float, positive_int, share_below_one,
+    output_file, output_folder, positive_float, positive_int, share_below_one, token_text_flag,
 )
 from sinkmech.files import json_text, write_text
 from sinkmech.loading.names import DEFAULT_MODEL, MODEL_FORMS
@@ -118,7 +118,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def load_model_arg(args, spec: str | None = None, *, n_ctx: int = 2048):
     """The model named by --model (or `spec`), in --dtype on --device, with a
-    context of `n_ctx` positions (capped at the model's own)."""
+    context of `n_ctx` positions (capped at the model's own); said on stderr
+    first (the imports before it and a first load's conversion take a while)."""
+    print(f"loading {spec or args.model} ...", file=sys.stderr, flush=True)
     from sinkmech.loading import models
 
     return models.load_model(spec or args.model, device=getattr(args, "device", None),
@@ -185,7 +187,7 @@ def add_intervention_common(p: argparse.ArgumentParser) -> None:
 
 def add_bos_token(p: argparse.ArgumentParser) -> None:
     """--bos-token TEXT: the token put first in the "with <bos>" condition."""
-    p.add_argument("--bos-token", default=None, metavar="TEXT",
+    p.add_argument("--bos-token", type=token_text_flag, default=None, metavar="TEXT",
                    help="token prepended in the 'with <bos>' condition instead of the model's <bos> (must be exactly "
                         "one token; e.g. SmolLM2's <bos> <|im_start|> is a chat-turn header, try '<|endoftext|>')")
 
@@ -196,7 +198,7 @@ def bos_token_arg(model, args) -> int | None:
     text = getattr(args, "bos_token", None)
     if text is None:
         return None
-    if not text:
+    if not text:  # the flag's type refuses it first; a caller building args by hand may not
         raise UsageError("--bos-token is empty")
     if model.tokenizer is None:
         raise UsageError("--bos-token needs a model with a tokenizer")
@@ -206,11 +208,10 @@ def bos_token_arg(model, args) -> int | None:
     return int(ids[0])
 
 
-def add_metric(p: argparse.ArgumentParser, *, loss: bool = False) -> None:
-    """--metric and --answers; `loss` also offers --metric loss (the content-target loss change, nats)."""
-    p.add_argument("--metric", choices=["kl", "logit_diff"] + (["loss"] if loss else []), default="kl",
-                   help="kl: mean KL over content positions (default)" + (
-                       "; loss: the change of the next-token loss on content targets, nats per target" if loss else ""))
+def add_metric(p: argparse.ArgumentParser, *, loss: str) -> None:
+    """--metric (kl, logit_diff, loss: what `loss` says) and --answers."""
+    p.add_argument("--metric", choices=["kl", "logit_diff", "loss"], default="kl",
+                   help=f"kl: mean KL over content positions (default); logit_diff: with --answers; loss: {loss}")
     p.add_argument("--answers", nargs=2, metavar=("CORRECT", "INCORRECT"), default=None, help="tokens (strings) for --metric logit_diff")
 
 
@@ -225,7 +226,7 @@ def prompts_arg(args):
     """--prompts read now (a bad file fails before the slow model load), cut to
     the first --n-prompts when given."""
     n = getattr(args, "n_prompts", None)
-    from sinkmech.prompts import load_prompts
+    from sinkmech.corpora import load_prompts
 
     prompts = load_prompts(args.prompts)
     return prompts if n is None else prompts[:n]
@@ -244,6 +245,14 @@ def warn_short(batch, max_tokens: int) -> None:
     if short:
         print(f"warning: {short} of {len(batch)} prompts have fewer than {max_tokens} content tokens "
               f"(shortest {int(content.min())}); they are scored at their own length", file=sys.stderr)
+
+
+def check_metric_answers(args) -> None:
+    """--metric logit_diff needs --answers, and --answers needs it: the flags alone decide."""
+    if args.metric == "logit_diff" and args.answers is None:
+        raise UsageError("--metric logit_diff needs --answers CORRECT INCORRECT")
+    if args.answers is not None and args.metric != "logit_diff":
+        raise UsageError(f"--answers is for --metric logit_diff, not --metric {args.metric}")
 
 
 def answers(model, args) -> tuple[int, int] | None:

@@ -40,8 +40,9 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--spread-prompts", type=positive_int, default=16, help="prompts for the one-token swap (default 16)")
     p.add_argument("--spread-tokens", type=positive_int, default=48, help="content tokens per prompt for the swap (default 48)")
     p.add_argument("--dormant-prompts", type=non_negative_int, default=64, help="prompts for the dormant-head scan (0: skip it)")
-    p.add_argument("--noop-prompts", type=positive_int, default=32,
-                   help="prompts held out from the scan for the no-op check of the top candidates (default 32, as the report)")
+    p.add_argument("--noop-prompts", type=non_negative_int, default=32,
+                   help="prompts held out from the scan for the no-op check of the top candidates (default 32; 0: "
+                        "the scan only, the no-op check left to `sinkmech heads`)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
@@ -111,10 +112,12 @@ def markdown(results: list[ModelComparison]) -> str:
         lines += ["", f"**{r.model}, dormant heads** ({d.n_prompts} prompts, with `<bos>`): "
                   + ", ".join(f"{n} {m}" for m, n in d.mode_counts.items())
                   + (f"; if-else heads: {', '.join(d.if_else_heads)}" if d.if_else_heads else "; no head passes the if-else rule")
-                  + f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
-                  "intervened query, nats, with 95 % t intervals over prompts (an interval holding 0: no "
-                  "detectable effect; Holm's correction over the primary family, active minus matched control per if-else head "
-                  "and intervention (`compare.json`, `checks`: `role` and `p_adjusted`); other intervals unadjusted):"]
+                  + (f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
+                     "intervened query, nats, with 95 % t intervals over prompts (an interval holding 0: no "
+                     "detectable effect; Holm's correction over the primary family, active minus matched control per "
+                     "if-else head and intervention (`compare.json`, `checks`: `role` and `p_adjusted`); other "
+                     "intervals unadjusted):"
+                     if d.noop_prompts else ". No no-op check here (`sinkmech heads` runs it).")]
         for name, n in d.noop.items():
             c = d.candidates.get(name, {})
             trig = c.get("trigger")
@@ -173,7 +176,7 @@ def compare_config(args):
 
 def cmd_compare(args) -> None:
     config = compare_config(args)
-    prompts = prompts_arg(args)
+    prompts = prompts_arg(args)  # a bad prompt file fails before torch is imported
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
     if args.report is not None:
         if args.report.resolve() == args.out.resolve():

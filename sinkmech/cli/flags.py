@@ -141,6 +141,14 @@ class Distinct(argparse.Action):
         setattr(namespace, self.dest, list(values))
 
 
+def token_text_flag(text: str) -> str:
+    """The text of one token (e.g. --bos-token '<|endoftext|>'): not empty (that it is one
+    token of the model's tokenizer is checked once the model loads)."""
+    if not text:
+        raise FlagValueError("is empty: give the text of one token, e.g. '<|endoftext|>'")
+    return text
+
+
 def model_name(text: str) -> str:
     """A model this machine can load ('smollm2', a packaged model, a .gguf path,
     a Hugging Face folder or a TransformerLens name), checked without loading it

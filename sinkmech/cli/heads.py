@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
-    add_attention,
-    BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
+    BOS_HELP, FlagValueError, UsageError, add_attention, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
     load_model_arg, non_negative_int, output_file, positive_int, run_options, write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
@@ -36,9 +36,13 @@ def add_heads_parser(sub) -> None:
                    "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
     p.add_argument("--noop", type=non_negative_int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
+    p.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+                   help=f"check at most N of those heads, the if-else heads first (default {NOOP_MAX_HEADS}, a first "
+                        "look; 'all': every one, as the findings do; the run says what the whole check would take)")
     p.add_argument("--noop-prompts", type=positive_int, default=None, help="prompts used by the no-op check, held out from "
-                   f"the scan (the last ones of the corpus; default {NOOP_PROMPTS}, or half the prompts of a corpus of "
-                   f"{NOOP_PROMPTS} or fewer)")
+                   f"the scan (the last ones of the corpus; default {NOOP_PROMPTS}, a first look in about a minute on "
+                   f"2 CPU cores, or half the prompts of a corpus of {NOOP_PROMPTS} or fewer; the findings check "
+                   f"{FULL_NOOP_PROMPTS}, and the run says what that would take)")
     p.add_argument("--contrast", nargs="?", const=PYTHON_SOURCE, default=None, metavar="PROMPTS_B",
                    help="heads whose mode differs between --prompts (default: Python-docs prose) and PROMPTS_B "
                    f"(a prompt file; alone or '{PYTHON_SOURCE}': windows of the standard library's .py files), "
@@ -56,14 +60,9 @@ def add_heads_parser(sub) -> None:
 PYTHON_SOURCE = "python-source"
 
 
-def cmd_contrast(args) -> None:
-    """`heads --contrast`: two scans, one contrast."""
-    from sinkmech.dormant.scan import scan_heads
-    from sinkmech.hooks import head_label
-    from sinkmech.prompts import load_prompts
-
-    from sinkmech.dormant.contrast import contrast_heads
-    from sinkmech.corpora import python_source_corpus
+def contrast_corpora(args) -> tuple[list, list]:
+    """--prompts and --contrast's corpus, read and checked before any model loads."""
+    from sinkmech.corpora import load_prompts, python_source_corpus
 
     a = load_prompts(args.prompts)
     b = python_source_corpus() if args.contrast == PYTHON_SOURCE else load_prompts(args.contrast)
@@ -71,6 +70,19 @@ def cmd_contrast(args) -> None:
         a, b = a[: args.n_prompts], b[: args.n_prompts]
     if min(len(a), len(b)) < 4:
         raise UsageError(f"--contrast needs >= 4 prompts in each corpus, got {len(a)} and {len(b)}")
+    if a == b:
+        raise UsageError("--contrast compares two corpora, and both hold the same prompts: give PROMPTS_B another "
+                         "corpus than --prompts (a within-corpus contrast is the null contrast the run already reports)")
+    return a, b
+
+
+def cmd_contrast(args, a: list, b: list) -> None:
+    """`heads --contrast`: two scans, one contrast."""
+    from sinkmech.dormant.scan import scan_heads
+    from sinkmech.hooks import head_label
+
+    from sinkmech.dormant.contrast import contrast_heads
+
     names = ("prose" if args.prompts is None else str(args.prompts),
              "python-source" if args.contrast == PYTHON_SOURCE else str(args.contrast))
     model = load_model_arg(args)
@@ -85,8 +97,10 @@ def cmd_contrast(args) -> None:
         c.pop("diff_all")  # every head's difference: in the JSON, not a quotable number
         c["heads"] = {head_label(h["layer"], h["head"]): h for h in c.pop("heads")}
         c["null_contrasts"] = {n["name"].replace(" ", "_"): n for n in c["null_contrasts"]}
-        c["confirmed_heads"] = [head_label(h.layer, h.head) for h in contrast.confirmed()]
-        c["domain_specific_heads"] = [head_label(h.layer, h.head) for h in contrast.domain_specific()]
+        # without power the rule's confirmations say nothing: none is quoted
+        c["confirmed_heads"] = [head_label(h.layer, h.head) for h in contrast.confirmed()] if contrast.powered else []
+        c["domain_specific_heads"] = ([head_label(h.layer, h.head) for h in contrast.domain_specific()]
+                                      if contrast.powered else [])
         record(args.findings, flatten(f"{args.model}.contrast", c), replace_prefix=f"{args.model}.contrast")
         print(f"recorded findings in {args.findings}", file=sys.stderr)
 
@@ -96,7 +110,8 @@ def cmd_contrast(args) -> None:
     def png_out() -> None:
         from sinkmech.plots.heads import contrast_distribution
 
-        marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head]) for h in contrast.confirmed()}
+        marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head])
+                  for h in (contrast.confirmed() if contrast.powered else [])}
         path = contrast_distribution(contrast.diff_all.flatten().tolist(), marked, contrast.population_shift, args.png,
                                      title=f"Dormant fraction, {contrast.name_a} - {contrast.name_b}: every head "
                                            f"({args.model})")
@@ -105,7 +120,20 @@ def cmd_contrast(args) -> None:
     write_results(args, payload, png_out)
 
 
-NOOP_PROMPTS = 32  # the no-op check's held-out prompts when the corpus has room
+NOOP_PROMPTS = 8  # the no-op check's held-out prompts when the corpus has room: a first look
+NOOP_MAX_HEADS = 4  # ... on at most this many heads (None: all)
+
+
+def max_heads_arg(text: str) -> int | None:
+    """--noop-max-heads: a whole number >= 1, or 'all' (None: no cap)."""
+    if text == "all":
+        return None
+    if not text.strip().isdigit():
+        raise FlagValueError(f"takes a whole number >= 1 or 'all', got {text!r}")
+    return positive_int(text)
+
+
+FULL_NOOP_PROMPTS = 64  # what `make findings` checks on (its cost is printed after a first look)
 
 
 def noop_split(n_prompts: int, asked: int | None) -> int:
@@ -123,11 +151,9 @@ def noop_split(n_prompts: int, asked: int | None) -> int:
 
 
 def cmd_heads(args) -> None:
-    from sinkmech.dormant.discover import split_corpus
-    from sinkmech.dormant.scan import scan_heads
-    from sinkmech.hooks import parse_head
-    from sinkmech.prompts import load_prompts
+    from sinkmech.corpora import load_prompts, split_corpus
 
+    # the flags and the prompt files alone decide these: refused before torch is imported
     if not args.low < args.high:  # each is in [0, 1] by its type
         raise UsageError(f"need 0 <= --low < --high <= 1, got --low {args.low} --high {args.high}")
     if args.contrast is not None:
@@ -136,7 +162,7 @@ def cmd_heads(args) -> None:
     elif args.findings is not None and (args.head or getattr(args, "shard", None) or getattr(args, "ray", None)):
         raise UsageError("--findings records a whole scan: not with --head, --shard or --ray")
     if args.contrast is not None:
-        return cmd_contrast(args)
+        return cmd_contrast(args, *contrast_corpora(args))
     prompts = load_prompts(args.prompts)
     if args.n_prompts is not None:
         prompts = prompts[: args.n_prompts]
@@ -147,7 +173,8 @@ def cmd_heads(args) -> None:
     except ValueError as e:
         raise UsageError(f"{e}; lower --noop-prompts or give more prompts") from None
     scanned = prompts[: len(scan_rows)]
-    extra = {"bos": args.bos, "noop": args.noop, "noop_prompts": args.noop_prompts, "prompts_file": args.prompts}
+    extra = {"bos": args.bos, "noop": args.noop, "noop_prompts": args.noop_prompts, "prompts_file": args.prompts,
+             "noop_max_heads": args.noop_max_heads}
     if args.ray is not None:
         if args.head:
             raise UsageError("--head is not run on Ray: run it on the merged result")
@@ -163,6 +190,8 @@ def cmd_heads(args) -> None:
             return
         return heads_shard(args, scanned, shard)
     model = load_model_arg(args)
+    from sinkmech.dormant.scan import scan_heads
+    from sinkmech.hooks import parse_head
     from sinkmech.loading.backend import learned_sink_note
 
     if note := learned_sink_note(model, "a query is dormant when key 0 plus the learned sink's share >= --high; the "
@@ -224,11 +253,12 @@ def heads_shard(args, prompts, shard) -> None:
 def merged_heads(part, args) -> None:
     """`sinkmech merge` for heads parts: loads the model the parts were run on (its
     token texts and band layout; the no-op check, when asked, runs on it, on the
-    prompts after the scanned ones), then prints and writes what `heads` writes.
-    A merged scan has no per-query records: no threshold sweep, no bootstrap."""
+    prompts after the scanned ones, --batch-size prompts a pass: batched as the
+    unsharded run batches them, it makes the same passes), then prints and writes
+    what `heads` writes. A merged scan has no per-query records: no threshold
+    sweep, no bootstrap."""
     from sinkmech.loading import models
-    from sinkmech.dormant.discover import split_corpus
-    from sinkmech.prompts import load_prompts
+    from sinkmech.corpora import load_prompts, split_corpus
     from sinkmech.sharding.dormant import heads_result
 
     from sinkmech.sharding.resume import model_sha256
@@ -245,9 +275,10 @@ def merged_heads(part, args) -> None:
     model = models.load_model(s["model"])
     scan = heads_result(part, model)
     th = s["thresholds"]
-    run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"], "high": th["high"],
+    run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"],
+                                "noop_max_heads": s.get("noop_max_heads"), "high": th["high"],
                                 "low": th["low"], "noop_prompts": s["noop_prompts"], "max_tokens": s["max_tokens"],
-                                "batch_size": 16})
+                                "batch_size": args.batch_size})
     heads_output(run, model, prompts, scan, s["bos_token_id"], None, noop_rows)
 
 
@@ -257,14 +288,23 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
     from sinkmech.dormant.noop import noop_check, noop_heads, with_primary
     from sinkmech.plots.core import heatmap_panels, save
 
-    check_heads = [target] if target else noop_heads(scan, args.noop)
+    every = [target] if target else noop_heads(scan, args.noop)
+    check_heads = every[: args.noop_max_heads] if args.noop_max_heads is not None else every
     check = None
     if check_heads and len(noop_rows):
+        t0 = time.perf_counter()
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
                            max_tokens=args.max_tokens, thresholds=scan.thresholds, prompt_indices=noop_rows,
                            options=run_options(args, bos_token_id=bos_id))
         # the primary family: the if-else heads (or the one head asked for); other candidates are secondary
         check = with_primary(check, [target] if target else scan.if_else_heads())
+        if len(noop_rows) < FULL_NOOP_PROMPTS or len(check_heads) < len(every):
+            scale = max(FULL_NOOP_PROMPTS, len(noop_rows)) / len(noop_rows) * len(every) / len(check_heads)
+            minutes = (time.perf_counter() - t0) * scale / 60
+            print(f"note: the no-op check ran on {len(check_heads)} of the {len(every)} heads it covers (every if-else "
+                  f"head and {args.noop} candidates) and {len(noop_rows)} held-out prompts: a first look (wide "
+                  f"intervals); --noop-max-heads all --noop-prompts {max(FULL_NOOP_PROMPTS, len(noop_rows))} checks "
+                  f"every one (about {minutes:.0f} min at this speed)", file=sys.stderr)
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     if target:
@@ -490,16 +530,20 @@ def print_contrast(c) -> None:
     print(f"{c.name_b}: " + ", ".join(f"{v} {k}" for k, v in c.mode_counts_b.items()))
     if not c.heads:
         print("no head differs by that much on the selection halves")
+    judged = c.powered or c.power is None or c.power["powered"] is None
     for h in c.heads:
         lo, hi = h.diff_validated_ci
         rlo, rhi = h.vs_shift_ci
+        verdict = ("confirmed" if h.confirmed else "not confirmed") if judged else "not judged (no power)"
         print(f"  {head_label(h.layer, h.head)}: dormant {h.dormant_a:.2f} ({h.mode_a}) vs {h.dormant_b:.2f} ({h.mode_b}); "
               f"diff {h.diff_selected:+.2f} chosen, {h.diff_validated:+.2f} [{lo:+.2f}, {hi:+.2f}] held out: "
-              + ("confirmed" if h.confirmed else "not confirmed")
-              + f"; against the shift {h.vs_shift:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
-              + (", domain-specific" if h.domain_specific else ""))
-    print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed, {len(c.domain_specific())} stand out from "
-          f"the population shift ({c.n_boot} bootstrap resamples)")
+              + verdict + f"; against the shift {h.vs_shift:+.2f} [{rlo:+.2f}, {rhi:+.2f}]"
+              + (", domain-specific" if h.domain_specific and judged else ""))
+    if judged:
+        print(f"{len(c.confirmed())} of {len(c.heads)} chosen heads confirmed, {len(c.domain_specific())} stand out "
+              f"from the population shift ({c.n_boot} bootstrap resamples)")
+    else:
+        print(f"{c.power['reason']} ({len(c.heads)} heads chosen, none judged)")
     s = c.population_shift
     if s is not None:
         print(f"population shift: median over every head of the difference "

@@ -87,13 +87,13 @@ def print_length_table(sweep) -> None:
 
 
 def cmd_length(args) -> None:
+    lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
+    texts = prompts_arg(args) if args.prompts is not None else None  # a bad file fails before torch is imported
     from sinkmech.context.length import long_prompts, sinks_vs_length
     from sinkmech.plots.mechanisms import length_lines
     from sinkmech.hooks import parse_head
     from sinkmech.prompts import DEFAULT_EPS, tokenize
 
-    lengths = sorted(args.lengths)  # each >= 2 and none repeated: checked by the flag's type and action
-    texts = prompts_arg(args) if args.prompts is not None else None  # a bad file fails before the model load
     if args.shard is not None or args.ray is not None or args.resume or args.scores is not None:
         args.n_prompts = len(texts) if texts is not None else args.n_prompts or DEFAULT_TEXTS
         return sharded_length(args, lengths, texts)

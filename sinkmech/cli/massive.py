@@ -101,14 +101,13 @@ def print_massive_table(md, reset) -> None:
 
 
 def cmd_massive(args) -> None:
-    from sinkmech.plots.mechanisms import massive_figure
-    from sinkmech.measures.massive import RESETS, massive_dims, reset_massive_dims
-    from sinkmech.prompts import tokenize
-
-    prompts = prompts_arg(args)
     if (args.shard is not None or args.ray is not None) and not args.no_reset:
         raise UsageError("--shard / --ray: the reset interventions need the massive dimensions of the whole corpus "
                          "first; shard with --no-reset (the reset is not sharded)")
+    prompts = prompts_arg(args)  # a bad prompt file fails before torch is imported
+    from sinkmech.plots.mechanisms import massive_figure
+    from sinkmech.measures.massive import RESETS, massive_dims, reset_massive_dims
+    from sinkmech.prompts import tokenize
 
     def task(settings: dict) -> MassiveTask:
         return MassiveTask.from_args(args, prompts, settings, bos=args.bos, batch_size=args.batch_size)

@@ -21,6 +21,9 @@ def add_merge_parser(sub) -> None:
                    help="write the merged result as JSON here ('-': stdout, everything else then goes to stderr)")
     p.add_argument("--png", type=image_file, default=None, help=PNG_HELP)
     p.add_argument("--top", type=positive_int, default=10, help="rows of the printed table")
+    p.add_argument("--batch-size", type=positive_int, default=16,
+                   help="prompts per forward pass of what a merge runs on the model (heads parts: the no-op check; "
+                        "default 16; give the run's own --batch-size to make the passes the unsharded run makes)")
     p.set_defaults(func=cmd_merge)
 
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
-    add_attention,
-    add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
-    run_options,
+    add_attention, add_intervention_common, add_metric, answers, check_metric_answers, conditions, load_model_arg, non_negative_int,
+    prompts_arg, run_options,
     source_constant, warn_short, write_results,
 )
 from sinkmech.cli.shard import AnswersTask, add_shard_flags, model_settings, sharded
@@ -25,7 +24,8 @@ def add_patch_parser(sub) -> None:
     p.add_argument("--by", choices=source_constant("sinkmech.interventions.patching", "PatchBy"), default=None, help="default: layer_pos for residual activations, head for z/q/k/v")
     p.add_argument("--source", choices=["prepend", "none", "both"], default="both", help="run the activations come from (patched into the other)")
     p.add_argument("--layers", type=non_negative_int, nargs="+", default=None, help="patch only these layers (default: all)")
-    add_metric(p)
+    add_metric(p, loss="the patched run's next-token loss on content targets, nats per target (the unpatched run's "
+                          "as baseline, the source run's as source_value)")
     add_shard_flags(p, ray=True)
     add_attention(p, needs_pattern="patches activations between two runs, the attention pattern among them")
     p.set_defaults(func=cmd_patch)
@@ -50,7 +50,7 @@ class PatchTask(AnswersTask):
         model, ids = state
         pair = bos_pair(model, prompts, max_tokens=self.max_tokens)
         results = {source: patch(model, pair, act=self.act, by=self.by, source=source,
-                                 metric=resolve_metric(self.metric, ids),
+                                 metric=resolve_metric(self.metric, ids, content=pair.without_bos.tokens),
                                  layers=None if self.layers is None else list(self.layers),
                                  options=RunOptions(batch_size=self.max_rows, progress=False))
                    for source in self.sources}
@@ -71,10 +71,11 @@ def merged_patch(part, args) -> None:
 
 
 def cmd_patch(args) -> None:
+    check_metric_answers(args)
+    prompts = prompts_arg(args)  # a bad prompt file fails before torch is imported
     from sinkmech.interventions.metrics import resolve_metric
     from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
 
-    prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
     by = args.by or ("head" if args.act in HEAD_ACTS else "layer_pos")
 
     def task(settings: dict) -> PatchTask:
@@ -91,7 +92,7 @@ def cmd_patch(args) -> None:
     pair = bos_pair(model, prompts, max_tokens=args.max_tokens)
     warn_short(pair.without_bos, args.max_tokens)
     results = {}
-    metric = resolve_metric(args.metric, answers(model, args))
+    metric = resolve_metric(args.metric, answers(model, args), content=pair.without_bos.tokens)
     for source in conditions(args.source):  # 8 copies of a batch of prompts per stacked forward pass
         results[source] = patch(model, pair, act=args.act, by=by, source=source, metric=metric, layers=args.layers,
                                 options=run_options(args, batch_size=max(args.batch_size, 1) * 8))
@@ -127,8 +128,9 @@ def patch_output(args, results: dict, meta: dict) -> None:
         panels = [(f"{BOS_LABEL[k]} into {BOS_LABEL[r.target]}", heatmap_grid(r.values.float())) for k, r in results.items()]
         xlabel = {"layer_pos": "content position", "layer": "", "head": "head", "head_pos": "head (mean over positions)"}[meta["by"]]
         fig = heatmap_panels(panels, title=f"Patching {meta['act']} across <bos> / no-<bos> — {meta['model']}",
-                             xlabel=xlabel, ylabel="layer", cbar_label=f"{first.metric} vs source run",
-                             **shared_limits(panels, meta["metric"] != "kl"))
+                             xlabel=xlabel, ylabel="layer",
+                             cbar_label="loss (nats)" if first.metric == "loss" else f"{first.metric} vs source run",
+                             **shared_limits(panels, meta["metric"] == "logit_diff"))
         print(f"wrote {save(fig, args.png)}")
 
     write_results(args, payload, png_out)

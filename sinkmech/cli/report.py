@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    add_attention,
-    BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, output_folder, positive_int,
-    run_options,
+    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, model_name, non_negative_int, output_file,
+    output_folder,
+    positive_int,
+    prompts_arg, run_options,
 )
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
@@ -36,7 +37,9 @@ def add_report_parser(sub) -> None:
     sizes = p.add_argument_group("section sizes (prompt counts are capped by --n-prompts)")
     for name in SECTION_SIZES:
         default = defaults[name]
-        sizes.add_argument(f"--{name.replace('_', '-')}", type=positive_int, default=default, help=f"default {default}")
+        kind = non_negative_int if name == "noop_prompts" else positive_int  # 0: no no-op check
+        sizes.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
+                           help=f"default {default}" + ("; 0: none" if name == "noop_prompts" else ""))
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",
@@ -46,11 +49,12 @@ def add_report_parser(sub) -> None:
 
 
 def cmd_report(args) -> None:
+    check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
+    if args.prompts is not None:
+        prompts_arg(args)  # a bad prompt file fails before torch is imported (the report reads it again)
     from sinkmech.report.page import build_report
 
-    check_output_dir(args.out, overwrite=args.overwrite, what="report folder")  # before the slow model load
     t0 = time.perf_counter()
-    print(f"loading {args.model} ...", flush=True)
     model = load_model_arg(args)
     report = build_report(
         model,

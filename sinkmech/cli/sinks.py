@@ -67,7 +67,8 @@ def add_sinks_parser(sub) -> None:
 def sinks_settings(args) -> dict:
     """What every part of one `sinks` run must share beyond the common settings."""
     keys = {"top_keys": args.top_keys, "min_queries": args.min_queries, "min_excess": args.min_excess}
-    return {"bos": args.bos, "eps": list(args.eps), "keys": args.keys, **(keys if args.keys == "all" else {})}
+    return {"bos": args.bos, "eps": list(args.eps), "keys": args.keys, **(keys if args.keys == "all" else {}),
+            **({} if args.bos_position is None else {"bos_position": args.bos_position})}
 
 
 def merged_sinks(part, args) -> None:
@@ -115,7 +116,9 @@ class SinksTask(BosTokenTask):
         results, batches = {}, {}
         for bos in self.conditions:
             batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
-            results[bos] = sink_scores(model, batch, max_tokens=self.max_tokens, loss=True,
+            moved = self.settings.get("bos_position") if bos == "prepend" else None
+            check_moved_bos(batch, moved)
+            results[bos] = sink_scores(model, batch, max_tokens=self.max_tokens, loss=True, bos_position=moved,
                                        options=RunOptions(batch_size=self.batch_size, progress=False),
                                        attention=self.attention)
         where = self.where(shard, n_shards, index)
@@ -226,8 +229,13 @@ def check_bos_position(args) -> None:
                          "give a K below it")
     if args.keys == "all":
         raise UsageError("--bos-position scores key 0 and the <bos> key only: it cannot be combined with --keys all")
-    if args.shard is not None or args.ray is not None:
-        raise UsageError("--bos-position runs in one process: drop --shard / --ray")
+
+
+def check_moved_bos(batch, moved: int | None) -> None:
+    """--bos-position K needs more than K content tokens in every prompt (the tokens decide: after the load)."""
+    if moved is not None and int(batch.lengths.min()) - 1 <= moved:
+        raise UsageError(f"--bos-position {moved} is at or beyond the content length: the shortest prompt has "
+                         f"{int(batch.lengths.min()) - 1} content tokens")
 
 
 # The default windows (`prompts.default_corpus`) hold 64 content tokens; past
@@ -262,10 +270,6 @@ def cmd_sinks(args) -> None:
     check_bos_position(args)
     check_context(args.model, args.max_tokens + (args.bos != "none"))
     prompts = sinks_prompts(args)  # bad prompt files fail before the slow model load
-    from sinkmech.plots.sinks import sink_heatmap
-    from sinkmech.measures.key_sinks import key_sink_scores
-    from sinkmech.prompts import tokenize
-    from sinkmech.measures.sinks import paired_contrasts, sink_scores
 
     def task(settings: dict) -> SinksTask:
         return SinksTask.from_args(args, prompts, settings, conditions=tuple(conditions(args.bos)),
@@ -273,6 +277,11 @@ def cmd_sinks(args) -> None:
 
     if sharded(args, prompts, "sinks", task, merged_sinks, **sinks_settings(args)):
         return
+    from sinkmech.plots.sinks import sink_heatmap
+    from sinkmech.measures.key_sinks import key_sink_scores
+    from sinkmech.prompts import tokenize
+    from sinkmech.measures.sinks import paired_contrasts, sink_scores
+
     model = load_model_arg(args, n_ctx=max(2048, args.max_tokens + 1))
     bos_id = bos_token_arg(model, args)
     results, keys, batches = {}, {}, {}
@@ -281,9 +290,7 @@ def cmd_sinks(args) -> None:
         if i == 0:  # both conditions hold the same content tokens: say it once
             warn_short(batch, args.max_tokens)
         moved = args.bos_position if bos == "prepend" else None
-        if moved is not None and int(batch.lengths.min()) - 1 <= moved:
-            raise UsageError(f"--bos-position {moved} is at or beyond the content length: the shortest prompt has "
-                             f"{int(batch.lengths.min()) - 1} content tokens")
+        check_moved_bos(batch, moved)
         results[bos] = sink_scores(model, batch, max_tokens=args.max_tokens, loss=True, bos_position=moved,
                                    options=run_options(args), attention=attention)
     for bos, batch in batches.items():

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label
 from sinkmech.interventions.ablation import HeadAblation, head_ablations
-from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, tokenize
 from sinkmech.results import Result
 from sinkmech.measures.sinks import SinkScores, check_eps, format_eps, sink_scores
 from sinkmech.options import QUIET, RunOptions

@@ -21,6 +21,12 @@ Two checks against what the rule would find anyway:
   (the interval of difference - median, at the same Bonferroni level,
   excludes zero): 13 heads moving the same way may be one shift of the
   whole population, not 13 domain-specific heads.
+
+The contrast has power (`power`) only where the null contrasts ran (>= 8
+prompts per corpus) and confirmed no head: where the rule confirms heads between
+two halves of one corpus, its confirmations between two corpora at that size
+say nothing (4 against 4 prompts, the nulls of 8-prompt corpora, confirm heads
+by chance: a percentile bootstrap over 2 held-out prompts).
 """
 
 from __future__ import annotations
@@ -100,6 +106,13 @@ class HeadContrast(Result):
     null_contrasts: tuple[NullContrast, ...] = ()
     at_null_size: NullContrast | None = None  # the real contrast on the nulls' halves (A's first half vs B's)
     n_boot: int = 0
+    # {"powered": bool | None, "reason": str}: False where the null contrasts could not run or confirmed a
+    # head (the confirmations then say nothing), None where they were not asked for (nulls=False)
+    power: dict | None = None
+
+    @property
+    def powered(self) -> bool:
+        return bool(self.power and self.power["powered"])
 
     def confirmed(self) -> list[ContrastHead]:
         return [h for h in self.heads if h.confirmed]
@@ -114,7 +127,7 @@ class HeadContrast(Result):
                 "mode_counts_b": self.mode_counts_b,
                 "selected_on": "even-numbered prompts of each corpus", "validated_on": "odd-numbered prompts",
                 "n_chosen": len(self.heads), "n_confirmed": len(self.confirmed()),
-                "n_domain_specific": len(self.domain_specific()),
+                "n_domain_specific": len(self.domain_specific()), "power": self.power,
                 "population_shift": self.population_shift,
                 "null_contrasts": [n.to_dict() for n in self.null_contrasts],
                 "at_null_size": None if self.at_null_size is None else self.at_null_size.to_dict(),
@@ -210,6 +223,9 @@ def contrast_heads(scan_a: HeadScan, scan_b: HeadScan, *, name_a: str = "A", nam
         raise ValueError(f"need 0 < min_diff <= 1, 0 < level < 1 and n_boot >= 1, got {min_diff}, {level}, {n_boot}")
     da, na = _per_prompt(scan_a)
     db, nb = _per_prompt(scan_b)
+    if da.shape == db.shape and torch.equal(da, db) and torch.equal(na, nb):
+        raise ValueError("the two scans hold the same per-prompt counts: one corpus twice is no contrast (its "
+                         "null contrasts are the within-corpus check)")
     half_a, half_b = torch.arange(len(na)) % 2, torch.arange(len(nb)) % 2
     kw = dict(min_diff=min_diff, level=level, n_boot=n_boot, seed=seed)
     rows = _rule(da, na, half_a, db, nb, half_b, **kw)
@@ -235,4 +251,24 @@ def contrast_heads(scan_a: HeadScan, scan_b: HeadScan, *, name_a: str = "A", nam
                                tuple(head_label(x["layer"], x["head"]) for x in r if x["confirmed"]))
     return HeadContrast(tuple(out), name_a, name_b, scan_a.n_prompts, scan_b.n_prompts, scan_a.thresholds.high,
                         scan_a.thresholds.low, min_diff, level, scan_a.mode_counts(), scan_b.mode_counts(),
-                        diff_all.float(), shift, null_list, at_size, n_boot)
+                        diff_all.float(), shift, null_list, at_size, n_boot,
+                        _power(nulls, null_list, min(len(na), len(nb))))
+
+
+NULL_MIN_PROMPTS = 8  # per corpus: the null contrasts need two halves of >= 4 prompts (two per selection half)
+
+
+def _power(asked: bool, null_list: tuple[NullContrast, ...], n_prompts: int) -> dict:
+    """Whether the contrast's confirmations mean anything at this size (see the module docstring)."""
+    if not asked:
+        return {"powered": None, "reason": "not assessed: the null contrasts were not run (nulls=False)"}
+    if n_prompts < NULL_MIN_PROMPTS:
+        return {"powered": False, "reason": f"no power: {n_prompts} prompts in the smaller corpus, fewer than the "
+                f"{NULL_MIN_PROMPTS} the null contrasts need to check the rule; give more prompts per corpus"}
+    false = [(n.name, n.n_confirmed) for n in null_list if n.n_confirmed]
+    if false:
+        found = ", ".join(f"{k} in {name}" for name, k in false)
+        return {"powered": False, "reason": f"no power: the null contrasts (halves of one corpus, {n_prompts // 2} "
+                f"prompts each) confirm {found}: at this size the rule confirms heads by chance; give more prompts "
+                "per corpus"}
+    return {"powered": True, "reason": "the null contrasts confirm no head"}

@@ -16,7 +16,8 @@ from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads, with_primar
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.scan import scan_heads
-from sinkmech.prompts import PromptSource, load_prompts
+from sinkmech.corpora import load_prompts, split_corpus
+from sinkmech.prompts import PromptSource
 from sinkmech.options import RunOptions
 
 
@@ -31,19 +32,6 @@ class Discovery:
 
     def to_dict(self) -> dict:
         return {"scan_prompts": list(self.scan_prompts), "noop_prompts": list(self.noop_prompts)}
-
-
-def split_corpus(n_items: int, scan_prompts: int | None, noop_prompts: int) -> tuple[range, range]:
-    """(scan, no-op) index ranges: the scan takes the first `scan_prompts`
-    (default: all that the no-op check leaves), the no-op check the next
-    `noop_prompts`. ValueError when they do not fit."""
-    if noop_prompts < 0 or (scan_prompts is not None and scan_prompts < 1):
-        raise ValueError(f"need scan_prompts >= 1 and noop_prompts >= 0, got {scan_prompts}, {noop_prompts}")
-    n_scan = n_items - noop_prompts if scan_prompts is None else scan_prompts
-    if n_scan < 1 or n_scan + noop_prompts > n_items:
-        raise ValueError(f"the corpus has {n_items} prompts: too few for a scan on {scan_prompts or 'the rest'} and a "
-                         f"no-op check on {noop_prompts} others (the no-op check runs on prompts the scan did not see)")
-    return range(n_scan), range(n_scan, n_scan + noop_prompts)
 
 
 def discover_heads(
@@ -64,7 +52,7 @@ def discover_heads(
     `noop_prompts` (0: no check), both with `<bos>` prepended.
 
     Args:
-        prompts: see `sinkmech.prompts.load_prompts`.
+        prompts: see `sinkmech.corpora.load_prompts`.
         scan_prompts: prompts to scan (default: all but the no-op ones).
         thresholds: the scan's cuts and rules (`scan_heads`); the no-op check
             uses its query-mode cuts.

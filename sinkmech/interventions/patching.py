@@ -186,7 +186,7 @@ def patch_setup(
     layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
     for l in layers:
         check_layer(model, l)
-    resolved = resolve_metric(metric)
+    resolved = resolve_metric(metric, content=pair.without_bos.tokens)
     src, tgt = pair.run(source), pair.run(target)
     n_content = pair.n_content
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
@@ -256,7 +256,9 @@ def patch(
             run (`target == source` patches a run into itself: a no-op check).
         metric: "kl" (mean KL(source || patched) over content positions),
             `LogitDiff(correct, incorrect)` (`sinkmech.interventions.metrics`),
-            or f(logits, reference, mask).
+            "loss" (the patched run's mean next-token loss on content targets,
+            nats per target; `baseline` and `source_value` are the two runs'
+            own), or f(logits, reference, mask).
         layers: the layers to sweep (default all).
         positions: with by="layer" or "head", patch only these content
             positions (together) and take the metric over content positions

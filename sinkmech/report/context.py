@@ -19,7 +19,8 @@ import torch
 from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
-from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
+from sinkmech.corpora import default_corpus, load_prompts
+from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, token_text
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
 from sinkmech.options import RunOptions
@@ -43,7 +44,7 @@ class ReportContext:
     # count capped by n_prompts and each length by max_tokens
     spread_prompts: int = 8  # token swaps, with and without <bos>
     scan_prompts: int = 64  # dormant-head scan
-    noop_prompts: int = 32  # no-op check of every if_else head and the top candidates
+    noop_prompts: int = 8  # no-op check of every if_else head and the top candidates (a first look; 0: none)
     ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
     ablation_tokens: int = 16
     # the sections beyond the paper (sections.py, after the interventions): small, so the default

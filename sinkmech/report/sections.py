@@ -348,7 +348,8 @@ def dormant_section(ctx: ReportContext) -> Section:
            f"(clean loss {noop.loss_clean:.3f}). The matched "
            "control zeroes as many of the head's dormant queries at the nearest positions; the last column is where "
            "the active queries' attention goes. Totals per mode are in summary.json.</p>" + noop_table
-           if noop is not None else "<p>No no-op check: too few prompts to hold some out from the scan.</p>")
+           if noop is not None else "<p>No no-op check: none asked for (no-op prompts 0), or too few prompts to hold "
+                                    "some out from the scan.</p>")
         + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
                       "(no bar: the head never was in that mode)", ctx.out)
         + figure_html(band_figs, f"Norm bands of {head_label(*best)}", ctx.out)

@@ -46,7 +46,7 @@ def ablate_result(part: Partial):
 
 
 # patch: like ablate, each cell's metric is a mean over the shard's content
-# positions (KL) or prompts (logit difference), kept as a weighted sum. A
+# positions (KL), content targets (loss) or prompts (logit difference), kept as a weighted sum. A
 # per-position cell that a shard lacks (no prompt of it that long) patches
 # padding only: its value there is the shard's unpatched baseline.
 
@@ -60,7 +60,9 @@ def patch_partial(results: dict, pair, settings: dict, *, width: int, prompt_ind
     """
     first = next(iter(results.values()))
     batch = pair.without_bos
-    w = float(batch.lengths.sum()) if first.metric == "kl" else float(len(batch))
+    # what the metric averages over: content positions (KL), content targets (loss), prompts (a logit difference)
+    w = {"kl": float(batch.lengths.sum()), "loss": float((batch.lengths - 1).clamp(min=0).sum())}.get(
+        first.metric, float(len(batch)))
     rows, sums, more = batch_rows(batch)
     sums["weight"] = [w]
     for source, r in results.items():

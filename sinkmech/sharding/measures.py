@@ -53,10 +53,14 @@ def sinks_partial(results: dict[str, SinkScores], settings: dict, *, prompt_inde
             rows[f"{c}.prompt_loss"] = r.prompt_loss.double().cpu().numpy()
         if r.learned_sink_scores is not None:
             rows[f"{c}.learned_sink_scores"] = r.learned_sink_scores.cpu().numpy()
+        if r.bos_scores is not None:  # <bos> moved to position K (`bos_position`, a setting every part shares)
+            rows[f"{c}.bos_scores"] = r.bos_scores.cpu().numpy()
         sums[f"{c}.loss_sum"] = [0.0 if r.loss_sum is None else r.loss_sum]
         sums[f"{c}.loss_count"] = [float(r.loss_count)]
         sums[f"{c}.context_cut"] = [0.0 if r.context_limit is None else 1.0]
-    settings = {**settings, "conditions": list(results), "model_name": first.model_name, "n_layers": first.n_layers,
+    moved = {c: r.bos_position for c, r in results.items() if r.bos_position is not None}
+    settings = {**settings, **({"bos_positions": moved} if moved else {}),
+                "conditions": list(results), "model_name": first.model_name, "n_layers": first.n_layers,
                 "n_heads": first.n_heads, "max_tokens_requested": first.max_tokens_requested, "n_ctx": n_ctx,
                 "loss": first.loss is not None}
     return shard_part("sinks", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_prompts_total,
@@ -80,6 +84,8 @@ def sinks_result(part: Partial) -> dict[str, SinkScores]:
             prompt_loss=_torch(part.rows[f"{c}.prompt_loss"]) if f"{c}.prompt_loss" in part.rows else None,
             learned_sink_scores=(_torch(part.rows[f"{c}.learned_sink_scores"])
                                  if f"{c}.learned_sink_scores" in part.rows else None),
+            bos_position=s.get("bos_positions", {}).get(c),
+            bos_scores=_torch(part.rows[f"{c}.bos_scores"]) if f"{c}.bos_scores" in part.rows else None,
         )
     return out
 

@@ -26,7 +26,8 @@ from sinkmech.loading.backend import Model
 from sinkmech.loading.models import each_model
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
-from sinkmech.prompts import CONDITIONS, PromptSource, load_prompts, tokenize
+from sinkmech.corpora import load_prompts
+from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
 from sinkmech.interventions.recipes import swap_then_spread
 from sinkmech.measures.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
 from sinkmech.options import RunOptions

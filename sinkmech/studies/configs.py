@@ -43,7 +43,7 @@ class CompareConfig(StudyConfig):
         "spread_position": "content position of the swapped token (earlier when the prompts are shorter)",
         "eps": "sink-rate thresholds",
         "dormant_prompts": "prompts for the dormant-head scan (0: skip it)",
-        "noop_prompts": "prompts held out from the scan for the no-op check",
+        "noop_prompts": "prompts held out from the scan for the no-op check (0: none)",
         "noop_heads": "closest candidates checked besides the if-else heads",
     }
 
@@ -60,11 +60,11 @@ class CompareConfig(StudyConfig):
     noop_heads: int = 3
 
     def check(self) -> None:
-        for key in ("n_prompts", "max_tokens", "spread_prompts", "spread_tokens", "noop_prompts"):
+        for key in ("n_prompts", "max_tokens", "spread_prompts", "spread_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.dormant_prompts < 0 or self.noop_heads < 0:
-            raise ConfigError("dormant_prompts and noop_heads must be >= 0")
+        if self.dormant_prompts < 0 or self.noop_prompts < 0 or self.noop_heads < 0:
+            raise ConfigError("dormant_prompts, noop_prompts and noop_heads must be >= 0")
         if not 0 <= self.spread_position < self.spread_tokens - 1:
             raise ConfigError(f"spread_position must lie in [0, {self.spread_tokens - 1}), got {self.spread_position}")
         if not self.models:

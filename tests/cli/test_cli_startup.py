@@ -8,6 +8,7 @@ package's public names resolve to their modules' objects."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import subprocess
 import sys
@@ -75,6 +76,38 @@ def test_help_and_bad_flags_import_nothing_heavy(tmp_path):
     assert "torch" in got[-1]["heavy"] and "transformer_lens" not in got[-1]["heavy"]
 
 
+def test_errors_the_flags_and_prompt_files_decide_import_nothing_heavy(tmp_path):
+    """Refused before torch is imported (each a specific `error:` line, exit 2): flags that
+    conflict, a flag value no model can take, and a prompt file no command can read."""
+    binary, blank, text = tmp_path / "binary.txt", tmp_path / "blank.txt", tmp_path / "p.txt"
+    binary.write_bytes(b"\x00\x01\x02 not text")
+    blank.write_text("\n   \n\n")
+    text.write_text("\n".join(f"prompt {i} has a few words" for i in range(8)) + "\n")
+    cases = [
+        (["heads", "--low", "0.4", "--high", "0.1"], "need 0 <= --low < --high <= 1"),
+        (["sinks", "--bos-token", ""], "--bos-token is empty"),
+        (["heads", "--bos-token", ""], "--bos-token is empty"),
+        (["sinks", "--bos-position", "8", "--max-tokens", "8"], "--bos-position 8 is at or beyond the content length"),
+        (["sinks", "--bos-position", "2", "--bos", "none"], "--bos-position moves <bos> into the sequence"),
+        (["sinks", "--prompts", str(binary)], "is binary"),
+        (["sinks", "--prompts", str(blank)], "holds no prompts"),
+        (["heads", "--prompts", str(blank)], "holds no prompts"),
+        (["ablate", "--mode", "zero", "--prompts", str(binary)], "is binary"),
+        (["patch", "--prompts", str(blank)], "holds no prompts"),
+        (["report", "--prompts", str(binary), "--out", str(tmp_path / "r")], "is binary"),
+        (["compare", "--prompts", str(blank), "--out", str(tmp_path / "c")], "holds no prompts"),
+        (["heads", "--prompts", str(text), "--contrast", str(text)], "both hold the same prompts"),
+        (["patch", "--metric", "logit_diff"], "--metric logit_diff needs --answers"),
+        (["patch", "--metric", "loss", "--answers", "a", "b"], "--answers is for --metric logit_diff"),
+        (["ablate", "--mode", "zero", "--metric", "loss", "--shard", "1/2", "--json", str(tmp_path / "a.partial.json")],
+         "--metric loss runs in one process"),
+    ]
+    for (argv, text), g in zip(cases, probe(*(argv for argv, _ in cases))):
+        assert g["code"] == 2 and text in g["text"] and "Traceback" not in g["text"], g
+        assert g["text"].strip().splitlines()[-1].startswith("error: "), g
+        assert g["heavy"] == [], f"{' '.join(argv)} imported {g['heavy'][:5]}"
+
+
 def test_version_prints_the_backends_own_line():
     from sinkmech.loading.backend import version_text
     from sinkmech.cli.main import version_line
@@ -94,6 +127,9 @@ def test_the_public_names_are_their_modules_objects():
     assert sorted(sinkmech.__all__) == sorted(sinkmech._EXPORTS)
     for name, module in sinkmech._EXPORTS.items():
         assert getattr(sinkmech, name) is getattr(importlib.import_module(module), name), name
+    from sinkmech import Thresholds, scan_heads  # the cuts scan_heads(thresholds=...) takes
+
+    assert Thresholds().high == 0.5 and "thresholds" in inspect.signature(scan_heads).parameters
     from sinkmech import sensitivity  # the function, though a module of that name exists and is imported
 
     assert callable(sensitivity) and sinkmech.sensitivity is sensitivity

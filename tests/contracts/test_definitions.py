@@ -20,6 +20,7 @@ from sinkmech.measures.sinks import check_eps, first_key_score, sink_scores
 from sinkmech.context.stream import stream_perplexity
 from sinkmech.measures.value_weighted import value_weighted_first
 from helpers.tiny import TINY_BOS
+from helpers.tolerance import TINY_FORWARD
 from sinkmech.options import QUIET, RunOptions
 from sinkmech.dormant.labels import Thresholds
 
@@ -65,8 +66,8 @@ def test_alpha0_is_one_definition_on_every_path(tiny_model, ragged):
         "value_weighted.attn_first": value_weighted_first(tiny_model, ragged,
                                                           options=RunOptions(batch_size=4, progress=False)).attn_first,
     }
-    for name, got in paths.items():
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=f"{name} is not alpha_0")
+    for name, got in paths.items():  # batches of 2, 3 and 4 against one pass each: the forward bound on probabilities
+        torch.testing.assert_close(got, want, atol=TINY_FORWARD, rtol=0, msg=f"{name} is not alpha_0")
     assert (want > 0).all() and (want <= 1 + 1e-6).all()
 
 
@@ -87,8 +88,8 @@ def test_masked_loss_is_one_definition_on_every_path(tiny_model, ragged):
         "massive clean": reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0,
                                             options=RunOptions(batch_size=4, progress=False)).loss_clean,
     }
-    for name, got in paths.items():
-        assert got == pytest.approx(want, rel=1e-5), name
+    for name, got in paths.items():  # passes batched otherwise: the forward bound on losses
+        assert got == pytest.approx(want, rel=TINY_FORWARD), name
 
 
 def test_stream_full_perplexity_is_the_masked_loss(tiny_model, tiny_tokens):
@@ -102,8 +103,8 @@ def test_stream_full_perplexity_is_the_masked_loss(tiny_model, tiny_tokens):
         lp = torch.log_softmax(tiny_model(batch.tokens[:, :T]).float(), -1)
     brute = -sum(float(lp[0, t, batch.tokens[0, t + 1]]) for t in range(res.scored_from, T - 1))
     assert n == res.n_scored == T - 1 - res.scored_from
-    assert total == pytest.approx(brute, rel=1e-5)
-    assert res.full_ppl == pytest.approx(math.exp(brute / n), rel=1e-5)
+    assert total == pytest.approx(brute, rel=TINY_FORWARD)  # chunked unembedding vs one pass: the forward bound
+    assert res.full_ppl == pytest.approx(math.exp(brute / n), rel=TINY_FORWARD * 4)  # exp of ~ln 50 nats
 
 
 def test_masked_loss_with_an_intervention_hook_changes_the_loss(tiny_model, ragged):
@@ -144,5 +145,6 @@ def test_scan_first_key_attention_leaves_out_query_0(tiny_model, tiny_tokens):
     alpha0 = sink_scores(tiny_model, batch, options=QUIET).scores
     scan = scan_heads(tiny_model, batch, thresholds=Thresholds(min_queries=1), options=QUIET)
     want = ((T * alpha0 - 1) / (T - 1)).mean(0)
-    torch.testing.assert_close(scan.first_key_attention_excl_q0, want, atol=1e-5, rtol=1e-4)
+    # two passes of one batch, and (T alpha_0 - 1) / (T - 1) amplifies alpha_0's rounding by T / (T - 1)
+    torch.testing.assert_close(scan.first_key_attention_excl_q0, want, atol=2 * TINY_FORWARD, rtol=0)
     assert not torch.allclose(scan.first_key_attention_excl_q0, alpha0.mean(0), atol=1e-3)

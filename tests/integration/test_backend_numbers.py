@@ -20,6 +20,7 @@ from sinkmech.loading.models import load_model
 from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
 from sinkmech.prompts import tokenize
 from helpers.tiny_hf import ARCHS, BOS, save_tiny
+from helpers.tolerance import SAME_TERMS, two_implementations
 from sinkmech.options import QUIET, RunOptions
 
 N_PROMPTS, N_CONTENT = 4, 10
@@ -101,9 +102,9 @@ def test_heads_profile_matches_eager_attention(both):
     _, attns, _ = hf_run(hf, batch.tokens)
     first = torch.stack([a[:, :, 1:, 0] for a in attns], 1)  # [prompt layer head query]
     ref_mean = first.mean((0, 3))
-    assert (scan.first_key_attention_excl_q0 - ref_mean).abs().max() < 1e-5, arch
-    ref_dormant = (first >= scan.thresholds.high).float().mean((0, 3))  # the scan's own cut
-    assert torch.allclose(scan.dormant_fraction, ref_dormant, atol=1e-6), arch
+    assert (scan.first_key_attention_excl_q0 - ref_mean).abs().max() < two_implementations(), arch
+    ref_dormant = (first >= scan.thresholds.high).float().mean((0, 3))  # the scan's own cut: counts, exact
+    assert torch.allclose(scan.dormant_fraction, ref_dormant, atol=SAME_TERMS, rtol=0), arch
 
 
 def test_zero_ablation_matches_eager_with_the_head_cut_out(both):

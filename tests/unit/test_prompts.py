@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from helpers.tiny import TINY_RUN, TINY_BOS
-from sinkmech.prompts import load_prompts, tokenize
+from helpers.tiny import TINY_BOS
+from sinkmech.corpora import load_prompts
+from sinkmech.prompts import tokenize
+from helpers.tiny import TINY_RUN
 from sinkmech.options import QUIET
 
 

@@ -11,6 +11,7 @@ from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny import TINY_BOS
 from helpers.backends import needs
+from helpers.tolerance import SAME_TERMS, TINY_FORWARD
 from sinkmech.options import QUIET
 
 
@@ -32,12 +33,14 @@ def test_sweep_equals_direct_calls(tiny_model, long_batch):
         sub = truncate(long_batch, T)
         assert sub.tokens.shape[1] == T + 1
         ss = sink_scores(tiny_model, sub, options=QUIET)
-        assert abs(float(res.sink_rate[i, 0]) - ss.sink_rate(0.3)) < 1e-6
-        assert abs(float(res.uniform_score[i]) - ss.uniform_score()) < 1e-6  # stored as float32
+        # the same passes (one batch of the cut prompts): float32 means, stored as float32: SAME_TERMS
+        assert abs(float(res.sink_rate[i, 0]) - ss.sink_rate(0.3)) < SAME_TERMS * 100  # percent
+        assert abs(float(res.uniform_score[i]) - ss.uniform_score()) < SAME_TERMS
         for r, (l, h, s) in enumerate(ss.top_heads(2)):
             assert (int(res.top_layer[i, r]), int(res.top_head[i, r])) == (l, h)
             abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l], heads=[h], options=QUIET)
-            assert abs(float(res.mask_first_cost[i, r]) - float(abl.effects[0, 0])) < 1e-6
+            # the sweep on the top heads only against one head's sweep: other copies in the pass (forward bound)
+            assert abs(float(res.mask_first_cost[i, r]) - float(abl.effects[0, 0])) < TINY_FORWARD
     assert res.uniform_score[0] > res.uniform_score[-1]  # the uniform baseline H_T / T falls with T
     d = res.to_dict()
     assert [r["length"] for r in d["results"]] == [8, 16, 32]
@@ -69,14 +72,15 @@ def test_relative_rate_and_fixed_head_equal_direct_calls(tiny_model, long_batch)
         u = sum(1 / (t + 1) for t in range(T + 1)) / (T + 1)  # T content tokens + <bos>
         for j, m in enumerate((1.0, 2.0, 4.0)):
             want = 100.0 * sum(float(a) > m * u for a in ss.scores.flatten()) / ss.scores.numel()
-            assert abs(float(res.relative_rate[i, j]) - want) < 1e-4
-            assert abs(d["results"][i]["relative_threshold"][repr(m)] - m * u) < 1e-6
+            assert abs(float(res.relative_rate[i, j]) - want) < SAME_TERMS * 100  # a count, as a float32 percent
+            assert abs(d["results"][i]["relative_threshold"][repr(m)] - m * u) < SAME_TERMS
             # alpha_0 <= 1: a threshold m x H_T / T >= 1 cannot be passed and is written as null
             assert (d["results"][i]["relative_sink_rate"][repr(m)] is None) == (m * u >= 1)
-        assert abs(float(res.fixed_score[i]) - float(ss.mean_scores()[l0, h0])) < 1e-6
+        assert abs(float(res.fixed_score[i]) - float(ss.mean_scores()[l0, h0])) < SAME_TERMS
         abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l0], heads=[h0], options=QUIET)
-        assert abs(float(res.fixed_cost[i]) - float(abl.effects[0, 0])) < 1e-6
-        assert d["results"][i]["fixed_head"]["score_over_uniform"] == pytest.approx(float(res.fixed_score[i]) / u, rel=1e-5)
+        assert abs(float(res.fixed_cost[i]) - float(abl.effects[0, 0])) < TINY_FORWARD
+        assert d["results"][i]["fixed_head"]["score_over_uniform"] == pytest.approx(float(res.fixed_score[i]) / u,
+                                                                                  rel=SAME_TERMS)
     assert d["results"][0]["relative_sink_rate"]["4.0"] is None  # 4 x H_5 / 5 = 1.83
 
 

@@ -5,6 +5,7 @@ modes, and bad input gets clear errors."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from sinkmech.dormant.noop import noop_check
 from helpers.tiny import TINY_RUN, TINY_BOS, make_tiny
 from helpers.planted import planted_dormant_model as planted_model
 from sinkmech.dormant.planted import LATE, TRIGGER, planted_corpus, trigger_corpus
+from helpers.tolerance import TINY_FORWARD, sum_of_changes_atol
 from sinkmech.options import QUIET, RunOptions
 
 @pytest.fixture(scope="module")
@@ -135,6 +137,8 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
     valid = torch.arange(clean.shape[1])[None, :] < (batch.lengths[:, None] - 1)
     valid_q = batch.mask.clone()
     valid_q[:, 0] = False
+    # sums of float32 loss changes from restarted passes against whole ones (helpers/tolerance.py)
+    tol = sum_of_changes_atol(int(valid.sum()), math.log(model.cfg.d_vocab))
     for (l, h), r in zip(heads, check.results):
         dormant, active = force_mask(cache["pattern", l][:, h, :, 0], valid_q, high=high, low=low)
         got = {"dormant": (r.per_query_dormant, r.zero_dormant), "active": (r.per_query_active, r.zero_active)}
@@ -145,10 +149,10 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
                 want = float(torch.where(valid, hooked - clean, 0.0).sum()) / int(q.sum()) if q.any() else None
                 assert (got[mode][k] is None) == (want is None)
                 if want is not None:
-                    assert got[mode][k] == pytest.approx(want, abs=1e-5)
+                    assert got[mode][k] == pytest.approx(want, abs=tol)
         assert r.n_dormant == int(dormant.sum()) and r.n_active == int(active.sum())
     assert any(r.n_active and r.n_dormant for r in check.results)  # both modes exercised
-    assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=1e-6)
+    assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=TINY_FORWARD * 4)  # nats: ~ln 50
     full = noop_check(model, batch, heads, thresholds=Thresholds(high=high, low=low), method="full",
                       options=RunOptions(batch_size=4, progress=False))
     from sinkmech.findings import flatten
@@ -158,7 +162,7 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
         assert fa.keys() == fb.keys() and any(".mean_ablate_active.matched_control.difference.ci" in k for k in fa)
         for k, v in fa.items():
             if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
-                assert v == pytest.approx(fb[k], abs=1e-5), k
+                assert v == pytest.approx(fb[k], abs=tol), k
     with pytest.raises(ValueError, match="method"):
         noop_check(model, batch, heads, method="fast", options=QUIET)
 
@@ -196,6 +200,8 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
     a = got["restart"].results[0]
     assert a.n_prompts_active == 6 and a.n_prompts_dormant == 9
     assert a.checks["zero_out_active"]["matched_control"]["n_prompts"] == 6
+    # sums of float32 loss changes from passes of other shapes (helpers/tolerance.py)
+    tol = sum_of_changes_atol(got["restart"].n_tokens, math.log(model.cfg.d_vocab))
     for m in ("restart_each", "full"):
         assert got[m].n_tokens == got["restart"].n_tokens
         for x, y in zip(got["restart"].results, got[m].results):
@@ -203,13 +209,14 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
             assert fx.keys() == fy.keys()
             for k, v in fx.items():
                 if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
-                    assert v == pytest.approx(fy[k], rel=1e-5, abs=1e-6), (m, k)
+                    assert v == pytest.approx(fy[k], abs=tol), (m, k)
                 elif not isinstance(v, float):
                     assert v == fy[k], (m, k)
 
 
 def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
-    from sinkmech.dormant.discover import discover_heads, split_corpus
+    from sinkmech.corpora import split_corpus
+    from sinkmech.dormant.discover import discover_heads
 
     model, corpus, _ = planted
     found = discover_heads(model, corpus[:40], noop_prompts=8, n_candidates=1, max_tokens=20,
@@ -329,7 +336,7 @@ def test_smollm2_cli_scan_and_noop(smollm2, tmp_path, monkeypatch, capsys):
     and the two closest candidates besides."""
     from sinkmech import cli
     from sinkmech.loading import models
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpora import default_corpus
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
     threads = torch.get_num_threads()
@@ -559,3 +566,21 @@ def test_heads_flags_are_refused_before_the_model_loads(argv, message, monkeypat
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("error:") and "Traceback" not in err
+
+
+def test_noop_heads_takes_the_if_else_heads_first_and_caps_them():
+    """Every if-else head, then the best-ranked others; --noop-max-heads keeps the first N
+    (a first look), 'all' every one; a bad value is refused by the flag's type."""
+    from types import SimpleNamespace
+
+    from sinkmech.cli.heads import max_heads_arg
+    from sinkmech.dormant.noop import noop_heads
+
+    scan = SimpleNamespace(if_else_heads=lambda: [(3, 1), (0, 2)], ranked=lambda: [(3, 1), (5, 0), (0, 2), (1, 1), (2, 2)])
+    assert noop_heads(scan, 2) == [(3, 1), (0, 2), (5, 0), (1, 1)]
+    assert noop_heads(scan, 2, max_heads=3) == [(3, 1), (0, 2), (5, 0)]
+    assert noop_heads(scan, 0, max_heads=3) == []
+    assert max_heads_arg("all") is None and max_heads_arg("4") == 4
+    from sinkmech import cli
+
+    assert cli.main(["heads", "--noop-max-heads", "some"]) == 2

@@ -103,8 +103,10 @@ def test_null_contrasts_confirm_nothing_and_the_planted_head_stands_out_from_the
     assert shift["ci"][0] <= shift["median"] <= shift["ci"][1] and abs(shift["median"]) < 0.05
     assert [n.name for n in found.null_contrasts] == ["prose vs prose", "code vs code"]
     assert all(n.n_confirmed == 0 and n.n_prompts_a == 24 for n in found.null_contrasts)
+    assert found.powered and found.power["reason"] == "the null contrasts confirm no head"
     d = json.loads(found.to_json())
     assert [n["n_confirmed"] for n in d["null_contrasts"]] == [0, 0] and len(d["diff_all"]) == 2
+    assert d["power"]["powered"] is True
     assert set(d["population_shift"]) >= {"median", "ci"} and d["n_boot"] == 20_000
 
 
@@ -271,3 +273,42 @@ def test_the_trigger_t_test_keeps_its_size_on_planted_nulls_with_skewed_counts()
                 p_rej[i] += kept.trigger_p_perm < alpha
         assert t_rej[0] / n <= t_max[0] and t_rej[1] / n <= t_max[1]
         assert p_rej[0] / n <= t_max[0] and p_rej[1] / n <= t_max[1]
+
+
+def test_a_contrast_too_small_for_its_nulls_has_no_power_and_one_corpus_twice_is_refused():
+    """The planted domain-dormant head, on 6 prompts per corpus: the rule still runs, but the null
+    contrasts cannot (they need 8), so nothing is confirmed in words: `powered` is False with the
+    reason; the same scan on both sides is refused."""
+    from sinkmech.dormant.contrast import contrast_heads
+
+    model = planted_dormant_model({0: "if_else", 1: "sink", 2: "prev", 3: "position"}, cut=13)
+    g = torch.Generator().manual_seed(9)
+    kw = dict(KW, sweep=False, n_boot=0, thresholds=Thresholds(min_queries=0))
+    prose, code = (scan_heads(model, trigger_corpus(6, s, r, g), **kw) for s, r in ((5, 0.0), (6, 0.5)))
+    small = contrast_heads(prose, code, name_a="prose", name_b="code", n_boot=2_000)
+    assert small.null_contrasts == () and small.powered is False
+    assert small.power["reason"].startswith("no power: 6 prompts") and json.loads(small.to_json())["power"]["powered"] is False
+    assert contrast_heads(prose, code, nulls=False, n_boot=2_000).power["powered"] is None  # not assessed
+    with pytest.raises(ValueError, match="one corpus twice"):
+        contrast_heads(prose, prose)
+
+
+def test_the_command_says_no_power_instead_of_confirming(monkeypatch, tmp_path, capsys):
+    """`heads --contrast` on 6 prompts per corpus prints the reason, judges no head, and quotes
+    no confirmed head in --findings."""
+    from helpers.tiny import serve_tiny
+
+    from sinkmech.cli import main
+
+    serve_tiny(monkeypatch, 5)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("\n".join(f"the cat sat on mat {i} while dogs ran far away" for i in range(6)) + "\n")
+    b.write_text("\n".join(f"def f{i} ( x ) : return x + {i} and not x" for i in range(6)) + "\n")
+    findings = tmp_path / "f.json"
+    assert main(["heads", "--prompts", str(a), "--contrast", str(b), "--max-tokens", "12", "--findings",
+                 str(findings)]) == 0
+    out = capsys.readouterr().out
+    assert "no power: 6 prompts" in out and "chosen heads confirmed" not in out
+    f = json.loads(findings.read_text())
+    assert [v for k, v in f.items() if k.endswith(".contrast.power.powered")] == [False]
+    assert not any(v for k, v in f.items() if k.endswith(".contrast.confirmed_heads"))

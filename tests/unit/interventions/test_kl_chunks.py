@@ -7,6 +7,7 @@ import torch
 
 from sinkmech.interventions import metrics
 from sinkmech.interventions.metrics import KL
+from helpers.tolerance import TINY_FORWARD, assert_normwise, gamma
 from sinkmech.options import QUIET
 
 
@@ -32,7 +33,8 @@ def test_chunked_kl_equals_the_whole_tensor_formula(monkeypatch, chunk_bytes, ke
     logits[2, 1, 5:] += 100.0  # a huge change on padding only: must not count
     got = KL().bind(reference, mask)(logits)
     want = brute_force_kl(reference, mask, logits)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    # float32 log-softmax over 50 logits against float64: gamma(50) per row, a few rows summed in float64
+    torch.testing.assert_close(got.double(), want, rtol=gamma(64), atol=gamma(64))
     assert abs(float(got[0])) < 1e-6 and float(got[1]) > 0.1
 
 
@@ -115,7 +117,7 @@ def test_sweep_holds_no_whole_logits(tiny_model, monkeypatch):
     fast = head_ablations(tiny_model, tokens, mode="mask_first", bos="none", options=QUIET)
     assert seen and all(t is Unembedded for t in seen)
     ref = loop_ablations(tiny_model, tokens, mode="mask_first", bos="none")
-    torch.testing.assert_close(fast.effects, ref.effects, rtol=1e-4, atol=1e-6)
+    assert_normwise(fast.effects, ref.effects, TINY_FORWARD)  # restarted vs whole passes: the forward bound
     assert float(ref.effects.abs().max()) > 1e-4  # the heads do something: not 0 == 0
 
 

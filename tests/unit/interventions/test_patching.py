@@ -10,6 +10,7 @@ from jaxtyping import TypeCheckError
 
 from helpers.reference import loop_patch
 from helpers.tiny import TINY_BOS, make_tiny
+from helpers.tolerance import SMOLLM2_FORWARD, TINY_FORWARD, assert_normwise
 from sinkmech.hooks import act_name
 from sinkmech.interventions.metrics import KL, LogitDiff, resolve_metric
 from sinkmech.prompts import check_bos
@@ -74,6 +75,29 @@ def test_last_layer_patch_reproduces_the_source_run(tiny_model, pair):
         assert float(r.restored()[0]) == pytest.approx(1.0, abs=1e-5)
 
 
+def test_loss_metric_is_each_runs_content_target_loss_and_the_last_layer_restores_it(tiny_model, pair):
+    """--metric loss: the unpatched target run's and the source run's own next-token losses on
+    the content targets (`content_loss`, the one definition, computed another way: the float32
+    forward bound of the tiny model on values of a few nats), and patching the last layer's
+    output moves the target run's loss onto the source run's."""
+    from helpers.tolerance import TINY_D_MLP, forward_rtol
+
+    from sinkmech.measures.loss import content_loss
+
+    last = tiny_model.cfg.n_layers - 1
+    for source, target in (("prepend", "none"), ("none", "prepend")):
+        r = patch_resid_post(tiny_model, pair, per_position=False, source=source, layers=[last], metric="loss",
+                             options=QUIET)
+        want_target, want_source = content_loss(tiny_model, pair.run(target)), content_loss(tiny_model, pair.run(source))
+        tol = forward_rtol(TINY_D_MLP) * 4  # nats: losses of ~ln(50) = 3.9
+        assert r.metric == "loss" and abs(want_target - want_source) > 1e-3  # the two runs differ
+        assert r.baseline == pytest.approx(want_target, abs=tol) and r.source_value == pytest.approx(want_source, abs=tol)
+        assert float(r.values[0]) == pytest.approx(want_source, abs=tol)
+        assert float(r.restored()[0]) == pytest.approx(1.0, abs=1e-3)
+    with pytest.raises(ValueError, match="content tokens"):
+        resolve_metric("loss")
+
+
 CASES = {
     None: [("resid_pre", "layer_pos", [1]), ("resid_mid", "layer_pos", [0]), ("resid_post", "layer"), ("attn_out", "layer_pos", [1]),
            ("mlp_out", "layer"), ("z", "head_pos", [1])],
@@ -94,7 +118,7 @@ def test_sweep_equals_one_run_with_hooks_per_cell(kv, tiny_tokens):
         slow = loop_patch(model, pair, **kw)
         assert fast.values.shape == slow.values.shape
         assert fast.values.abs().max() > 0
-        assert (fast.values - slow.values).abs().max() <= 1e-4, (act, by, source)
+        assert_normwise(fast.values, slow.values, TINY_FORWARD, f"{act} {by} {source}")  # restarted vs whole passes
     if kv:
         k = patch(model, pair, act="k", by="head", options=QUIET)
         assert k.values.shape == (2, kv)
@@ -115,13 +139,13 @@ def test_sweep_equals_transformer_lens_generic_activation_patch(tiny_model, pair
         index_axis_names=("layer", "pos"),
     )
     ours = patch_resid_pre(tiny_model, pair, source="prepend", options=QUIET)
-    assert (ours.values - theirs).abs().max() <= 1e-4
+    assert_normwise(ours.values, theirs, TINY_FORWARD)  # TransformerLens' one pass per cell: the forward bound
 
 
 def test_logit_diff_and_callable_metrics(tiny_model, pair):
     ld = patch_head_out(tiny_model, pair, metric=LogitDiff(3, 4), layers=[1], options=QUIET)
     loop = loop_patch(tiny_model, pair, act="z", by="head", metric=resolve_metric("logit_diff", (3, 4)), layers=[1])
-    assert (ld.values - loop.values).abs().max() <= 1e-4
+    assert_normwise(ld.values, loop.values, TINY_FORWARD)
     assert ld.source_value != ld.baseline
 
     def last_logit(logits, reference, mask):
@@ -129,7 +153,8 @@ def test_logit_diff_and_callable_metrics(tiny_model, pair):
 
     c = patch_head_out(tiny_model, pair, metric=last_logit, layers=[0], options=QUIET)
     c2 = loop_patch(tiny_model, pair, act="z", by="head", metric=last_logit, layers=[0])
-    assert c.metric == "last_logit" and (c.values - c2.values).abs().max() <= 1e-4
+    assert c.metric == "last_logit"
+    assert_normwise(c.values, c2.values, TINY_FORWARD)
 
 
 def test_result_tables(tiny_model, pair):
@@ -161,14 +186,14 @@ def test_bad_patch_inputs(tiny_model, pair):
 
 @pytest.mark.slow
 def test_sweep_equals_loop_on_smollm2(smollm2):
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpora import default_corpus
 
     pair = bos_pair(smollm2, default_corpus(2), max_tokens=6)
     for kw in (dict(act="v", by="head", source="none", layers=[28]),):
         fast = patch(smollm2, pair, options=QUIET, **kw)
         slow = loop_patch(smollm2, pair, **kw)
         assert fast.values.abs().max() > 0
-        assert (fast.values - slow.values).abs().max() <= 1e-4, kw
+        assert_normwise(fast.values, slow.values, SMOLLM2_FORWARD, str(kw))
 
 
 FRONT_ENDS = [
@@ -207,7 +232,7 @@ def test_layer0_attn_out_patch_equals_resid_mid_patch(tiny_model, pair):
         attn = patch_attn_out(tiny_model, pair, **kw)
         mid = patch_resid_mid(tiny_model, pair, **kw)
         assert attn.values.abs().max() > 1e-4
-        assert (attn.values - mid.values).abs().max() <= 1e-5
+        assert_normwise(attn.values, mid.values, TINY_FORWARD)  # one patched sum, reached by two hooks
 
 
 def test_layer0_q_k_v_are_the_same_at_mapped_positions(tiny_model, pair):
@@ -236,7 +261,7 @@ def test_patch_only_some_content_positions(tiny_model, pair):
     r = patch_resid_pre(tiny_model, pair, **kw)
     assert r.positions == tuple(range(1, n)) and r.to_json()
     loop = loop_patch(tiny_model, pair, act="resid_pre", by="layer", source="prepend", positions=range(1, n))
-    assert torch.allclose(r.values, loop.values, atol=1e-6)
+    assert_normwise(r.values, loop.values, TINY_FORWARD)
     # by hand at layer 1: the <bos> run's content positions 1.. written into the no-<bos> run at 1..
     name = act_name("resid_pre", 1)
     _, cache = tiny_model.run_with_cache(pair.with_bos.tokens, names_filter=name)

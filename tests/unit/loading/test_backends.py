@@ -17,6 +17,7 @@ from sinkmech.loading.models import check_dtype, load_model
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny_hf import ARCHS, BOS, eager_reference, save_tiny
+from helpers.tolerance import BF16_U, TINY_FORWARD, assert_normwise, two_implementations
 from sinkmech.options import QUIET, RunOptions
 
 
@@ -40,13 +41,14 @@ def test_sink_scores_and_loss_match_transformers_eager_attention(tiny_folder, bo
     attns, logprobs = eager_reference(folder, batch.tokens)
     # alpha_0: mean over real queries of the attention on key 0 (no padding here).
     ref = torch.stack([a[:, :, :, 0].mean(-1) for a in attns], dim=1)  # [prompt layer head]
-    assert (ours.scores - ref).abs().max() < 1e-5, arch
+    assert (ours.scores - ref).abs().max() < two_implementations(), arch  # probabilities (<= 1)
     # the same targets in both conditions: content tokens 1..n-1
     off = batch.offset
     targets = batch.tokens[:, off + 1 :]
     lp = logprobs[:, off : -1].gather(-1, targets[..., None])[..., 0]
-    assert abs(ours.loss - float(-lp.mean())) < 1e-4, arch
-    assert abs(content_loss(model, batch) - float(-lp.mean())) < 1e-4, arch
+    # losses of ~ln(vocab) = 4 nats: two implementations' bound, relative
+    assert abs(ours.loss - float(-lp.mean())) < 4 * two_implementations(), arch
+    assert abs(content_loss(model, batch) - float(-lp.mean())) < 4 * two_implementations(), arch
 
 
 def test_forward_starts_and_stops_at_a_layer(tiny_folder):
@@ -62,11 +64,12 @@ def test_forward_starts_and_stops_at_a_layer(tiny_folder):
     with torch.no_grad():
         last = forward(model, tokens, stop_at_layer=L)
         assert last.shape == (2, 9, model.cfg.d_model)
-        assert torch.allclose(last, cache[names[-1]], atol=1e-6)
-        assert torch.allclose(torch.log_softmax(unembed(model, last).float(), -1), full, atol=1e-5)
+        # another pass of the same shapes, stopped or restarted at a layer: the forward bound (log-probs ~4 nats)
+        assert_normwise(last, cache[names[-1]], TINY_FORWARD)
+        assert torch.allclose(torch.log_softmax(unembed(model, last).float(), -1), full, atol=4 * TINY_FORWARD, rtol=0)
         for l in range(L):
             again = forward(model, cache[names[l]], start_at_layer=l)
-            assert torch.allclose(torch.log_softmax(again.float(), -1), full, atol=1e-5), l
+            assert torch.allclose(torch.log_softmax(again.float(), -1), full, atol=4 * TINY_FORWARD, rtol=0), l
 
 
 def test_weights_keep_key_value_heads_unexpanded(tiny_folder):
@@ -87,7 +90,7 @@ def test_bfloat16_holds_alpha_0_within_1e_2(tmp_path):
     assert next(bf16_model.parameters()).dtype == torch.bfloat16
     bf16 = sink_scores(bf16_model, prompts, options=RunOptions(progress=False, bos_token_id=BOS))
     assert bf16.scores.dtype == torch.float32  # reductions accumulate in float32
-    assert (bf16.scores - f32.scores).abs().max() < 1e-2
+    assert (bf16.scores - f32.scores).abs().max() < 4 * BF16_U  # probabilities: a few bfloat16 roundings
 
 
 def test_bfloat16_loss_and_perturbation_stay_near_float32(tmp_path):
@@ -133,31 +136,19 @@ def test_version_names_the_backend(capsys):
     assert f"backend {BACKEND}" in out and "TransformerLens " in out and "torch " in out and "device " in out
 
 
-@pytest.fixture(scope="module")
-def gemma_eager():
-    """transformers' own Gemma 3 270M from the same GGUF, eager attention (read once)."""
-    from transformers import AutoModelForCausalLM
-
-    from sinkmech.loading.models import packaged_gguf_path
-
-    path = packaged_gguf_path("gemma3-270m")
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                attn_implementation="eager").eval()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("bos", ["prepend", "none"])
-def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, gemma_eager, bos):
+def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, gemma_transformers, bos):
     """The backend acceptance check: Gemma 3 270M's alpha_0
     within 2e-3, sink rates within 0.5 points, loss within 0.1 nats of
     transformers' own eager attention on the same GGUF, on default-corpus
     windows 100-111 (picked by index, not by result)."""
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpora import default_corpus
 
     prompts = default_corpus()[100:112]
     batch = tokenize(gemma, prompts, bos=bos, max_tokens=48)
     ours = sink_scores(gemma, batch, loss=True, options=RunOptions(batch_size=4, progress=False))
-    hf = gemma_eager
+    hf = gemma_transformers
     ref = torch.zeros_like(ours.scores)
     nll, n = 0.0, 0
     with torch.no_grad():
@@ -178,7 +169,7 @@ def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, g
 
 def test_gemma_bfloat16_holds_sink_rates_within_2_points(gemma):
     from sinkmech.loading.models import load_model as load
-    from sinkmech.prompts import default_corpus
+    from sinkmech.corpora import default_corpus
 
     prompts = default_corpus()[100:112]
     f32 = sink_scores(gemma, prompts, max_tokens=48, options=RunOptions(batch_size=4, progress=False))

@@ -20,7 +20,6 @@ from sinkmech.loading.models import (
     ModelNotFoundError,
     bos_token_id,
     load_model,
-    packaged_gguf_path,
     smollm2_path,
 )
 from sinkmech.prompts import tokenize
@@ -136,14 +135,8 @@ def test_unknown_model_name():
 
 
 @pytest.mark.slow
-def test_gemma3_logits_match_transformers_gguf_loader(gemma, no_network):
-    from transformers import AutoModelForCausalLM
-
-    path = packaged_gguf_path("gemma3-270m")
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
-    )
-    hf.eval()
+def test_gemma3_logits_match_transformers_gguf_loader(gemma, gemma_transformers, no_network):
+    hf = gemma_transformers
     worst = {"bos": 0.0, "no bos": 0.0}
     for text in PARITY_PROMPTS:
         ids = gemma.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -152,7 +145,6 @@ def test_gemma3_logits_match_transformers_gguf_loader(gemma, no_network):
             with torch.no_grad():
                 diff = (gemma(tokens) - hf(tokens).logits).abs().max().item()
             worst[label] = max(worst[label], diff)
-    del hf
     assert max(worst.values()) <= 1e-3, worst
 
 

@@ -12,6 +12,7 @@ from sinkmech.measures.massive import massive_dims, reset_massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny import TINY_BOS
+from helpers.tolerance import TINY_FORWARD
 from sinkmech.options import QUIET, RunOptions
 
 
@@ -71,14 +72,15 @@ def test_reset_undoes_a_planted_dim(tiny_model, ragged):
     clean = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, options=QUIET)
     # the clean arm equals sinks.py and loss.py
     ss = sink_scores(tiny_model, ragged, options=QUIET)
-    assert torch.allclose(clean.scores_clean, ss.scores, atol=1e-5)
-    assert abs(clean.loss_clean - content_loss(tiny_model, ragged)) < 1e-5
+    # other passes over the same prompts: the forward bound (probabilities; losses of ~ln 50 nats)
+    assert torch.allclose(clean.scores_clean, ss.scores, atol=TINY_FORWARD, rtol=0)
+    assert abs(clean.loss_clean - content_loss(tiny_model, ragged)) < TINY_FORWARD * 4
     assert clean.loss_reset != clean.loss_clean
     with tiny_model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
         planted = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, options=QUIET)
     # the plant runs before the reset hook at resid_pre 1, so resetting removes it exactly
-    assert abs(planted.loss_reset - clean.loss_reset) < 1e-4
-    assert torch.allclose(planted.scores_reset, clean.scores_reset, atol=1e-5)
+    assert abs(planted.loss_reset - clean.loss_reset) < TINY_FORWARD * 4
+    assert torch.allclose(planted.scores_reset, clean.scores_reset, atol=TINY_FORWARD, rtol=0)
     assert abs(planted.loss_clean - clean.loss_clean) > 1e-3
 
 
@@ -102,7 +104,8 @@ def test_sun_mean_reset_is_a_no_op_when_the_first_token_is_fixed(tiny_model, rag
     sun = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="sun_mean", first_mean=md.first_mean,
                              options=QUIET)
     others = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, options=QUIET)
-    assert abs(sun.loss_reset - sun.loss_clean) < 1e-5 and torch.allclose(sun.scores_reset, sun.scores_clean, atol=1e-5)
+    assert abs(sun.loss_reset - sun.loss_clean) < TINY_FORWARD * 4  # set to its own mean: nothing moves
+    assert torch.allclose(sun.scores_reset, sun.scores_clean, atol=TINY_FORWARD, rtol=0)
     assert abs(others.loss_reset - others.loss_clean) > 1e-4
     assert sun.to_dict()["mode"] == "sun_mean" and others.mode == "others_mean"
     with pytest.raises(ValueError, match="first_mean"):
