@@ -217,11 +217,18 @@ def _summary_row(m, rows, batch):
     return summary_rows(json.loads(log.read_text()))[0]  # a committed training log
 
 
-TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sinkmech.train)
+def _training_study(m, rows, batch):
+    from sinkmech.studies.configs import MaskSelfConfig
+    from sinkmech.studies.training import TrainingStudy
+
+    return TrainingStudy((_summary_row(m, rows, batch).to_dict(),), MaskSelfConfig(seeds=(0,)), 2.5)
+
+
+TRAIN_RESULTS = {"TrainResult", "SummaryRow", "TrainingStudy"}  # built by training a model (sinkmech.train)
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
     "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
-    "Comparison": _compare_study,
+    "Comparison": _compare_study, "TrainingStudy": _training_study,
     "PerturbationSpread": _spread, "StreamResult": _stream, "KeySinks": _key_sinks,
     "HeadAttention": _head_attention, "HeadAblation": _ablation, "PatchResult": _patch,
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
