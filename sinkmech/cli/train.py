@@ -139,14 +139,14 @@ def add_study_parsers(train) -> None:
         if name == "text":
             p.add_argument("--weight-decays", type=float, nargs="+", default=[0.1, 0.0])
             p.add_argument("--fixed-bos", nargs="+", choices=["yes", "no"], default=["yes", "no"])
-        p.set_defaults(func=cmd_study, deprecated_flags=())
+        p.set_defaults(func=cmd_train_study, deprecated_flags=())
     for name, help_ in (("modes", "where every head's attention goes, from the runs' logs (modes.json)"),
                         ("replot", "redraw the studies' figures from the JSON under --out"),
                         ("findings", "write findings_train.json from the JSON under --out")):
         p = names.add_parser(name, help=help_)
         p.add_argument("--out", type=Path, default=Path("figures/train"))
         p.add_argument("--prefix", default="")
-        p.set_defaults(func=cmd_study, deprecated_flags=())
+        p.set_defaults(func=cmd_train_study, deprecated_flags=())
 
 
 def _study_doc(name: str) -> str:
@@ -160,7 +160,7 @@ def _study_doc(name: str) -> str:
     }[name]
 
 
-def cmd_study(args) -> None:
+def cmd_train_study(args) -> None:
     from sinkmech.files import make_dir
     from sinkmech.train import readouts
     from sinkmech.studies import training_findings as findings
@@ -178,7 +178,7 @@ def cmd_study(args) -> None:
         run_study(args)
 
 
-def study_config(args):
+def train_study_config(args):
     """`sinkmech train study NAME`'s flags as the study's config (`sinkmech.studies.configs`),
     checked before anything trains."""
     from sinkmech.studies.configs import TRAINING_STUDIES
@@ -216,7 +216,7 @@ def run_study(args) -> list[dict]:
     from sinkmech.options import RunOptions
     from sinkmech.studies.training import run
 
-    config = study_config(args)  # a bad setting is an error before anything trains
+    config = train_study_config(args)  # a bad setting is an error before anything trains
     if not CAPABILITIES.can_train:
         raise UsageError(f"training studies build their models as TransformerLens 3.x HookedTransformers; this "
                          f"environment has {CAPABILITIES.described}: install transformer-lens<4 to train")

@@ -14,7 +14,7 @@ from sinkmech.loading import models
 from sinkmech.cli.main import main
 from sinkmech.context.length import sinks_vs_length
 from sinkmech.prompts import tokenize
-from test_cli_shards import assert_same_json
+from helpers.same_json import assert_same_json
 from sinkmech.options import QUIET
 
 # Prompts written as token ids ("5 7 9 ..."): the tiny model has no tokenizer.

@@ -23,7 +23,7 @@ from sinkmech.loading import models  # noqa: E402
 from sinkmech.sharding import ray as distributed  # noqa: E402
 from sinkmech.cli.main import main  # noqa: E402
 from sinkmech.prompts import tokenize  # noqa: E402
-from test_cli_shards import assert_same_json  # noqa: E402
+from helpers.same_json import assert_same_json  # noqa: E402
 
 
 def free_port() -> int:
