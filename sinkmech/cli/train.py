@@ -89,8 +89,8 @@ class DeprecatedFlag(argparse.Action):
 
 
 def add_study_parsers(train) -> None:
-    """`sinkmech train study NAME`: the flags of each study (scripts/train_sinks.py
-    takes the same ones)."""
+    """`sinkmech train study NAME`: the flags of each study (made into its config,
+    `sinkmech.studies.configs.TRAINING_STUDIES`; `sinkmech study train-NAME` runs the same)."""
     from sinkmech.train.presets import POSITIONAL_RUNS, PRESETS
     from sinkmech.train.config import POSITIONALS
 
