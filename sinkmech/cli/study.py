@@ -21,7 +21,9 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from sinkmech.cli.common import DTYPE_CHOICES, FlagValueError, device_name, output_file, positive_int, write_json
+from sinkmech.cli.common import (
+    DTYPE_CHOICES, FlagValueError, UsageError, device_name, output_file, positive_int, write_json,
+)
 
 # flags every study has; a Config field may not take their names
 GENERIC = ("config", "json", "batch_size", "device", "dtype", "quiet")
@@ -147,8 +149,24 @@ def study_config(args):
         raise
 
 
+def check_models(config) -> None:
+    """The models a config names (a `model` or `models` field) loadable here, checked
+    without loading any (`sinkmech.loading.names.check_model_spec`): a bad one is a
+    usage error before the first model loads."""
+    from sinkmech.loading.names import check_model_spec
+
+    specs = [config.model] if hasattr(config, "model") else list(getattr(config, "models", ()))
+    for spec in specs:
+        try:
+            check_model_spec(spec)
+        except (ValueError, OSError) as e:
+            field = "model" if hasattr(config, "model") else "models"
+            raise UsageError(f"{field}: {spec!r} is not loadable here: {e}") from None
+
+
 def cmd_study(args) -> None:
     config = study_config(args)  # checked here, before torch loads: a bad one exits 2
+    check_models(config)
     from sinkmech.options import RunOptions
 
     options = RunOptions(batch_size=args.batch_size, progress=not args.quiet, device=args.device, dtype=args.dtype)

@@ -67,15 +67,8 @@ class CompareConfig(StudyConfig):
             raise ConfigError("dormant_prompts and noop_heads must be >= 0")
         if not 0 <= self.spread_position < self.spread_tokens - 1:
             raise ConfigError(f"spread_position must lie in [0, {self.spread_tokens - 1}), got {self.spread_position}")
-        if not self.models:
+        if not self.models:  # whether each loads here is the command line's check, before the first loads
             raise ConfigError("models: name at least one model")
-        from sinkmech.loading.names import check_model_spec  # light: no torch
-
-        for spec in self.models:
-            try:
-                check_model_spec(spec)
-            except (ValueError, OSError) as e:
-                raise ConfigError(f"models: {spec!r} is not loadable here: {e}") from None
         if not self.eps or any(not 0.0 <= e < 1.0 for e in self.eps):
             raise ConfigError(f"eps must be thresholds in [0, 1), got {list(self.eps)}")
 

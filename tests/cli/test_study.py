@@ -138,6 +138,7 @@ def test_help_and_bad_settings_answer_before_torch_loads(tmp_path):
         (["study", "train-packing", "--sets", "lr=fast"], 2, "error: --sets lr takes a number, got 'fast'"),
         (["study", "train-depth", "--layers", "0"], 2, "error: --layers must be depths >= 1"),
         (["study", "train-text", "--fixed-bos", "maybe"], 2, "error: --fixed-bos takes true or false"),
+        (["study", "compare", "--models", str(tmp_path / "none.gguf")], 2, "error: models: "),
     ]
     for (argv, code, text), got in zip(cases, probe(*(argv for argv, _, _ in cases))):
         assert got["code"] == code, got
