@@ -23,6 +23,8 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.measures.columns import attention_columns
+from sinkmech.measures.fused import Attention, resolve_attention
 from sinkmech.measures.loss import masked_row_losses, target_mask
 from sinkmech.options import RunOptions
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
@@ -35,6 +37,7 @@ from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmec
     move_bos,
     moved_bos_targets,
     moved_key_score,
+    query_mean,
     sink_rate,
 )
 from sinkmech.stats import prompt_curve, ratio_with_ci
@@ -67,6 +70,8 @@ class SinkScores(Result):
     # models with learned sink logits (gpt-oss): per (prompt, layer, head) the mean over
     # real queries of the learned sink's share (1 - the row's sum over real keys); None otherwise
     learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
+    # how attention was read: "pattern" (each layer's T x T in its hook) or "fused" (never held); None: not recorded
+    attention: str | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -231,6 +236,7 @@ class SinkScores(Result):
             "max_tokens_requested": self.max_tokens_requested,
             "context_limit": self.context_limit,
             "n_prompts": self.n_prompts,
+            "attention": self.attention,
             **self.summary(eps),
         }
 
@@ -262,6 +268,7 @@ def sink_scores(
     loss: bool = False,
     bos_position: int | None = None,
     options: RunOptions = RunOptions(),
+    attention: Attention = "pattern",
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -289,6 +296,10 @@ def sink_scores(
             loss stays on the same content targets (`moved_bos_targets`).
         options: batch size (default 16 prompts per forward pass), progress bar,
             and the `<bos>` id for prompts of a model whose tokenizer lacks one.
+        attention: "pattern" reads each layer's pattern in its hook (one layer's
+            batch x heads x T x T at a time); "fused" never holds it
+            (`sinkmech.measures.fused`: the same numbers, memory O(T) per head);
+            "auto" takes the fused path from `FUSED_FROM` positions on.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -300,6 +311,7 @@ def sink_scores(
     if bos_position is not None:
         batch = move_bos(batch, bos_position)
     chunks = batch.batches(options.batch(16))
+    path = resolve_attention(attention, int(batch.tokens.shape[1]))
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -317,6 +329,19 @@ def sink_scores(
         n_rest = (n_real - 1).clamp(min=1)
         rest = valid.clone()
         rest[:, 0] = 0.0
+        if path == "fused":  # the same numbers from the per-query columns, no T x T pattern
+            mask = None if not loss else target_mask(part) if bos_position is None else moved_bos_targets(part, bos_position)
+            cols = attention_columns(model, part.tokens, keys=(0,) if bos_position is None else (0, bos_position),
+                                     loss_mask=mask)
+            for name, v in cols.first_key_stats(part.lengths, bos_position).items():
+                target = {"resid_norm_first": resid_first, "resid_norm_rest": resid_rest, "bos_scores": bos_scores,
+                          "learned_sink_scores": learned}.get(name, out.get(name))
+                if target is not None:
+                    target[rows] = v
+            if loss:
+                prompt_loss[rows] = cols.row_loss
+                loss_sum, loss_n = loss_sum + float(cols.row_loss.sum()), loss_n + int(mask[:, :-1].sum())
+            continue
 
         def pattern_hook(pattern, hook):
             check_rows(pattern, valid, hook.layer(), learned=learned is not None)
@@ -374,4 +399,5 @@ def sink_scores(
         bos_position=bos_position,
         bos_scores=bos_scores,
         learned_sink_scores=learned,
+        attention=path,
     )
