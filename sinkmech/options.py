@@ -1,6 +1,9 @@
 """How an analysis runs, apart from what it measures: one `RunOptions` travels
-through every analysis instead of the same few keywords in each signature.
-Imports nothing heavy, so the command line builds one before torch loads.
+through every analysis (`options: RunOptions = RunOptions()`, or `QUIET` where
+it is nested in another) instead of the same few keywords in each signature.
+The functions that build tokens (`tokenize`, `as_batch`, `bos_pair`) take the
+`<bos>` id themselves: there it is what they make. Imports nothing heavy, so the
+command line builds one before torch loads.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ class RunOptions:
     """Settings that change how fast or where an analysis runs, never what it measures.
 
     Attributes:
-        batch_size: prompts (or rows) per forward pass; None: the analysis's own default.
+        batch_size: prompts per forward pass (rows, copies x prompts, for the stacked
+            sweeps of `head_ablations` and `patch`); None: the analysis's own default.
         progress: show a progress bar on long work.
         device: where a model is loaded or moved ("cpu", "cuda", ...); None: as loaded.
         dtype: "float32", "bfloat16" or "float16"; None: as loaded.

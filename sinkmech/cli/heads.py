@@ -108,13 +108,9 @@ def cmd_contrast(args, a: list, b: list) -> None:
         return {"model": args.model, "bos": args.bos, "contrast": contrast.to_dict()}
 
     def png_out() -> None:
-        from sinkmech.plots.heads import contrast_distribution
+        from sinkmech.plots.heads import contrast_figure
 
-        marked = {head_label(h.layer, h.head): float(contrast.diff_all[h.layer, h.head])
-                  for h in (contrast.confirmed() if contrast.powered else [])}
-        path = contrast_distribution(contrast.diff_all.flatten().tolist(), marked, contrast.population_shift, args.png,
-                                     title=f"Dormant fraction, {contrast.name_a} - {contrast.name_b}: every head "
-                                           f"({args.model})")
+        path = contrast_figure(contrast.to_dict(), args.png, model=args.model)
         print(f"wrote {path}", file=sys.stderr)
 
     write_results(args, payload, png_out)

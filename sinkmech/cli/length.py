@@ -2,7 +2,7 @@
 attention, and the top sink heads' mask_first cost as the evaluation length
 grows (the same texts cut to each length; see sinkmech.context.length).
 
-Sharded in two stages (`sinkmech.sharding.context`), since the heads whose cost is
+Sharded in two stages (`sinkmech.sharding.length`), since the heads whose cost is
 measured are chosen on the whole corpus: `--shard I/N` writes shard I's sink
 scores by length; `--shard I/N --scores PARTS...` chooses the heads on every
 stage-1 part and writes shard I's costs, which `sinkmech merge` turns into the
@@ -155,7 +155,7 @@ class ScoresTask(LengthTask):
         from sinkmech.context.length import check_sweep, length_scores, plan_lengths
         from sinkmech.hooks import parse_head
         from sinkmech.prompts import DEFAULT_EPS
-        from sinkmech.sharding.context import scores_partial, sweep_settings
+        from sinkmech.sharding.length import scores_partial, sweep_settings
 
         fixed = None if self.head is None else parse_head(self.head, model)
         lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=self.lengths,
@@ -184,7 +184,7 @@ class CostsTask(LengthTask):
 
     def run(self, model, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.context.length import ChosenHeads, length_costs
-        from sinkmech.sharding.context import costs_partial, scores_shard
+        from sinkmech.sharding.length import costs_partial, scores_shard
 
         batch, sha = self.batch(model, index)
         here = {**model_settings(model), "prompts_sha256": sha, "n_ctx": model.cfg.n_ctx,
@@ -225,7 +225,7 @@ def scores_task(args, lengths: list[int], settings: dict, texts: list | None) ->
 def costs_stage(args, lengths: list[int], settings: dict, scores, texts: list | None) -> tuple[CostsTask, dict, list]:
     """Stage 2's task, its settings (the run's and the chosen heads) and its prompts
     (each one's stage-1 rows), from the merged stage-1 part `scores`."""
-    from sinkmech.sharding.context import length_heads, prompt_rows
+    from sinkmech.sharding.length import length_heads, prompt_rows
 
     heads = length_heads(scores).to_dict()
     costs_settings = {**settings, "heads": heads}
@@ -235,7 +235,7 @@ def costs_stage(args, lengths: list[int], settings: dict, scores, texts: list | 
 
 def read_scores(paths, settings: dict):
     """The stage-1 parts at `paths`, merged: complete, of `length --shard`, and run with these settings."""
-    from sinkmech.sharding.context import SCORES
+    from sinkmech.sharding.length import SCORES
 
     part = read_parts(paths)
     if part.kind != SCORES:
@@ -252,7 +252,7 @@ def read_scores(paths, settings: dict):
 def sharded_length(args, lengths: list[int], texts: list | None = None) -> None:
     """`--shard I/N` (stage 1, or stage 2 with --scores) or `--ray` (both stages),
     on `texts` (--prompts) or the default corpus."""
-    from sinkmech.sharding.context import COSTS, SCORES
+    from sinkmech.sharding.length import COSTS, SCORES
 
     settings = length_settings(args, lengths, texts)
     windows = list(range(args.n_prompts))  # the prompts, by number (see the note above LengthTask)
@@ -285,7 +285,7 @@ def sharded_length(args, lengths: list[int], texts: list | None = None) -> None:
 def merged_length(part, args) -> None:
     """`sinkmech merge` for stage-2 parts: the table and --json / --png as `length` writes them."""
     from sinkmech.plots.mechanisms import length_lines
-    from sinkmech.sharding.context import length_result
+    from sinkmech.sharding.length import length_result
 
     sweep = length_result(part)
     print_length_table(sweep)

@@ -30,6 +30,7 @@ from sinkmech.cli.report import add_report_parser
 from sinkmech.cli.shard import check_shard_flags
 from sinkmech.cli.sinks import add_sinks_parser
 from sinkmech.cli.stream import add_stream_parser
+from sinkmech.cli.study import add_study_parser
 from sinkmech.cli.train import add_train_parser
 
 USAGE_ERROR, RUNTIME_ERROR, INTERRUPTED = 2, 1, 130
@@ -81,10 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,
                 add_report_parser, add_compare_parser, add_train_parser, add_stream_parser, add_massive_parser,
-                add_length_parser, add_merge_parser):
+                add_length_parser, add_merge_parser, add_study_parser):
         add(sub)
     for name, command in sub.choices.items():
-        if name not in ("train", "merge"):  # train builds its own model on the CPU; merge loads none
+        if name not in ("train", "merge", "study"):  # train builds its own model on the CPU; merge loads none;
+            # each study has its own (`sinkmech study NAME --device ...`)
             add_model_options(command)
     return parser
 

@@ -89,8 +89,8 @@ class DeprecatedFlag(argparse.Action):
 
 
 def add_study_parsers(train) -> None:
-    """`sinkmech train study NAME`: the flags of each study (scripts/train_sinks.py
-    takes the same ones)."""
+    """`sinkmech train study NAME`: the flags of each study (made into its config,
+    `sinkmech.studies.configs.TRAINING_STUDIES`; `sinkmech study train-NAME` runs the same)."""
     from sinkmech.train.presets import POSITIONAL_RUNS, PRESETS
     from sinkmech.train.config import POSITIONALS
 
@@ -139,14 +139,14 @@ def add_study_parsers(train) -> None:
         if name == "text":
             p.add_argument("--weight-decays", type=float, nargs="+", default=[0.1, 0.0])
             p.add_argument("--fixed-bos", nargs="+", choices=["yes", "no"], default=["yes", "no"])
-        p.set_defaults(func=cmd_study, deprecated_flags=())
+        p.set_defaults(func=cmd_train_study, deprecated_flags=())
     for name, help_ in (("modes", "where every head's attention goes, from the runs' logs (modes.json)"),
                         ("replot", "redraw the studies' figures from the JSON under --out"),
                         ("findings", "write findings_train.json from the JSON under --out")):
         p = names.add_parser(name, help=help_)
         p.add_argument("--out", type=Path, default=Path("figures/train"))
         p.add_argument("--prefix", default="")
-        p.set_defaults(func=cmd_study, deprecated_flags=())
+        p.set_defaults(func=cmd_train_study, deprecated_flags=())
 
 
 def _study_doc(name: str) -> str:
@@ -160,7 +160,7 @@ def _study_doc(name: str) -> str:
     }[name]
 
 
-def cmd_study(args) -> None:
+def cmd_train_study(args) -> None:
     from sinkmech.files import make_dir
     from sinkmech.train import readouts
     from sinkmech.studies import training_findings as findings
@@ -178,28 +178,46 @@ def cmd_study(args) -> None:
         run_study(args)
 
 
-def run_study(args) -> list[dict]:
-    """One of `TRAINING_STUDIES` with the parsed flags; its rows."""
-    from sinkmech.loading.backend import CAPABILITIES
-    from sinkmech.studies import training as studies
-    from sinkmech.train.presets import StudySettings, parse_sets
+def train_study_config(args):
+    """`sinkmech train study NAME`'s flags as the study's config (`sinkmech.studies.configs`),
+    checked before anything trains."""
+    from sinkmech.studies.configs import TRAINING_STUDIES
 
-    settings = StudySettings(preset=args.preset, steps=args.steps, threads=args.threads, data=args.data,
-                             seed=args.seed, eval_every=args.eval_every, sets=tuple(args.sets), out=args.out,
-                             runs_dir=args.runs_dir, prefix=args.prefix, jobs=args.jobs, quiet=args.quiet)
-    parse_sets(settings.sets)  # a bad KEY=VALUE is an error before anything trains
+    shared = dict(preset=args.preset, steps=args.steps, threads=args.threads, data=args.data, seed=args.seed,
+                  eval_every=args.eval_every, sets=tuple(args.sets), out=str(args.out), runs_dir=str(args.runs_dir),
+                  prefix=args.prefix, jobs=args.jobs)
+    own = {"positional": lambda: dict(positionals=tuple(args.positionals)),
+           "context-length": lambda: dict(context_lengths=None if args.context_lengths is None
+                                          else tuple(args.context_lengths), fixed_bos=args.fixed_bos),
+           "mask-self": lambda: dict(seeds=tuple(args.seeds)),
+           "depth": lambda: dict(seeds=tuple(args.seeds), layers=tuple(args.layers),
+                                 positionals=tuple(args.positionals), deep_steps=args.deep_steps, fresh=args.fresh,
+                                 deep_seeds=args.deep_seeds),
+           "text": lambda: dict(layers=tuple(args.layers), weight_decays=tuple(args.weight_decays),
+                                fixed_bos=tuple(b == "yes" for b in args.fixed_bos))}
+    import dataclasses
+
+    from sinkmech.studies.config import ConfigError
+
+    cls = TRAINING_STUDIES[args.study]
+    try:
+        return cls(**shared, **own.get(args.study, dict)())
+    except ConfigError as e:  # said in this command's flag names
+        name = str(e).split(" ")[0]
+        if name not in {f.name for f in dataclasses.fields(cls)}:
+            raise
+        flag = {"sets": "--set", "context_lengths": "--context-length"}.get(name, "--" + name.replace("_", "-"))
+        raise ConfigError(flag + str(e)[len(name):]) from None
+
+
+def run_study(args) -> list[dict]:
+    """One of `TRAINING_STUDIES` with the parsed flags (as its config); its rows."""
+    from sinkmech.loading.backend import CAPABILITIES
+    from sinkmech.options import RunOptions
+    from sinkmech.studies.training import run
+
+    config = train_study_config(args)  # a bad setting is an error before anything trains
     if not CAPABILITIES.can_train:
         raise UsageError(f"training studies build their models as TransformerLens 3.x HookedTransformers; this "
                          f"environment has {CAPABILITIES.described}: install transformer-lens<4 to train")
-    if args.study == "packing":
-        return studies.packing(settings)
-    if args.study == "positional":
-        return studies.positional(settings, args.positionals)
-    if args.study == "context-length":
-        return studies.context_length(settings, args.context_lengths, fixed_bos=args.fixed_bos)
-    if args.study == "mask-self":
-        return studies.mask_self(settings, args.seeds)
-    if args.study == "depth":
-        return studies.depth(settings, args.seeds, args.layers, args.positionals, deep_steps=args.deep_steps,
-                             fresh=args.fresh, deep_seeds=args.deep_seeds)
-    return studies.text(settings, args.layers, args.weight_decays, fixed_bos=[b == "yes" for b in args.fixed_bos])
+    return list(run(None, config, RunOptions(progress=not args.quiet)).rows)

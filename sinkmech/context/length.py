@@ -156,7 +156,7 @@ def truncate(batch: TokenBatch, n_content: int) -> TokenBatch:
 
 
 # The sweep in named steps. `sinks_vs_length` runs them on one batch; a sharded
-# run (`sinkmech.sharding.context`) runs the scores and the costs on each shard and
+# run (`sinkmech.sharding.length`) runs the scores and the costs on each shard and
 # the choice of heads and the assembly on the merged parts, through the same
 # functions.
 

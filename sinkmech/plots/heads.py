@@ -148,7 +148,9 @@ def contrast_distribution(diffs: Sequence[float], marked: Mapping[str, float], s
                           path: str | os.PathLike, *, title: str = "Difference of dormant fractions, every head") -> Path:
     """A head contrast over the whole population: the histogram of every head's
     difference of dormant fractions (corpus A - B), the population's median
-    with its interval shaded, and the confirmed heads marked by name.
+    with its interval shaded, and the confirmed heads marked by a line each,
+    named with their difference; names of nearby lines go to staggered rows,
+    never on top of one another.
 
     Args:
         diffs: one difference per head.
@@ -158,16 +160,65 @@ def contrast_distribution(diffs: Sequence[float], marked: Mapping[str, float], s
     d = np.asarray(diffs, dtype=float)
     if d.size == 0:
         raise ValueError("no head differences to draw")
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 1.6, 2.6), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH * 1.6, 2.6 + 0.15 * max(0, len(marked) - 4)),
+                           constrained_layout=True)
     ax.hist(d, bins=np.linspace(min(-0.05, d.min()), max(0.05, d.max()), 41), color="0.6", label=f"{d.size} heads")
     if shift is not None:
         ax.axvspan(*shift["ci"], color="tab:blue", alpha=0.25, linewidth=0)
         ax.axvline(shift["median"], color="tab:blue", label=f"median {shift['median']:+.3f}")
     ax.axvline(0.0, color="black", linewidth=0.6)
-    for i, (name, x) in enumerate(marked.items()):
+    heads = sorted(marked.items(), key=lambda kv: kv[1])
+    for i, (_, x) in enumerate(heads):
         ax.axvline(x, color="tab:red", linewidth=0.8, alpha=0.7, label="confirmed" if i == 0 else None)
-        ax.annotate(name, (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=6, va="top", ha="right")
     ax.set(xlabel="dormant fraction, A - B (all prompts)", ylabel="heads")
-    ax.legend(fontsize=7, frameon=False)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: the names go on top
     fig.suptitle(title, fontsize=9)
+    if heads:
+        _name_lines(fig, ax, heads)
     return save(fig, path)
+
+
+def contrast_figure(contrast: Mapping, path: str | os.PathLike, *, model: str) -> Path:
+    """`contrast_distribution` of a head contrast as its JSON holds it
+    (`HeadContrast.to_dict()`: every head's difference `diff_all` [layer][head],
+    the heads with `confirmed`, the `population_shift`), so a written contrast
+    can be drawn again."""
+    diff = contrast["diff_all"]
+    marked = {f"L{h['layer']}.H{h['head']}": float(diff[h["layer"]][h["head"]])
+              for h in contrast["heads"] if h["confirmed"]}
+    return contrast_distribution([v for row in diff for v in row], marked, contrast["population_shift"], path,
+                                 title=f"Dormant fraction, {contrast['name_a']} - {contrast['name_b']}: every head "
+                                       f"({model})")
+
+
+def _name_lines(fig, ax, heads: Sequence[tuple[str, float]], *, fontsize: float = 6.0) -> list:
+    """Each (name, x) written beside its line at the top of `ax` (to its left where
+    it would run past the right edge); a name that would run into another in a row
+    goes down a row (rows spaced by the text's height), so no two names overlap.
+    Returns the texts."""
+    texts = [ax.annotate(f"{name} {x:+.3f}", (x, 0.985), xycoords=("data", "axes fraction"), xytext=(1.5, 0),
+                         textcoords="offset points", fontsize=fontsize, va="top", ha="left", color="tab:red",
+                         bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.8))
+             for name, x in heads]
+    fig.canvas.draw()  # lay out, so the names' extents are the drawn ones
+    renderer = fig.canvas.get_renderer()
+    to_axes = ax.transAxes.inverted()
+    spans = []
+    for t in texts:
+        b = to_axes.transform(t.get_window_extent(renderer))
+        left, right, width = b[0, 0], b[1, 0], b[1, 0] - b[0, 0]
+        if right > 1.0:  # past the right edge: the name goes left of its line
+            t.set_horizontalalignment("right")
+            t.xyann = (-1.5, 0)
+            line = to_axes.transform(ax.transData.transform((t.xy[0], 0)))[0]
+            left, right = line - width - (left - line), line
+        spans.append((left, right, t))
+    height = max(t.get_window_extent(renderer).height for t in texts) / ax.get_window_extent(renderer).height * 1.15
+    row_ends: list[float] = []  # right end, in axes fraction, of the last name in each row
+    for left, right, t in sorted(spans, key=lambda s: s[0]):
+        row = next((r for r, end in enumerate(row_ends) if left > end + 0.01), len(row_ends))
+        if row == len(row_ends):
+            row_ends.append(right)
+        row_ends[row] = right
+        t.xy = (t.xy[0], 0.985 - row * height)
+    return texts

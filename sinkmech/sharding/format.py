@@ -15,7 +15,7 @@ associative (to float64 rounding); the one-pass result is the merge of one
 shard. Each analysis says, next to its result, how that result becomes a part
 and how a merged part becomes the result again (its package's `parts` module:
 `sinkmech.sharding.measures`, `sinkmech.sharding.dormant`, `sinkmech.sharding.interventions`,
-`sinkmech.sharding.context`); `KINDS` finds them by the part's kind. The file
+`sinkmech.sharding.length`); `KINDS` finds them by the part's kind. The file
 format (`.partial.json`, strict JSON, float64 values exact, `sinkmech.sharding.arrays`)
 is documented in docs/outputs.md.
 """
@@ -361,8 +361,8 @@ KINDS = {
     "ablate": "sinkmech.sharding.interventions:ablate_result",
     "patch": "sinkmech.sharding.interventions:patch_result",
     "perturb": "sinkmech.sharding.interventions:spread_result",
-    "length_scores": "sinkmech.sharding.context:scores_result",
-    "length": "sinkmech.sharding.context:length_result",
+    "length_scores": "sinkmech.sharding.length:scores_result",
+    "length": "sinkmech.sharding.length:length_result",
 }
 
 

@@ -101,7 +101,7 @@ def host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def answers(host: str, port: int, timeout: float) -> bool:
+def port_answers(host: str, port: int, timeout: float) -> bool:
     """Whether something accepts a TCP connection at host:port within `timeout` seconds."""
     try:
         with socket.create_connection((host, port), timeout=max(timeout, 0.05)):
@@ -123,7 +123,7 @@ def wait_for_address(address: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
-        if answers(*hp, timeout=min(2.0, left)):
+        if port_answers(*hp, timeout=min(2.0, left)):
             return
         if time.monotonic() + 1.0 >= deadline:
             raise ClusterUnreachable(
@@ -208,7 +208,7 @@ def head_answers(ray) -> bool:
         hp = host_port(ray.get_runtime_context().gcs_address)
     except Exception:  # no address to probe: assume it answers, Ray will say otherwise
         return True
-    return hp is None or answers(*hp, timeout=2.0)
+    return hp is None or port_answers(*hp, timeout=2.0)
 
 
 def run_on_ray(

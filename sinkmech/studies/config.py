@@ -59,8 +59,8 @@ class StudyConfig:
         if unknown:
             raise ConfigError(f"unknown setting(s) for the study {cls.study!r}: {', '.join(unknown)} "
                               f"(known: {', '.join(fields)})")
-        # lists (JSON's, TOML's) become the tuples the fields are annotated with; the rest is checked by __post_init__
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: coerce(v, hints[k], k) for k, v in values.items()})  # then `check`, by __post_init__
 
     @classmethod
     def read(cls, path: str | Path) -> StudyConfig:
@@ -95,6 +95,17 @@ class StudyConfig:
 
         module, name = self.runner.split(":")
         return getattr(importlib.import_module(module), name)
+
+    def run(self, models=None, options=None):
+        """Run the study: `run_function()(models, self, options=options)` (`options`
+        only where the study's `run` takes them). `models`: what the study's `run`
+        takes (a loaded model, specs, or None for what the config names)."""
+        import inspect
+
+        fn = self.run_function()
+        if options is not None and "options" in inspect.signature(fn).parameters:
+            return fn(models, self, options=options)
+        return fn(models, self)
 
     def replace(self, **changes) -> StudyConfig:
         """A copy with `changes`, checked as `from_dict` checks them."""

@@ -67,7 +67,7 @@ class CompareConfig(StudyConfig):
             raise ConfigError("dormant_prompts, noop_prompts and noop_heads must be >= 0")
         if not 0 <= self.spread_position < self.spread_tokens - 1:
             raise ConfigError(f"spread_position must lie in [0, {self.spread_tokens - 1}), got {self.spread_position}")
-        if not self.models:
+        if not self.models:  # whether each loads here is the command line's check, before the first loads
             raise ConfigError("models: name at least one model")
         if not self.eps or any(not 0.0 <= e < 1.0 for e in self.eps):
             raise ConfigError(f"eps must be thresholds in [0, 1), got {list(self.eps)}")
@@ -77,8 +77,6 @@ def _positive(config: StudyConfig, *names: str) -> None:
     for key in names:
         if getattr(config, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {getattr(config, key)}")
-
-
 @register
 @dataclass(frozen=True)
 class DomainsConfig(StudyConfig):
@@ -197,6 +195,166 @@ class TheoryConfig(StudyConfig):
             raise ConfigError(f"validate_prompts must be >= 0, got {self.validate_prompts}")
         if not self.models:
             raise ConfigError("models: name at least one model")
+
+
+# The training studies (`sinkmech.studies.training`): each trains its runs from
+# scratch (no model is handed in), writes its rows, logs and figures under `out`
+# (checkpoints under `runs_dir`) and returns the rows. `sinkmech train study NAME`
+# runs the same configs under their short names.
+
+TRAIN_HELP = {
+    "preset": "the runs' sizes (sinkmech.train.presets.PRESETS)",
+    "steps": "optimiser steps (default: the preset's)",
+    "threads": "torch CPU threads per run (default: the preset's)",
+    "data": "the data source (default: the preset's)",
+    "seed": "the seed (default: the preset's)",
+    "eval_every": "steps between evaluations (default: the preset's)",
+    "sets": "KEY=VALUE overrides of any TrainConfig field, applied last",
+    "out": "where the rows (JSON, markdown), logs and figures go",
+    "runs_dir": "where the checkpoints go",
+    "prefix": "prefix of the output file names (e.g. 'gpu_')",
+    "jobs": "independent runs trained at once, in separate processes",
+}
+
+
+@dataclass(frozen=True)
+class TrainingConfig(StudyConfig):
+    """What every training study shares (`sinkmech.train.presets.StudySettings`):
+    the preset and its overrides, and where the outputs and checkpoints go."""
+
+    runner: ClassVar[str] = "sinkmech.studies.training:run"
+    short: ClassVar[str] = ""  # its name under `sinkmech train study`
+    help: ClassVar[dict[str, str]] = TRAIN_HELP
+
+    preset: Literal["cpu", "gpu", "text"] = "cpu"
+    steps: int | None = None
+    threads: int | None = None
+    data: Literal["text", "bigram_backcopy"] | None = None
+    seed: int | None = None
+    eval_every: int | None = None
+    sets: tuple[str, ...] = ()
+    out: str = "figures/train"
+    runs_dir: str = "runs/train"
+    prefix: str = ""
+    jobs: int = 1
+
+    def check(self) -> None:
+        for key in ("steps", "threads", "eval_every"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+        if self.jobs < 1:
+            raise ConfigError(f"jobs must be >= 1, got {self.jobs}")
+        from sinkmech.train.presets import parse_sets  # light: the TrainConfig fields, no torch
+
+        try:
+            parse_sets(self.sets)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("--set", "sets")) from None
+
+
+@register
+@dataclass(frozen=True)
+class PackingConfig(TrainingConfig):
+    """Table 2: both packings, with and without a fixed `<bos>` (four runs), each
+    evaluated with and without `<bos>`; and the emergence figure."""
+
+    study: ClassVar[str] = "train-packing"
+    short: ClassVar[str] = "packing"
+
+
+Positional = Literal["rotary", "standard", "none"]  # sinkmech.train.config.POSITIONALS
+
+
+@register
+@dataclass(frozen=True)
+class PositionalConfig(TrainingConfig):
+    """Token or position? The fixed-`<bos>` recipe under each positional embedding."""
+
+    study: ClassVar[str] = "train-positional"
+    short: ClassVar[str] = "positional"
+    help: ClassVar[dict[str, str]] = {**TRAIN_HELP, "positionals": "the positional embeddings, one run each"}
+
+    positionals: tuple[Positional, ...] = ("standard", "rotary", "none")  # sinkmech.train.presets.POSITIONAL_RUNS
+
+
+@register
+@dataclass(frozen=True)
+class ContextLengthConfig(TrainingConfig):
+    """The same model at several context lengths, tokens per step held constant,
+    every model scored on the shortest context's number of tokens."""
+
+    study: ClassVar[str] = "train-context-length"
+    short: ClassVar[str] = "context-length"
+    help: ClassVar[dict[str, str]] = {**TRAIN_HELP, "context_lengths": "the context lengths (default: the preset's)",
+                                      "fixed_bos": "train with a fixed <bos> at position 0"}
+
+    context_lengths: tuple[int, ...] | None = None
+    fixed_bos: bool = True
+
+    def check(self) -> None:
+        super().check()
+        if self.context_lengths is not None and (not self.context_lengths or min(self.context_lengths) < 2):
+            raise ConfigError(f"context_lengths must be integers >= 2, got {list(self.context_lengths)}")
+
+
+@register
+@dataclass(frozen=True)
+class MaskSelfConfig(TrainingConfig):
+    """Rotary positions with each query's own key masked, fixed `<bos>`, one run per seed."""
+
+    study: ClassVar[str] = "train-mask-self"
+    short: ClassVar[str] = "mask-self"
+    help: ClassVar[dict[str, str]] = {**TRAIN_HELP, "seeds": "one run per seed"}
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+
+@register
+@dataclass(frozen=True)
+class DepthConfig(TrainingConfig):
+    """The fixed-`<bos>` recipe at each depth and positional embedding, one run per seed."""
+
+    study: ClassVar[str] = "train-depth"
+    short: ClassVar[str] = "depth"
+    help: ClassVar[dict[str, str]] = {
+        **TRAIN_HELP, "seeds": "one run per seed", "layers": "the depths", "positionals": "the positional embeddings",
+        "deep_steps": "steps for depths >= 4 (default: the preset's)",
+        "fresh": "train the 1- and 2-layer runs anew instead of reusing the positional runs' logs",
+        "deep_seeds": "depths above 1 for the first N seeds only (default: every seed)"}
+
+    seeds: tuple[int, ...] = (0, 1, 2)
+    layers: tuple[int, ...] = (1, 2, 4)
+    positionals: tuple[Positional, ...] = ("rotary", "standard")
+    deep_steps: int | None = None
+    fresh: bool = False
+    deep_seeds: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        if not self.layers or min(self.layers) < 1:
+            raise ConfigError(f"layers must be depths >= 1, got {list(self.layers)}")
+
+
+@register
+@dataclass(frozen=True)
+class TextConfig(TrainingConfig):
+    """Natural text: every (depth, weight decay, fixed `<bos>` or not) combination, one run each."""
+
+    study: ClassVar[str] = "train-text"
+    short: ClassVar[str] = "text"
+    help: ClassVar[dict[str, str]] = {**TRAIN_HELP, "layers": "the depths", "weight_decays": "the weight decays",
+                                      "fixed_bos": "with a fixed <bos> (true), without (false), or both"}
+
+    preset: Literal["cpu", "gpu", "text"] = "text"
+    layers: tuple[int, ...] = (2,)
+    weight_decays: tuple[float, ...] = (0.1, 0.0)
+    fixed_bos: tuple[bool, ...] = (True, False)
+
+
+TRAINING_STUDIES: dict[str, type[TrainingConfig]] = {
+    c.short: c for c in (PackingConfig, PositionalConfig, ContextLengthConfig, MaskSelfConfig, DepthConfig, TextConfig)
+}
 
 
 @register

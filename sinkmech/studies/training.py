@@ -15,14 +15,23 @@ fixed-`<bos>` recipe at each depth and positional embedding, one run per seed.
 
 Each study trains its runs (`sinkmech.train.parallel`), writes
 `<prefix><study>.json` (one `SummaryRow` per run and inference condition) and
-its figures under `settings.out`, and returns the rows."""
+its figures under `settings.out`, and returns the rows; `run(None, config)`
+runs the one a config (`sinkmech.studies.configs`) names and returns its rows
+with the config (`TrainingStudy`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
+from sinkmech.options import RunOptions
+from sinkmech.results import Result
+from sinkmech.studies.configs import (
+    ContextLengthConfig, DepthConfig, MaskSelfConfig, PackingConfig, PositionalConfig, TextConfig, TrainingConfig,
+)
 from sinkmech.train.config import TrainConfig, run_name
 from sinkmech.train.parallel import read_json, reusable_log, run_many, same_config, save_log
 from sinkmech.train.presets import (
@@ -32,6 +41,7 @@ from sinkmech.train.presets import (
     PRESETS,
     RECIPES,
     StudySettings,
+    parse_sets,
     recipe_name,
 )
 from sinkmech.train.summary import PAPER_TABLE2, packing_table, summary_rows
@@ -271,3 +281,65 @@ def context_length(settings: StudySettings, context_lengths: Sequence[int] | Non
               f"{r['uniform_score']:>6.3f} {r['val_loss']:>6.3f}")
     print(f"wrote {settings.output('context_length.json')}, context_length.png, context_length_curves.png")
     return rows
+
+
+@dataclass(frozen=True)
+class TrainingStudy(Result):
+    """A training study's rows (one `SummaryRow` dict per run and inference
+    condition, as `<prefix><study>.json` holds them), the config it ran and its
+    wall time (runs whose logs were reused do not train again)."""
+
+    rows: tuple[dict, ...]
+    config: TrainingConfig
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"study": self.config.study, "rows": list(self.rows), "seconds": round(self.seconds, 1),
+                "config": self.config.to_dict()}
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.json_normalize(list(self.rows))
+
+
+def settings_of(config: TrainingConfig, options: RunOptions = RunOptions()) -> StudySettings:
+    """The `StudySettings` a training config runs with (progress bars from `options`)."""
+    return StudySettings(preset=config.preset, steps=config.steps, threads=config.threads, data=config.data,
+                         seed=config.seed, eval_every=config.eval_every, sets=config.sets, out=Path(config.out),
+                         runs_dir=Path(config.runs_dir), prefix=config.prefix, jobs=config.jobs,
+                         quiet=not options.progress)
+
+
+def run(models=None, config: TrainingConfig = PackingConfig(), options: RunOptions = RunOptions()) -> TrainingStudy:
+    """Run the training study `config` names: its runs trained from scratch (no
+    model is handed in: `models` must be None), its rows, logs and figures
+    written under `config.out`; returns the rows with the config.
+
+    Args:
+        config: `PackingConfig`, `PositionalConfig`, `ContextLengthConfig`,
+            `MaskSelfConfig`, `DepthConfig` or `TextConfig` (`sinkmech.studies.configs`).
+        options: progress bars (`options.progress`).
+    """
+    if models is not None:
+        raise ValueError(f"the training study {config.study!r} trains its own models: pass None")
+    t0 = time.perf_counter()
+    settings = settings_of(config, options)
+    parse_sets(settings.sets)  # a bad KEY=VALUE is an error before anything trains
+    c = config
+    if isinstance(c, PackingConfig):
+        rows = packing(settings)
+    elif isinstance(c, PositionalConfig):
+        rows = positional(settings, c.positionals)
+    elif isinstance(c, ContextLengthConfig):
+        rows = context_length(settings, c.context_lengths, fixed_bos=c.fixed_bos)
+    elif isinstance(c, MaskSelfConfig):
+        rows = mask_self(settings, c.seeds)
+    elif isinstance(c, DepthConfig):
+        rows = depth(settings, c.seeds, c.layers, c.positionals, deep_steps=c.deep_steps, fresh=c.fresh,
+                     deep_seeds=c.deep_seeds)
+    elif isinstance(c, TextConfig):
+        rows = text(settings, c.layers, c.weight_decays, fixed_bos=c.fixed_bos)
+    else:
+        raise ValueError(f"{type(c).__name__} is not a training study's config")
+    return TrainingStudy(tuple(rows), config, time.perf_counter() - t0)

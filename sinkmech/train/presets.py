@@ -107,10 +107,13 @@ def parse_sets(items: list[str] | tuple[str, ...] | None) -> dict:
             if value.lower() not in ("true", "false"):
                 raise ValueError(f"--set {key} takes true or false, got {value!r}")
             out[key] = value.lower() == "true"
-        elif isinstance(default, int) or default is None:
-            out[key] = int(value)
-        elif isinstance(default, float):
-            out[key] = float(value)
+        elif isinstance(default, (int, float)) or default is None:
+            kind = float if isinstance(default, float) else int
+            try:
+                out[key] = kind(value)
+            except ValueError:
+                raise ValueError(f"--set {key} takes {'a number' if kind is float else 'an integer'}, "
+                                 f"got {value!r}") from None
         else:
             out[key] = value
     return out

@@ -13,7 +13,7 @@ from helpers.paths import REPO
 ROOT = REPO
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w])")
 HEAD = re.compile(r"\bL\d+\.H\d+\b")
-# Written by `make demo` (compare, report) and by scripts/train_sinks.py (training).
+# Written by `make demo` (compare, report) and by `sinkmech train study findings` (training).
 FINDINGS_FILES = ("figures/findings.json", "figures/train/findings_train.json")
 
 

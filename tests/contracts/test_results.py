@@ -243,6 +243,11 @@ def _theory(m, rows, batch):
     br = _bound_ranking(m, rows, batch).to_dict()
     per_model = {"tiny": br}
     return Theory(per_model, correct(per_model), TheoryConfig(models=("tiny",)), 1.0)
+def _training_study(m, rows, batch):
+    from sinkmech.studies.configs import MaskSelfConfig
+    from sinkmech.studies.training import TrainingStudy
+
+    return TrainingStudy((_summary_row(m, rows, batch).to_dict(),), MaskSelfConfig(seeds=(0,)), 2.5)
 
 
 def _long_context(m, rows, batch):
@@ -257,11 +262,11 @@ def _long_context(m, rows, batch):
         return run(m, config, QUIET.replace(bos_token_id=TINY_BOS))
 
 
-TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sinkmech.train)
+TRAIN_RESULTS = {"TrainResult", "SummaryRow", "TrainingStudy"}  # built by training a model (sinkmech.train)
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
     "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
-    "Comparison": _compare_study,
+    "Comparison": _compare_study, "TrainingStudy": _training_study,
     "PerturbationSpread": _spread, "StreamResult": _stream, "KeySinks": _key_sinks,
     "HeadAttention": _head_attention, "HeadAblation": _ablation, "PatchResult": _patch,
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,

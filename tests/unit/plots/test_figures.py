@@ -135,3 +135,35 @@ def test_training_curves_wrap_many_runs_onto_bands_of_three_rows(tmp_path, monke
     flat = matplotlib.image.imread(training_curves(logs, tmp_path / "flat.png", per_row=7))
     assert wrapped.shape[0] / wrapped.shape[1] > 0.75
     assert flat.shape[1] / flat.shape[0] > 2.5
+
+
+def test_names_of_nearby_confirmed_heads_never_overlap_and_stay_inside(tmp_path, monkeypatch):
+    """SmolLM2's contrast had five confirmed heads within 0.01 of one another
+    (L26.H4, L29.H2, L16.H8, L21.H4, L25.H2): their names printed on top of one
+    another. Each name now has its own place, inside the axes."""
+    from sinkmech.plots import heads as module
+
+    drawn = {}
+    real = module._name_lines
+
+    def keep(fig, ax, named, **kw):
+        texts = drawn["texts"] = real(fig, ax, named, **kw)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        drawn["boxes"] = [t.get_window_extent(renderer) for t in texts]
+        drawn["axes"] = ax.get_window_extent(renderer)
+        return texts
+
+    monkeypatch.setattr(module, "_name_lines", keep)
+    diffs = list(np.linspace(-0.2, 0.2, 200))
+    marked = {"L26.H4": -0.250, "L29.H2": -0.248, "L16.H8": -0.245, "L21.H4": -0.245, "L25.H2": -0.244,
+              "L27.H5": -0.321, "L15.H1": 0.199}  # the last at the right edge
+    module.contrast_distribution(diffs, marked, {"median": 0.0, "ci": [-0.01, 0.01]}, tmp_path / "c.png")
+    boxes, axes = drawn["boxes"], drawn["axes"]
+    assert len(boxes) == len(marked)
+    for i, a in enumerate(boxes):
+        assert axes.x0 - 1 <= a.x0 and a.x1 <= axes.x1 + 1 and axes.y0 <= a.y0, drawn["texts"][i].get_text()
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    # the names say which line is which: each carries its head's difference
+    assert sorted(t.get_text() for t in drawn["texts"]) == sorted(f"{n} {x:+.3f}" for n, x in marked.items())

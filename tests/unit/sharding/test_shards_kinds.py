@@ -71,11 +71,10 @@ def test_every_kind_a_command_writes_is_registered_and_merged_by_sinkmech_merge(
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_each_kind_names_its_result_function_in_the_sharding_package(kind):
-    """Each kind's adapters sit in sharding/, one module per folder of results."""
+    """Each kind's adapters sit in sharding/ (what `sinkmech merge` reads them through)."""
     f = result_function(kind)
     assert callable(f) and f.__name__.endswith("_result")
-    package, module = f.__module__.rsplit(".", 1)
-    assert package == "sinkmech.sharding" and module in ("measures", "dormant", "interventions", "context"), f.__module__
+    assert f.__module__.rsplit(".", 1)[0] == "sinkmech.sharding", f.__module__
 
 
 def test_an_unknown_kind_is_refused_with_one_line(tmp_path, capsys):

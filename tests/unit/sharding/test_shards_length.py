@@ -1,4 +1,4 @@
-"""The evaluation-length sweep in two sharded stages (sinkmech.sharding.context):
+"""The evaluation-length sweep in two sharded stages (sinkmech.sharding.length):
 shards of 1, 2 and 3, each stage merged in any order, give the one-pass
 `sinks_vs_length`: the same per-prompt rows, the same chosen heads, the same
 sweep (the mask_first costs to float32 rounding: each shard's KL is its own mean)."""
@@ -17,7 +17,7 @@ from helpers.tolerance import SAME_TERMS, TINY_FORWARD, assert_normwise
 from sinkmech.context.length import (
     check_sweep, choose_heads, length_costs, length_scores, long_prompt_texts, plan_lengths, sinks_vs_length, truncate,
 )
-from sinkmech.sharding.context import (
+from sinkmech.sharding.length import (
     costs_partial, length_heads, length_result, prompt_rows, row_key, scores_partial, scores_result, scores_shard,
     sweep_settings,
 )

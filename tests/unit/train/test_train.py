@@ -59,7 +59,7 @@ def check_backcopy_rule(tokens: torch.Tensor, spec: BigramBackcopy) -> int:
 
 
 def study(argv: list[str]) -> int:
-    """`sinkmech train study ...`: the studies that scripts/train_sinks.py launches."""
+    """`sinkmech train study ...`: the training studies."""
     return main(["train", "study", *argv])
 
 

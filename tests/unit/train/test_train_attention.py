@@ -31,7 +31,7 @@ TINY = dict(data="bigram_backcopy", context_length=32, tokens_per_step=256, n_la
 
 
 def study(argv: list[str]) -> int:
-    """`sinkmech train study ...`: the studies that scripts/train_sinks.py launches."""
+    """`sinkmech train study ...`: the training studies."""
     return main(["train", "study", *argv])
 
 

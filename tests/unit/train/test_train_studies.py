@@ -87,7 +87,7 @@ def test_single_run_train_keeps_its_flags_and_study_is_a_subcommand(capsys):
     one = parser.parse_args(["train", "--out", "somewhere", "--layers", "3"])
     assert one.func.__name__ == "cmd_train" and one.layers == 3 and str(one.out) == "somewhere"
     study = parser.parse_args(["train", "study", "depth", "--layers", "1", "2", "--jobs", "2"])
-    assert study.func.__name__ == "cmd_study" and study.layers == [1, 2] and study.jobs == 2
+    assert study.func.__name__ == "cmd_train_study" and study.layers == [1, 2] and study.jobs == 2
     assert study.out == Path("figures/train") and study.deprecated_flags == ()
     assert main(["train", "--steps", "2"]) == 2
     assert "needs --out" in capsys.readouterr().err
