@@ -23,6 +23,9 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.interventions.phantom import (
+    PhantomSink, ValuelessBos, bos_state, paired_mass, phantom_hooks, valueless_bos_hooks,
+)
 from sinkmech.measures.loss import masked_row_losses, target_mask
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
@@ -35,6 +38,7 @@ from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmec
     moved_bos_targets,
     moved_key_score,
     sink_rate,
+    skip_target_mask,
 )
 from sinkmech.stats import prompt_curve, ratio_with_ci
 
@@ -66,6 +70,11 @@ class SinkScores(Result):
     # models with learned sink logits (gpt-oss): per (prompt, layer, head) the mean over
     # real queries of the learned sink's share (1 - the row's sum over real keys); None otherwise
     learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
+    # a sink intervention (`sink=`): what it was (`ValuelessBos.describe()` or
+    # `PhantomSink.describe()`), and for a phantom sink per (prompt, layer, head)
+    # the mass it took, mean over the prompt's real queries
+    sink: dict | None = None
+    phantom_mass: Float[Tensor, "prompt layer head_index"] | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -114,8 +123,9 @@ class SinkScores(Result):
         return ratio_with_ci(self.prompt_loss, self.prompt_targets().double(), seed=seed)
 
     def prompt_targets(self) -> Int[Tensor, " prompt"]:
-        """Content targets each prompt's loss sums over (content tokens 1 .. n-1)."""
-        return (self.content_lengths - 1).clamp(min=0)
+        """Content targets each prompt's loss sums over (content tokens 1 .. n-1; with
+        `<bos>` moved to K, all but content token K: `moved_bos_targets`)."""
+        return (self.content_lengths - (1 if self.bos_position is None else 2)).clamp(min=0)
 
     def mean_scores(self) -> Float[Tensor, "layer head_index"]:
         return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
@@ -190,6 +200,7 @@ class SinkScores(Result):
                 "value_norm_rest": self.value_norm_rest.flatten().cpu().numpy(),
                 **({} if self.learned_sink_scores is None else
                    {"learned_sink_score": self.learned_sink_scores.flatten().cpu().numpy()}),
+                **({} if self.phantom_mass is None else {"phantom_mass": self.phantom_mass.flatten().cpu().numpy()}),
             }
         )
 
@@ -219,6 +230,11 @@ class SinkScores(Result):
                 "learned_sink_scores": einops.reduce(self.learned_sink_scores,
                                                      "prompt layer head_index -> layer head_index", "mean").tolist(),
             }),
+            **({} if self.sink is None else {"sink": self.sink}),
+            **({} if self.phantom_mass is None else {
+                "phantom_mass": einops.reduce(self.phantom_mass, "prompt layer head_index -> layer head_index",
+                                              "mean").tolist(),
+            }),
         }
 
     def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
@@ -235,14 +251,16 @@ class SinkScores(Result):
 
 
 def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
-    """Without minus with `<bos>`, paired by prompt (both score the same content
-    targets of the same prompts): the loss gap [nats, lo, hi] and the sink-rate
-    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts."""
-    if not torch.equal(pre.prompt_targets(), none.prompt_targets()):
-        raise ValueError("the two conditions scored different content targets: they cannot be paired")
+    """Without minus with `<bos>`, paired by prompt: the sink-rate gap per eps
+    [points, lo, hi] and, where both scored the same content targets (not so with
+    `<bos>` moved: it leaves content token K out), the loss gap [nats, lo, hi],
+    with 95 % bootstrap intervals over prompts."""
+    if not torch.equal(pre.content_lengths, none.content_lengths):
+        raise ValueError("the two conditions scored different prompts: they cannot be paired")
     out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None])[0]
                              for e in eps}}
-    if pre.prompt_loss is not None and none.prompt_loss is not None:
+    same_targets = torch.equal(pre.prompt_targets(), none.prompt_targets())
+    if pre.prompt_loss is not None and none.prompt_loss is not None and same_targets:
         out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double())
     return out
 
@@ -263,6 +281,7 @@ def sink_scores(
     loss: bool = False,
     progress: bool = True,
     bos_position: int | None = None,
+    sink: ValuelessBos | PhantomSink | None = None,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -289,7 +308,14 @@ def sink_scores(
         bos_position: K >= 1 moves `<bos>` into the sequence (`move_bos`, with
             bos="prepend"): `scores` stay alpha_0 on key 0 (now a content
             token), `bos_scores` hold the attention on the `<bos>` key, and the
-            loss stays on the same content targets (`moved_bos_targets`).
+            loss is on content targets 1..n-1 except content token K, which only
+            the `<bos>` position would predict (`moved_bos_targets`).
+        sink: a sink intervention (`sinkmech.interventions.phantom`) in every pass:
+            `ValuelessBos` (bos="prepend": `<bos>`'s value zeroed in the chosen
+            heads) or `PhantomSink` (bos="none": a sink without a token; its
+            mass per head is `phantom_mass`, the paired form's m comes from the
+            same content with `<bos>` first, `bos_token_id` or the tokenizer's).
+            `scores` stay alpha_0 on key 0 as the intervened pattern has it.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -299,6 +325,7 @@ def sink_scores(
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
     if bos_position is not None:
         batch = move_bos(batch, bos_position)
+    phantom, bos_id, bos_values = _check_sink(model, batch, sink, bos_position, bos_token_id)
     chunks = batch.batches(batch_size)  # before any work: checks batch_size
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
@@ -309,6 +336,7 @@ def sink_scores(
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
     bos_scores = torch.zeros(P, L, H) if bos_position is not None else None
     learned = torch.zeros(P, L, H) if has_learned_sinks(model) else None
+    phantom_mass = torch.zeros(P, L, H) if phantom else None
     loss_sum, loss_n = 0.0, 0
     prompt_loss = torch.zeros(P, dtype=torch.float64)
     for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
@@ -319,7 +347,7 @@ def sink_scores(
         rest[:, 0] = 0.0
 
         def pattern_hook(pattern, hook):
-            check_rows(pattern, valid, hook.layer(), learned=learned is not None)
+            check_rows(pattern, valid, hook.layer(), learned=learned is not None, phantom=phantom)
             pattern = pattern.float()  # reductions in float32 whatever the model's dtype
             out["scores"][rows, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
             if learned is not None:
@@ -338,7 +366,7 @@ def sink_scores(
             resid_first[rows, hook.layer()] = norms[:, 0].float().cpu()
             resid_rest[rows, hook.layer()] = ((norms * rest).sum(-1) / n_rest).float().cpu()
 
-        hooks = []
+        hooks = _sink_hooks(model, part, sink, bos_id, bos_values, phantom_mass, rows)
         for l in range(L):
             hooks += [
                 (act_name("pattern", l), pattern_hook),
@@ -374,4 +402,46 @@ def sink_scores(
         bos_position=bos_position,
         bos_scores=bos_scores,
         learned_sink_scores=learned,
+        sink=None if sink is None else sink.describe(),
+        phantom_mass=phantom_mass,
     )
+
+
+def _check_sink(model: Model, batch: TokenBatch, sink, bos_position: int | None, bos_token_id: int | None):
+    """`sink=` checked against the batch: (is it a phantom, the `<bos>` id, `<bos>`'s values or None)."""
+    if sink is None:
+        return False, None, None
+    if isinstance(sink, ValuelessBos):
+        if batch.bos != "prepend" or bos_position is not None:
+            raise ValueError("a value-less <bos> needs <bos> first: bos='prepend', without bos_position")
+        valueless_bos_hooks(model, sink)  # checks the layers and heads now
+        return False, None, None
+    if not isinstance(sink, PhantomSink):
+        raise ValueError(f"sink must be a ValuelessBos or a PhantomSink, got {type(sink).__name__}")
+    if batch.bos != "none":
+        raise ValueError("a phantom sink stands in for <bos> on the run without it: bos='none'")
+    sink.check(model)
+    bos_id = bos_token_id if bos_token_id is not None else batch.bos_token_id
+    if bos_id is None and (sink.form == "paired" or isinstance(sink.value, str) and sink.value == "bos"):
+        from sinkmech.loading.models import bos_token_id as model_bos
+
+        bos_id = model_bos(model)
+    needs_value = isinstance(sink.value, str) and sink.value == "bos"
+    return True, bos_id, bos_state(model, bos_id).values if needs_value else None
+
+
+def _sink_hooks(model: Model, part: TokenBatch, sink, bos_id, bos_values, phantom_mass, rows) -> list:
+    """The intervention's hooks for one chunk (they run before the readers), recording
+    a phantom's mass per (prompt, head), mean over real queries, into `phantom_mass`."""
+    if sink is None:
+        return []
+    if isinstance(sink, ValuelessBos):
+        return valueless_bos_hooks(model, sink)
+    valid = part.mask.float()
+
+    def record(layer: int, m: Tensor) -> None:
+        per = einops.einsum(m.float(), valid.to(m.device), "b h q, b q -> b h") / part.lengths.to(m.device)[:, None]
+        phantom_mass[rows, layer] = per.cpu()
+
+    mass = paired_mass(model, part, bos_id) if sink.form == "paired" else None
+    return phantom_hooks(model, sink, mass=mass, bos_value=bos_values, record=record)
