@@ -57,6 +57,10 @@ def test_help_and_bad_flags_import_nothing_heavy(tmp_path):
         (["ablate", "--shard", "1/2", "--json", str(tmp_path / "a.json")], 2, "ending in .partial.json"),
         (["perturb", "--noise", "nan"], 2, "error: --noise must be a finite number"),
         (["sinks", "--json", "/proc/x.json"], 2, "error: --json /proc/x.json: cannot write into /proc"),
+        (["sinks", "--bos", "none", "--sink-value", "zero"], 2, "error: --sink-value zero"),
+        (["sinks", "--phantom-sink", "logits"], 2, "error: --phantom-sink logits needs --sink-logits"),
+        (["sinks", "--sink-logits", str(tmp_path / "none.json")], 2, "error: sink-logit file not found"),
+        (["fit-sinks", "--n-fit", "0", "--json", str(tmp_path / "f.json")], 2, "error: --n-fit must be >= 1"),
         # the last: `--version` prints torch's version, so it imports torch (the probe can see it), not TransformerLens
         (["--version"], 0, "torch"),
     ]
