@@ -232,3 +232,17 @@ def test_specs_refuse_what_they_cannot_do(tiny_model):
     with pytest.raises(ValueError, match="paired mass"):
         phantom_hooks(tiny_model, PhantomSink("paired"))
     assert int(head_selection(tiny_model, layers=[1]).sum()) == tiny_model.cfg.n_heads
+
+
+def test_a_planted_no_op_sink_loses_nothing_with_its_value():
+    """The planted null: a sink head whose value at <bos> is exactly zero (planted_model's
+    L0.H0). Zeroing <bos>'s value in that head changes nothing; in another head it does."""
+    from helpers.planted import planted_model
+
+    model = planted_model()
+    first = tokenize(model, ragged(6), bos="prepend", max_tokens=12, bos_token_id=TINY_BOS)
+    plain = residual_stack(model, first.tokens)
+    sink = residual_stack(model, first.tokens, valueless_bos_hooks(model, ValuelessBos(heads=((0, 0),))))
+    other = residual_stack(model, first.tokens, valueless_bos_hooks(model, ValuelessBos(heads=((0, 1),))))
+    assert rel_gap(sink, plain, first.mask) <= TOL
+    assert rel_gap(other, plain, first.mask) > 1e4 * TOL
