@@ -34,8 +34,9 @@ class DecompositionConfig(StudyConfig):
     `learned_files`: `sinkmech fit-sinks` files ("{model}" is replaced by each
     model's name), each a condition of its own; their fitting prompts are refused.
     `parts`: main (the conditions and the 2 x 2 design), moved (`<bos>` after K
-    content tokens), layers (the phantom in one layer, and in all but one), heads
-    (the phantom in the top-k sink heads); `<bos>` first and no `<bos>` run in each."""
+    content tokens), layers (the phantom in one layer at a time), all_but (in all
+    layers but one), heads (in the top-k sink heads only); `<bos>` first and no
+    `<bos>` run in each, so the pieces can run apart and be merged."""
 
     study: ClassVar[str] = "decomposition"
     runner: ClassVar[str] = "sinkmech.studies.decomposition:run"
@@ -51,7 +52,8 @@ class DecompositionConfig(StudyConfig):
     top_k: tuple[int, ...] = (1, 2, 4, 8, 16)
     layer_values: tuple[Literal["bos", "zero"], ...] = ("bos", "zero")
     learned_files: tuple[str, ...] = ("figures/fit_sinks/{model}_head.json", "figures/fit_sinks/{model}_head_value.json")
-    parts: tuple[Literal["main", "moved", "layers", "heads"], ...] = ("main", "moved", "layers", "heads")
+    parts: tuple[Literal["main", "moved", "layers", "all_but", "heads"], ...] = ("main", "moved", "layers", "all_but",
+                                                                                "heads")
     eps: tuple[float, ...] = (0.3, 0.8)
     batch_size: int = 8
     progress: bool = True

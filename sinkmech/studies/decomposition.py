@@ -263,14 +263,14 @@ def decompose(model: Model, prompts, select, config: DecompositionConfig, *, lea
         conds += [Condition(f"bos_at_{K}", K) for K in config.positions]
     L, H = model.cfg.n_layers, model.cfg.n_heads
     top: list[tuple[int, int]] = []
-    if "layers" in config.parts:
-        for value in config.layer_values:
-            for l in range(L):
+    for value in config.layer_values:
+        for l in range(L):
+            if "layers" in config.parts:
                 conds.append(Condition(f"layer_{value}_{l}", "none", PhantomSink("paired", value, layers=(l,)), False))
-                others = tuple(x for x in range(L) if x != l)
-                if others:
-                    conds.append(Condition(f"all_but_{value}_{l}", "none", PhantomSink("paired", value, layers=others),
-                                           False))
+            others = tuple(x for x in range(L) if x != l)
+            if "all_but" in config.parts and others:
+                conds.append(Condition(f"all_but_{value}_{l}", "none", PhantomSink("paired", value, layers=others),
+                                       False))
     if "heads" in config.parts and config.top_k:
         sel = tokenize(model, select, bos="none", max_tokens=config.max_tokens)
         ranked = bos_mass(model, sel, bos_token_id, options).mean(0)
@@ -335,12 +335,13 @@ def summarise(runs: Runs, config: DecompositionConfig, *, n_layers: int, top: Se
             e["vs_bos"] |= full.pop("vs_bos", {})
             e |= full
         out["conditions"][name] = e
-    out["design"] = design(runs, targets)
+    if all(k in runs.nll for k in ("phantom_bos_value", "phantom", "bias")):
+        out["design"] = design(runs, targets)
     out["layers"] = {}
     for value in config.layer_values:
         one = [_share(runs, f"layer_{value}_{l}", none, cost) for l in range(n_layers)]
         but = [_share(runs, f"all_but_{value}_{l}", none, cost) for l in range(n_layers)]
-        if any(x is not None for x in one):
+        if any(x is not None for x in one + but):
             out["layers"][value] = {"one": one, "all_but": but}
     out["heads"] = {"ranked_on": "attention on <bos> over content queries, <bos> first, on the selection prompts",
                     "top": [f"L{l}.H{h}" for l, h in top], "top_k": {}}
@@ -467,7 +468,7 @@ def run(model_or_models, config: DecompositionConfig = DecompositionConfig()) ->
 
             model = load_model(name)
         learned = {}
-        for pattern in config.learned_files:
+        for pattern in config.learned_files if "main" in config.parts else ():
             f = read_sink_file(pattern.format(model=name))
             f.refuse_fitted(prompts)
             f.check_shape(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
@@ -499,10 +500,18 @@ def merge(parts: Sequence[Mapping]) -> dict:
         config["parts"] = list(dict.fromkeys([*config["parts"], *c["parts"]]))
         for name, section in p["models"].items():
             into = models.setdefault(name, {})
-            for k, v in section.items():
-                if isinstance(v, dict) and isinstance(into.get(k), dict):
-                    into[k] = {**into[k], **{kk: vv for kk, vv in v.items() if vv not in (None, {}, [])}}
-                elif v not in (None, {}, []) or k not in into:
-                    into[k] = v
+            _union(into, section)
     return {"config": config, "models": models}
 
+
+def _union(into: dict, new: Mapping) -> None:
+    """`new` into `into`: dicts recursively, lists element by element (a None, a
+    piece's missing entry, gives way to a value), anything else replaced unless empty."""
+    for k, v in new.items():
+        old = into.get(k)
+        if isinstance(v, Mapping) and isinstance(old, dict):
+            _union(old, v)
+        elif isinstance(v, list) and isinstance(old, list) and len(v) == len(old) and (None in v or None in old):
+            into[k] = [b if a is None else a for a, b in zip(old, v)]
+        elif k not in into or v not in (None, {}, []):
+            into[k] = v
