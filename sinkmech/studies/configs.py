@@ -26,6 +26,91 @@ def register(cls: type[StudyConfig]) -> type[StudyConfig]:
 
 @register
 @dataclass(frozen=True)
+class FirstTokenConfig(StudyConfig):
+    """Sink or token? Other first tokens in `<bos>`'s place (`sinkmech.studies.first_token`):
+    `<bos>`, `<eos>`, `<pad>` (where it differs from `<eos>`), a newline, " the", a rare
+    word, `<bos>` twice and nothing, each paired by prompt against `<bos>` first on
+    the first `n_prompts` prompts of the default corpus; Gemma 3 270M (trained with
+    a fixed `<bos>`) and SmolLM2 (the control). Findings: `<model>.first_token.<name>`."""
+
+    study: ClassVar[str] = "first_token"
+    runner: ClassVar[str] = "sinkmech.studies.first_token:run"
+
+    models: tuple[str, ...] = ("gemma3-270m", "smollm2")
+    n_prompts: int = 64
+    max_tokens: int = 64
+    swap_position: int = 4
+    batch_size: int = 8
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class BosPositionConfig(StudyConfig):
+    """Sink or position? `<bos>` moved after K content tokens (`sinkmech.studies.bos_position`),
+    against `<bos>` first and no `<bos>` on the same content targets (all but
+    content token K, which only the `<bos>` position would predict).
+    Findings: `<model>.bos_position.<K>`."""
+
+    study: ClassVar[str] = "bos_position"
+    runner: ClassVar[str] = "sinkmech.studies.bos_position:run"
+
+    models: tuple[str, ...] = ("gemma3-270m",)
+    n_prompts: int = 64
+    max_tokens: int = 64
+    positions: tuple[int, ...] = (1, 2, 4, 8)
+    eps: tuple[float, ...] = (0.3, 0.8)
+    batch_size: int = 8
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class BosCostConfig(StudyConfig):
+    """What masking key 0 in some heads reproduces of the `<bos>` cost
+    (`sinkmech.studies.bos_cost`): heads ranked by their `mask_first` loss change
+    on the first `select` prompts, the top k masked together on the next `eval`
+    (held out), every k reported (none picked). Findings: `<model>.bos_cost`."""
+
+    study: ClassVar[str] = "bos_cost"
+    runner: ClassVar[str] = "sinkmech.studies.bos_cost:run"
+
+    models: tuple[str, ...] = ("gemma3-270m",)
+    select: int = 8
+    eval: int = 32
+    max_tokens: int = 48
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_size: int = 8
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class TextBosCostConfig(StudyConfig):
+    """`bos_cost` on models trained here (`sinkmech train study text`; each a
+    checkpoint folder), on their own held-out text windows
+    (`sinkmech.studies.text_bos_cost`): `select` windows of the validation split's
+    first half rank the heads, `eval` of its second half are held out; each run's
+    log compared with the committed one in `logs` when given. Findings:
+    `train.text.bos_cost.<run>`."""
+
+    study: ClassVar[str] = "text_bos_cost"
+    runner: ClassVar[str] = "sinkmech.studies.text_bos_cost:run"
+
+    checkpoints: tuple[str, ...] = tuple(f"runs/train/text/text-{r}" for r in (
+        "L2H4-wd0-fixedbos-s0", "L2H4-wd0.1-fixedbos-s0", "L4H4-wd0.1-fixedbos-s0", "L4H4-wd0.1-fixedbos-s1",
+        "L4H4-wd0.1-fixedbos-s2"))
+    logs: str | None = "figures/train/logs/text"
+    select: int = 64
+    eval: int = 256
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_size: int = 8
+    threads: int = 1
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
 class DecompositionConfig(StudyConfig):
     """Sink or `<bos>`: what removing `<bos>` costs, split into the mass and the value
     (`sinkmech.studies.decomposition`). Held-out prompts `first_prompt` ..
@@ -40,6 +125,8 @@ class DecompositionConfig(StudyConfig):
 
     study: ClassVar[str] = "decomposition"
     runner: ClassVar[str] = "sinkmech.studies.decomposition:run"
+    # what draws its figures from the result's JSON into a folder (PNG and SVG)
+    figures: ClassVar[str] = "sinkmech.plots.decomposition:decomposition_figures"
 
     models: tuple[str, ...] = ("gemma3-270m", "smollm2")
     prompts: str | None = None
