@@ -31,6 +31,7 @@ from sinkmech.files import json_text, write_text
 from sinkmech.loading.models import cpu_slowdown, load_model, native_cpu_dtype
 from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import RunOptions
 
 DTYPES = ("float32", "bfloat16", "float16")
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -50,7 +51,7 @@ def bench_model(spec: str, n_prompts: int, n_tokens: int, repeats: int) -> dict:
 
     def forward(name: str):
         model, batch = loaded[name]
-        return lambda: sink_scores(model, batch, batch_size=n_prompts, loss=True, progress=False)
+        return lambda: sink_scores(model, batch, loss=True, options=RunOptions(batch_size=n_prompts, progress=False))
 
     failed = {}
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from sinkmech.options import RunOptions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     blocks = forward(stop_at_layer=model.cfg.n_layers)
     sync()
     t0 = time.perf_counter()
-    scan = scan_heads(model, batch, batch_size=args.batch_size, progress=False)
+    scan = scan_heads(model, batch, options=RunOptions(batch_size=args.batch_size, progress=False))
     sync()
     t_scan = time.perf_counter() - t0
     n_tok = int(batch.lengths.sum())

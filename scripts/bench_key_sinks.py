@@ -16,6 +16,7 @@ from sinkmech.hooks import run
 from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
+from sinkmech.options import RunOptions
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
             run(model, batch.tokens[i : i + bs], stop_at_layer=L)
 
     def keys():
-        key_sink_scores(model, batch, batch_size=bs, progress=False)
+        key_sink_scores(model, batch, options=RunOptions(batch_size=bs, progress=False))
 
     phases = {"plain forward (no unembed)": plain, "key_sink_scores": keys}
     keys()  # warm-up

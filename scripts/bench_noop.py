@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from sinkmech.options import QUIET
 
 # the heads `make demo` checks (compare's if_else heads at the default cut, then its three closest candidates)
 DEMO_HEADS = {
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.repeats):
         for method in methods:
             w, c = time.perf_counter(), time.process_time()
-            results[method] = noop_check(model, batch, heads, method=method, progress=False)
+            results[method] = noop_check(model, batch, heads, method=method, options=QUIET)
             wall[method].append(time.perf_counter() - w)
             cpu[method].append(time.process_time() - c)
     med = {m: sorted(v)[len(v) // 2] for m, v in wall.items()}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from sinkmech.options import RunOptions
 
 
 class Timer:
@@ -74,12 +75,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     time_forwards()
     with Timer() as ts:
-        exact = head_ablations(model, batch, mode=args.mode, progress=True)
+        exact = head_ablations(model, batch, mode=args.mode, options=RunOptions(progress=True))
     time_forwards()
     one = None
     if args.prompt_batch_one:
         with Timer() as t1:
-            one = head_ablations(model, batch, mode=args.mode, prompt_batch=1, progress=True)
+            one = head_ablations(model, batch, mode=args.mode, prompt_batch=1, options=RunOptions(progress=True))
         time_forwards()
 
     n_loop = n_cells if args.loop_heads is None else max(1, min(args.loop_heads, n_cells))

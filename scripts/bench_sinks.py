@@ -20,6 +20,7 @@ from sinkmech.hooks import run
 from sinkmech.loading.models import load_model
 from sinkmech.prompts import default_corpus, tokenize
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import RunOptions
 
 
 def _rss_kib(field: str) -> int:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def streaming():
         # The same tokens as the other phases: the timing holds no tokenization.
-        sink_scores(model, batch, max_tokens=args.tokens, batch_size=bs, progress=False)
+        sink_scores(model, batch, max_tokens=args.tokens, options=RunOptions(batch_size=bs, progress=False))
 
     def cached():
         scores = []

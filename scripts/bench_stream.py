@@ -15,6 +15,7 @@ from benchtime import interleaved_medians
 from sinkmech.hooks import run
 from sinkmech.loading.models import load_model
 from sinkmech.context.stream import long_tokens, stream_perplexity
+from sinkmech.options import QUIET
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def stream():
         # one full-attention pass + one windowed pass
-        stream_perplexity(model, batch, window=args.window, keep=(args.keep,), progress=False)
+        stream_perplexity(model, batch, window=args.window, keep=(args.keep,), options=QUIET)
 
     phases = {"plain forward": plain, "stream_perplexity (full + 1 window)": stream}
     plain()  # warm-up

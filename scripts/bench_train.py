@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from sinkmech.files import json_text, write_text
+from sinkmech.options import RunOptions
 from sinkmech.train.presets import PRESETS
 from sinkmech.train.run import TrainConfig, TrainData, build_model, train
 
@@ -62,8 +63,8 @@ def time_plain(cfg: TrainConfig, steps: int) -> float:
 
 def time_train(cfg: TrainConfig, steps: int) -> float:
     """Seconds per step of `train` (one evaluation at the end, subtracted)."""
-    log = train(replace(cfg, steps=steps, eval_every=steps, warmup=min(cfg.warmup, steps)), None, device="cpu",
-                progress=False).log
+    log = train(replace(cfg, steps=steps, eval_every=steps, warmup=min(cfg.warmup, steps)), None,
+                options=RunOptions(progress=False, device="cpu")).log
     return (log["seconds"] - log["eval_seconds"]) / steps
 
 

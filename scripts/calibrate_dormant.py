@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from sinkmech.options import RunOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 STRENGTHS = (0.2, 0.25, 0.3, 0.4, 0.6, 1.0)
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.no_grad():
             for h in (0, 1, 2):
                 model.blocks[0].attn.W_Q[h] *= f
-        scan = scan_heads(model, corpus(args.n_prompts, 100 + seed), bos="prepend", bos_token_id=TINY_BOS,
-                          max_tokens=20, progress=False, n_boot=0)
+        scan = scan_heads(model, corpus(args.n_prompts, 100 + seed), bos="prepend", max_tokens=20,
+                          options=RunOptions(progress=False, bos_token_id=TINY_BOS), n_boot=0)
         for row in scan.sweep:
             key = f"{row['high']:g}_{row['low']:g}"
             c = counts.setdefault(key, {"high": row["high"], "low": row["low"], "if_else_recovered": 0,

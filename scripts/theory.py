@@ -33,6 +33,7 @@ from sinkmech.files import json_text, write_text
 from sinkmech.findings import flatten, record
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import CONDITIONS, default_corpus, tokenize
+from sinkmech.options import QUIET
 
 
 def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tensor:
@@ -43,7 +44,7 @@ def entropy_per_prompt(model, prompts: list[str], max_tokens: int) -> torch.Tens
     swaps = corpus_swaps(content, 4)
     out = torch.zeros(len(CONDITIONS), len(content))
     for p, (row, swap) in enumerate(zip(content, swaps)):
-        res = perturbation_spread(model, [row], perturbation=[swap], progress=False)
+        res = perturbation_spread(model, [row], perturbation=[swap], options=QUIET)
         out[:, p] = res.normalized_entropy.nanmean((1, 2))
     return out
 

@@ -30,6 +30,8 @@ _EXPORTS = {
     "head_attention": "sinkmech.measures.attention", "HeadAttention": "sinkmech.measures.attention",
     "compare_model": "sinkmech.studies.compare", "ModelComparison": "sinkmech.studies.compare",
     "build_report": "sinkmech.report",
+    "RunOptions": "sinkmech.options", "QUIET": "sinkmech.options", "Thresholds": "sinkmech.dormant.labels",
+    "LogitDiff": "sinkmech.interventions.metrics", "CompareConfig": "sinkmech.studies.configs",
 }
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "BosPair", "bos_pair", "patch", "head_ablations", "HeadAblation", "attribute_ablations", "ablation_setup",
     "AblationSetup", "perturbation_spread", "sensitivity", "sensitivity_study", "rank_collapse", "repeat_collapse", "head_attention", "HeadAttention",
     "compare_model", "ModelComparison", "build_report",
+    "RunOptions", "QUIET", "Thresholds", "LogitDiff", "CompareConfig",
 ]
 
 

@@ -17,11 +17,13 @@ from sinkmech.cli.common import (
     load_model_arg,
     positive_int,
     prompts_arg,
+    run_options,
     write_results,
 )
 from sinkmech.cli.shard import AnswersTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
 from sinkmech.sharding.resume import already_done
 from sinkmech.sharding.format import write_partial
+from sinkmech.options import RunOptions
 
 
 def add_ablate_parser(sub) -> None:
@@ -68,20 +70,22 @@ class AblateTask(AnswersTask):
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.interventions.ablation import head_ablations
+        from sinkmech.interventions.metrics import resolve_metric
         from sinkmech.prompts import tokenize
         from sinkmech.sharding.interventions import ablate_partial
 
         model, ids = state
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
-        result = head_ablations(model, batch, mode=self.mode, bos=self.bos, metric=self.metric, answers=ids,
-                                max_tokens=self.max_tokens, max_rows=self.max_rows, prompt_batch=self.prompt_batch,
-                                progress=False)
+        result = head_ablations(model, batch, mode=self.mode, bos=self.bos, metric=resolve_metric(self.metric, ids),
+                                max_tokens=self.max_tokens, prompt_batch=self.prompt_batch,
+                                options=RunOptions(batch_size=self.max_rows, progress=False))
         return ablate_partial(result, batch, {**self.settings, **model_settings(model)},
                               **self.where(shard, n_shards, index))
 
 
 def cmd_ablate(args) -> None:
     from sinkmech.interventions.ablation import head_ablations
+    from sinkmech.interventions.metrics import resolve_metric
 
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
     if args.mode == "drop_sink":
@@ -107,11 +111,13 @@ def cmd_ablate(args) -> None:
         return
     model = load_model_arg(args)
     _sink_note(model, args.mode)
-    kw = dict(mode=args.mode, bos=args.bos, metric=args.metric, answers=answers(model, args), max_tokens=args.max_tokens)
+    kw = dict(mode=args.mode, bos=args.bos, metric=resolve_metric(args.metric, answers(model, args)),
+              max_tokens=args.max_tokens)
     # by default every prompt in one group of passes; --prompt-batch 1 (not for "mean", which needs them all)
-    # makes a prompt's effects independent of the prompts beside it, so shards make this run's passes exactly
-    exact = head_ablations(model, prompts, max_rows=max(args.batch_size, 1) * 8,
-                           prompt_batch=None if args.mode == "mean" else args.prompt_batch, **kw)
+    # makes a prompt's effects independent of the prompts beside it, so shards make this run's passes exactly;
+    # 8 copies of a batch of prompts per stacked forward pass
+    exact = head_ablations(model, prompts, prompt_batch=None if args.mode == "mean" else args.prompt_batch,
+                           options=run_options(args, batch_size=max(args.batch_size, 1) * 8), **kw)
     ablate_output(args, model, prompts, exact, kw)
 
 
@@ -173,7 +179,7 @@ def ablate_loss(args, prompts) -> None:
         raise UsageError("--answers is for --metric logit_diff")
     model = load_model_arg(args)
     res = head_loss_changes(model, prompts, mode=args.mode, bos=args.bos, max_tokens=args.max_tokens,
-                            batch_size=args.batch_size)
+                            options=run_options(args))
     payload = {"model": args.model, "bos": args.bos, **res.to_dict()}
     print(f"{args.mode} ablation (bos={args.bos}): change of the next-token loss on content targets, nats per target "
           f"(the unablated run: {payload['clean_loss']:.4f})")

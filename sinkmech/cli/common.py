@@ -124,6 +124,17 @@ def load_model_arg(args, spec: str | None = None):
                              dtype=getattr(args, "dtype", "float32"))
 
 
+def run_options(args, *, bos_token_id: int | None = None, progress: bool = True, batch_size: int | None = None):
+    """How the command's analyses run (`sinkmech.options.RunOptions`): --batch-size
+    (or `batch_size`), --device and --dtype where the command has them, progress
+    bars (off for a shard's worker), and the `<bos>` id --bos-token resolved to."""
+    from sinkmech.options import RunOptions
+
+    return RunOptions(batch_size=batch_size if batch_size is not None else getattr(args, "batch_size", None),
+                      progress=progress, device=getattr(args, "device", None), dtype=getattr(args, "dtype", None),
+                      bos_token_id=bos_token_id)
+
+
 def add_intervention_common(p: argparse.ArgumentParser) -> None:
     """The common flags and --n-prompts (patch, ablate, perturb)."""
     add_common(p)

@@ -5,14 +5,14 @@ without `<bos>`, and the dormant-head scan, for each model; one folder out
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinkmech.cli.common import (
-    Distinct, FlagValueError, UsageError, load_model_arg, model_name, non_negative_int, output_file, output_folder, positive_int, prompts_arg,
+    Distinct, FlagValueError, UsageError, model_name, non_negative_int, output_file, output_folder, positive_int,
+    prompts_arg, run_options,
 )
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record, report_findings
@@ -51,20 +51,6 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.set_defaults(func=cmd_compare)
-
-
-def table_rows(results: list[ModelComparison]) -> list[dict]:
-    """One row per (model, condition): the columns of compare.md."""
-    from sinkmech.prompts import CONDITIONS
-
-    rows = []
-    for r in results:
-        for c in CONDITIONS:
-            row = r.conditions[c]
-            rows.append({"model": r.model, "bos": c, **{f"sink_rate_{e}": v for e, v in row.sink_rate.items()},
-                         "mean_score": row.mean_score, "uniform_score": row.uniform_score, "loss": row.loss,
-                         "spread": row.spread})
-    return rows
 
 
 def markdown(results: list[ModelComparison]) -> str:
@@ -162,7 +148,7 @@ def write_report(args, model, name: str, prompts, shared) -> None:
 
     print(f"report on {name} ...", flush=True)
     report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
-                          max_tokens=args.max_tokens, batch_size=args.batch_size, overwrite=args.overwrite,
+                          max_tokens=args.max_tokens, options=run_options(args), overwrite=args.overwrite,
                           scan_prompts=args.dormant_prompts or ReportContext.scan_prompts,
                           noop_prompts=args.noop_prompts, shared=shared)
     if args.findings is not None:
@@ -171,35 +157,48 @@ def write_report(args, model, name: str, prompts, shared) -> None:
     print(f"wrote {report.index}", flush=True)
 
 
-def cmd_compare(args) -> None:
-    from sinkmech.studies.compare import compare_model
-    from sinkmech.plots.compare import depth_curves, first_token_score_panels, spread_panels
-    from sinkmech.prompts import CONDITIONS
+def compare_config(args):
+    """The flags as a `CompareConfig` (checked here, before torch loads)."""
+    from sinkmech.studies.configs import CompareConfig
 
     names = args.models if args.models is not None else default_models()
+    return CompareConfig(models=tuple(names), prompts=None if args.prompts is None else str(args.prompts),
+                         n_prompts=args.n_prompts, max_tokens=args.max_tokens, spread_prompts=args.spread_prompts,
+                         spread_tokens=args.spread_tokens, dormant_prompts=args.dormant_prompts,
+                         noop_prompts=args.noop_prompts)
+
+
+def cmd_compare(args) -> None:
+    config = compare_config(args)
     prompts = prompts_arg(args)
     check_output_dir(args.out, overwrite=args.overwrite, what="comparison folder")  # before any model loads
     if args.report is not None:
         if args.report.resolve() == args.out.resolve():
             raise UsageError("--report must name a folder other than --out")
         check_output_dir(args.report, overwrite=args.overwrite, what="report folder")
+    from sinkmech.loading.models import each_model
+    from sinkmech.studies.compare import Comparison, compare_model
+
+    options = run_options(args)
     results, t0 = [], time.perf_counter()
-    for i, name in enumerate(names):
-        print(f"loading {name} ...", flush=True)
-        model = load_model_arg(args, name)
-        result = compare_model(
-            model, prompts, name=name, n_prompts=args.n_prompts, max_tokens=args.max_tokens,
-            spread_prompts=args.spread_prompts, spread_tokens=args.spread_tokens,
-            dormant_prompts=args.dormant_prompts, noop_prompts=args.noop_prompts, batch_size=args.batch_size)
+    for i, (name, model) in enumerate(each_model(config.models, device=args.device, dtype=args.dtype)):
+        result = compare_model(model, prompts, config=config, name=name, options=options)
         if i == 0 and args.report is not None:
             write_report(args, model, name, prompts, result.shared)
         results.append(replace(result, shared=None))  # the kept passes go with the model
         del model
-        gc.collect()  # one model in memory at a time
+    write_comparison(args, Comparison(tuple(results), config, time.perf_counter() - t0))
+
+
+def write_comparison(args, comparison) -> None:
+    """compare.json (the study's result), compare.md and the figures into --out,
+    whole or not at all; the findings into --findings."""
+    from sinkmech.plots.compare import depth_curves, first_token_score_panels, spread_panels
+    from sinkmech.prompts import CONDITIONS
+
+    results = list(comparison.models)
     with staged_dir(args.out, overwrite=args.overwrite, what="comparison folder") as tmp:
-        payload = {"models": [r.to_dict() for r in results], "table": table_rows(results),
-                   "seconds": round(time.perf_counter() - t0, 1)}
-        write_text(tmp / "compare.json", json_text(payload))
+        write_text(tmp / "compare.json", json_text(comparison.to_dict()))
         write_text(tmp / "compare.md", markdown(results))
         for suffix in (".png", ".svg"):
             first_token_score_panels({r.model: {c: r.conditions[c].per_layer_score for c in CONDITIONS} for r in results},
@@ -219,4 +218,4 @@ def cmd_compare(args) -> None:
         print(f"recorded findings in {args.findings}")
     print(markdown(results))
     print(f"wrote {args.out}/compare.json, compare.md, first_token_score.png, spread.png "
-          f"in {time.perf_counter() - t0:.0f} s")
+          f"in {comparison.seconds:.0f} s")

@@ -66,11 +66,11 @@ def cmd_fit_sinks(args) -> None:
     fit = tokenize(model, fit_part, bos="none", max_tokens=args.max_tokens)
     held = tokenize(model, held_part, bos="none", max_tokens=args.max_tokens)
     bos = bos_token_id(model)
-    options = RunOptions(batch_size=8)
-    fitted = fit_sinks(model, fit, settings, bos_token_id=bos, fit_prompts=tuple(fit_part), options=options)
+    options = RunOptions(batch_size=8, bos_token_id=bos)
+    fitted = fit_sinks(model, fit, settings, fit_prompts=tuple(fit_part), options=options)
     from dataclasses import replace
 
-    fitted = replace(fitted, evaluation=evaluate_sinks(model, held, fitted, bos_token_id=bos, options=options))
+    fitted = replace(fitted, evaluation=evaluate_sinks(model, held, fitted, options=options))
     e = fitted.evaluation
     cell = lambda v: "n/a" if v is None else f"{v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]"  # noqa: E731
     print(f"{settings.name}: {len(fitted.heads)} sinks fitted on {len(fit)} prompts in {settings.steps} steps "

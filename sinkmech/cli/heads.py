@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 from sinkmech.cli.common import (
     BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
-    load_model_arg, non_negative_int, output_file, positive_int, write_results,
+    load_model_arg, non_negative_int, output_file, positive_int, run_options, write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
 from sinkmech.sharding.resume import already_done, prompts_sha256
 from sinkmech.findings import flatten, record
 from sinkmech.sharding.format import write_partial
+from sinkmech.options import RunOptions
 
 
 def add_heads_parser(sub) -> None:
@@ -72,8 +73,8 @@ def cmd_contrast(args) -> None:
              "python-source" if args.contrast == PYTHON_SOURCE else str(args.contrast))
     model = load_model_arg(args)
     bos_id = bos_token_arg(model, args)
-    kw = dict(bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
-              thresholds=thresholds_arg(args), sweep=False, n_boot=0)
+    kw = dict(bos=args.bos, max_tokens=args.max_tokens, thresholds=thresholds_arg(args), sweep=False, n_boot=0,
+              options=run_options(args, bos_token_id=bos_id))
     scans = [scan_heads(model, corpus, **kw) for corpus in (a, b)]
     contrast = contrast_heads(*scans, name_a=names[0], name_b=names[1])
     print_contrast(contrast)
@@ -167,8 +168,8 @@ def cmd_heads(args) -> None:
         print(note, file=sys.stderr)
     bos_id = bos_token_arg(model, args)
     target = parse_head(args.head, model) if args.head else None
-    scan = scan_heads(model, scanned, bos=args.bos, max_tokens=args.max_tokens, batch_size=args.batch_size,
-                      bos_token_id=bos_id, thresholds=thresholds_arg(args))
+    scan = scan_heads(model, scanned, bos=args.bos, max_tokens=args.max_tokens, thresholds=thresholds_arg(args),
+                      options=run_options(args, bos_token_id=bos_id))
     heads_output(args, model, prompts, scan, bos_id, target, noop_rows)
 
 
@@ -190,8 +191,8 @@ class HeadsTask(BosTokenTask):
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
         # every shard counts positions up to the longest a prompt can be, so the parts add up
         n_pos = min(self.max_tokens, model.cfg.n_ctx - 1) + batch.offset
-        acc = accumulate(model, batch, Thresholds(**self.thresholds), batch_size=self.batch_size,
-                         first_prompt=index.start, n_pos=n_pos, progress=False)
+        acc = accumulate(model, batch, Thresholds(**self.thresholds), first_prompt=index.start, n_pos=n_pos,
+                         options=RunOptions(batch_size=self.batch_size, progress=False))
         return heads_partial(acc, batch, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
                              **self.where(shard, n_shards, index))
 
@@ -258,8 +259,8 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
     check = None
     if check_heads and len(noop_rows):
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
-                           max_tokens=args.max_tokens, batch_size=args.batch_size, bos_token_id=bos_id,
-                           high=scan.thresholds.high, low=scan.thresholds.low, prompt_indices=noop_rows)
+                           max_tokens=args.max_tokens, thresholds=scan.thresholds, prompt_indices=noop_rows,
+                           options=run_options(args, bos_token_id=bos_id))
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     if target:

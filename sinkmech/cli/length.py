@@ -17,12 +17,13 @@ from pathlib import Path
 
 from sinkmech.cli.common import (
     MODEL_HELP, PNG_HELP, Distinct, UsageError, at_least, head_spec, image_file, load_model_arg, model_name,
-    output_file, positive_float, positive_int, prompts_arg, source_constant, write_results,
+    output_file, positive_float, positive_int, prompts_arg, run_options, source_constant, write_results,
 )
 from sinkmech.cli.shard import ModelTask, add_shard_flags, check_part_output, model_settings, run_command_on_ray, run_shard
 from sinkmech.sharding.resume import ShardRun, model_sha256, prompts_sha256, sinkmech_version
 from sinkmech.loading.names import DEFAULT_MODEL
 from sinkmech.sharding.format import differing_setting, read_parts, shard_span
+from sinkmech.options import QUIET, RunOptions
 
 
 DEFAULT_TEXTS = 8  # texts of the default corpus without --prompts
@@ -103,7 +104,7 @@ def cmd_length(args) -> None:
     else:  # each prompt's first max(lengths) content tokens (cut to the context, room kept for <bos>)
         batch = tokenize(model, texts, bos=args.bos, max_tokens=min(max(lengths), model.cfg.n_ctx - 1))
     sweep = sinks_vs_length(model, batch, lengths=lengths, top_k=args.top, eps=DEFAULT_EPS,
-                            uniform_multiples=args.uniform_multiples, fixed_head=fixed, batch_size=args.batch_size)
+                            uniform_multiples=args.uniform_multiples, fixed_head=fixed, options=run_options(args))
     print_length_table(sweep)
 
     def png_out() -> None:
@@ -152,7 +153,7 @@ class ScoresTask(LengthTask):
         from sinkmech.context.length import check_sweep, length_scores, plan_lengths
         from sinkmech.hooks import parse_head
         from sinkmech.prompts import DEFAULT_EPS
-        from sinkmech.sharding.context import scores_partial
+        from sinkmech.sharding.context import scores_partial, sweep_settings
 
         fixed = None if self.head is None else parse_head(self.head, model)
         lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=self.lengths,
@@ -160,10 +161,11 @@ class ScoresTask(LengthTask):
                                               uniform_multiples=self.uniform_multiples, fixed_head=fixed)
         batch, sha = self.batch(model, index)
         done, _ = plan_lengths(lengths, model.cfg.n_ctx, int(batch.lengths.min()) - batch.offset)
-        scores = length_scores(model, batch, done, batch_size=self.batch_size, progress=False)
-        return scores_partial(scores, batch, {**self.settings, **model_settings(model), "prompts_sha256": sha},
-                              cfg=model.cfg, lengths=lengths, top_k=self.top_k, eps=eps, uniform_multiples=multiples,
-                              fixed_head=fixed, **self.where(shard, n_shards, index))
+        scores = length_scores(model, batch, done, options=RunOptions(batch_size=self.batch_size, progress=False))
+        sweep = sweep_settings(lengths=lengths, top_k=self.top_k, eps=eps, uniform_multiples=multiples,
+                               fixed_head=fixed)
+        return scores_partial(scores, batch, {**self.settings, **model_settings(model), "prompts_sha256": sha, **sweep},
+                              cfg=model.cfg, **self.where(shard, n_shards, index))
 
 
 # what a stage-2 shard checks against stage 1: the same model and the same texts
@@ -192,7 +194,7 @@ class CostsTask(LengthTask):
                              f"stage 1 {diff[1]!r})")
         heads = ChosenHeads.from_dict(self.heads)
         scores = scores_shard(self.scores_settings, prompts, **self.where(shard, n_shards, index))
-        costs = length_costs(model, batch, heads, progress=False)
+        costs = length_costs(model, batch, heads, options=QUIET)
         return costs_partial(costs, heads, batch, {**self.settings, **model_settings(model)}, scores=scores,
                              **self.where(shard, n_shards, index))
 

@@ -8,10 +8,11 @@ import sys
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
-    UsageError, add_common, load_model_arg, non_negative_float, positive_float, positive_int, prompts_arg, warn_short,
-    write_results,
+    UsageError, add_common, load_model_arg, non_negative_float, positive_float, positive_int, prompts_arg, run_options,
+    warn_short, write_results,
 )
 from sinkmech.cli.shard import ModelTask, add_shard_flags, model_settings, sharded
+from sinkmech.options import RunOptions
 
 
 def add_massive_parser(sub) -> None:
@@ -47,7 +48,7 @@ class MassiveTask(ModelTask):
         if self.settings["top"] > model.cfg.d_model:
             raise ValueError(f"--top must be <= d_model ({model.cfg.d_model}), got {self.settings['top']}")
         batch = tokenize(model, prompts, bos=self.bos, max_tokens=self.max_tokens)
-        sums = massive_sums(model, batch, batch_size=self.batch_size, progress=False)
+        sums = massive_sums(model, batch, options=RunOptions(batch_size=self.batch_size, progress=False))
         return massive_partial(sums, batch, {**self.settings, **model_settings(model), "model_name": model.cfg.model_name},
                                **self.where(shard, n_shards, index))
 
@@ -120,11 +121,11 @@ def cmd_massive(args) -> None:
     batch = tokenize(model, prompts, bos=args.bos, max_tokens=args.max_tokens)
     warn_short(batch, args.max_tokens)
     md = massive_dims(model, batch, top_k=args.top, threshold=args.threshold, sun_min_abs=args.sun_min_abs,
-                      sun_min_ratio=args.sun_min_ratio, batch_size=args.batch_size)
+                      sun_min_ratio=args.sun_min_ratio, options=run_options(args))
     reset = None
     if not args.no_reset and md.massive_dims and md.onset_layer < model.cfg.n_layers:
         reset = [reset_massive_dims(model, batch, dims=md.massive_dims, from_layer=md.onset_layer, mode=mode,
-                                    first_mean=md.first_mean, batch_size=args.batch_size) for mode in RESETS]
+                                    first_mean=md.first_mean, options=run_options(args)) for mode in RESETS]
     print_massive_table(md, reset)
     payload = {**md.to_dict(), "n_prompts": len(batch), **batch.used(args.max_tokens),
                "reset": None if reset is None else {r.mode: r.to_dict() for r in reset}}

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from sinkmech.cli.common import (
     add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
+    run_options,
     source_constant, warn_short, write_results,
 )
 from sinkmech.cli.shard import AnswersTask, add_shard_flags, model_settings, sharded
+from sinkmech.options import RunOptions
 
 BOS_LABEL = {"prepend": "<bos> run", "none": "no-<bos> run"}
 
@@ -39,14 +41,16 @@ class PatchTask(AnswersTask):
     max_rows: int
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
+        from sinkmech.interventions.metrics import resolve_metric
         from sinkmech.interventions.patching import bos_pair, patch
         from sinkmech.sharding.interventions import patch_partial
 
         model, ids = state
         pair = bos_pair(model, prompts, max_tokens=self.max_tokens)
-        results = {source: patch(model, pair, act=self.act, by=self.by, source=source, metric=self.metric, answers=ids,
-                                 layers=None if self.layers is None else list(self.layers), max_rows=self.max_rows,
-                                 progress=False)
+        results = {source: patch(model, pair, act=self.act, by=self.by, source=source,
+                                 metric=resolve_metric(self.metric, ids),
+                                 layers=None if self.layers is None else list(self.layers),
+                                 options=RunOptions(batch_size=self.max_rows, progress=False))
                    for source in self.sources}
         settings = {**self.settings, **model_settings(model), "n_layers": model.cfg.n_layers,
                     "n_heads": model.cfg.n_heads}
@@ -65,6 +69,7 @@ def merged_patch(part, args) -> None:
 
 
 def cmd_patch(args) -> None:
+    from sinkmech.interventions.metrics import resolve_metric
     from sinkmech.interventions.patching import HEAD_ACTS, bos_pair, patch
 
     prompts = prompts_arg(args)  # a bad prompt file fails before the slow model load
@@ -84,9 +89,10 @@ def cmd_patch(args) -> None:
     pair = bos_pair(model, prompts, max_tokens=args.max_tokens)
     warn_short(pair.without_bos, args.max_tokens)
     results = {}
-    for source in conditions(args.source):
-        results[source] = patch(model, pair, act=args.act, by=by, source=source, metric=args.metric,
-                                answers=answers(model, args), layers=args.layers, max_rows=max(args.batch_size, 1) * 8)
+    metric = resolve_metric(args.metric, answers(model, args))
+    for source in conditions(args.source):  # 8 copies of a batch of prompts per stacked forward pass
+        results[source] = patch(model, pair, act=args.act, by=by, source=source, metric=metric, layers=args.layers,
+                                options=run_options(args, batch_size=max(args.batch_size, 1) * 8))
     meta = {"model": args.model, "act": args.act, "by": by, "metric": args.metric, "n_layers": model.cfg.n_layers,
             "n_heads": model.cfg.n_heads, "n_prompts": len(pair.with_bos), **pair.without_bos.used(args.max_tokens)}
     patch_output(args, results, meta)

@@ -12,9 +12,10 @@ import numpy as np
 
 from sinkmech.cli.common import (
     UsageError, add_bos_token, add_intervention_common, at_least, bos_token_arg, load_model_arg, non_negative_float,
-    non_negative_int, positive_float, positive_int, prompts_arg, write_results,
+    non_negative_int, positive_float, positive_int, prompts_arg, run_options, write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
+from sinkmech.options import RunOptions
 
 if TYPE_CHECKING:  # annotations only: the module is imported when the command runs
     from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap
@@ -59,8 +60,9 @@ class SpreadTask(BosTokenTask):
 
         model, bos_id = state
         r = perturbation_spread(model, prompts, perturbation=self.perturbation, max_tokens=self.max_tokens,
-                                bos_token_id=bos_id, threshold=self.threshold, batch_size=self.batch_size,
-                                progress=False, first_prompt=index.start, n_prompts_total=self.n_prompts_total)
+                                threshold=self.threshold, first_prompt=index.start,
+                                n_prompts_total=self.n_prompts_total,
+                                options=RunOptions(batch_size=self.batch_size, progress=False, bos_token_id=bos_id))
         return spread_partial(r, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
                               width=self.max_tokens, **self.where(shard, n_shards, index))
 
@@ -110,7 +112,7 @@ def _sensitivity(model, prompts, bos_id, args) -> dict:
     from sinkmech.theory.sensitivity import sensitivity_study
 
     st = sensitivity_study(model, prompts[: args.sensitivity_prompts], max_tokens=args.sensitivity_tokens,
-                           bos_token_id=bos_id)
+                           options=run_options(args, bos_token_id=bos_id))
     d = st.to_dict()
     print(f"\nsensitivity vs path-weight bound ({d['n_prompts']} prompts x {st.max_tokens} tokens, {st.n_layers} layers): "
           "Spearman correlation of ||dh_j/dh_i|| and path weight over pairs i <= j (i < j)")
@@ -128,7 +130,7 @@ def _spread(model, prompts, bos_id, args) -> tuple[dict, Callable[[], None]]:
     from sinkmech.interventions.perturb import perturbation_spread
 
     r = perturbation_spread(model, prompts, perturbation=perturbation(args), max_tokens=args.max_tokens,
-                            bos_token_id=bos_id, threshold=args.threshold, batch_size=args.batch_size)
+                            threshold=args.threshold, options=run_options(args, bos_token_id=bos_id))
     return spread_output(r, args.model, args)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sinkmech.cli.common import (
     BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, output_folder, positive_int,
+    run_options,
 )
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
@@ -56,7 +57,7 @@ def cmd_report(args) -> None:
         prompts=args.prompts,
         n_prompts=args.n_prompts,
         max_tokens=args.max_tokens,
-        batch_size=args.batch_size,
+        options=run_options(args),
         n_heads=args.heads,
         view_tokens=args.view_tokens,
         view_prompts=args.view_prompts,

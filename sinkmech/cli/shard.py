@@ -167,7 +167,7 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage:
     `task` on `--workers` Ray actors; each part written to JSON.shards/ (or, for a
     command run in stages, JSON.shards/STAGE/) as it arrives (`--resume` skips the
     parts already there); returns the merged part."""
-    from sinkmech.sharding.ray import ClusterLost, require_ray, run_on_ray
+    from sinkmech.sharding.ray import ClusterLost, RayCluster, require_ray, run_on_ray
     from sinkmech.sharding.format import write_partial
 
     try:
@@ -194,10 +194,10 @@ def run_command_on_ray(args, prompts, task, kind: str, settings: dict, *, stage:
         if done:
             print(f"resume: {len(done)} of {n} shards already in {folder}", file=sys.stderr)
     try:
-        return run_on_ray(task, prompts, spans, address=None if args.ray == "local" else args.ray,
-                          workers=args.workers, num_gpus_per_worker=args.num_gpus_per_worker, done=done,
-                          on_part=(lambda i, part: write_partial(path(i), part)) if folder is not None else None,
-                          timeout=args.ray_timeout)
+        cluster = RayCluster(address=None if args.ray == "local" else args.ray, workers=args.workers,
+                             num_gpus_per_worker=args.num_gpus_per_worker, timeout=args.ray_timeout)
+        return run_on_ray(task, prompts, spans, cluster=cluster, done=done,
+                          on_part=(lambda i, part: write_partial(path(i), part)) if folder is not None else None)
     except ClusterLost as e:
         raise RuntimeError(lost_message(e, folder)) from None
 

@@ -24,12 +24,14 @@ from sinkmech.cli.common import (
     output_file,
     positive_int,
     prompts_arg,
+    run_options,
     share_below_one,
     warn_short,
     write_results,
 )
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, model_settings, sharded
 from sinkmech.findings import flatten, record
+from sinkmech.options import RunOptions
 
 
 def add_sinks_parser(sub) -> None:
@@ -137,8 +139,8 @@ class SinksTask(BosTokenTask):
         results, batches = {}, {}
         for bos in self.conditions:
             batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
-            results[bos] = sink_scores(model, batch, batch_size=self.batch_size, max_tokens=self.max_tokens,
-                                       loss=True, progress=False)
+            results[bos] = sink_scores(model, batch, max_tokens=self.max_tokens, loss=True,
+                                       options=RunOptions(batch_size=self.batch_size, progress=False))
         where = self.where(shard, n_shards, index)
         part = sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
                              n_ctx=model.cfg.n_ctx, **where)
@@ -146,7 +148,8 @@ class SinksTask(BosTokenTask):
         if s["keys"] == "all":
             for bos, batch in batches.items():
                 rows, sums = key_sink_sums(model, batch, top_k=s["top_keys"], min_queries=s["min_queries"],
-                                           min_excess=s["min_excess"], batch_size=self.batch_size, progress=False)
+                                           min_excess=s["min_excess"],
+                                           options=RunOptions(batch_size=self.batch_size, progress=False))
                 keys = key_sinks_partial(rows, sums, batch, {}, width=self.max_tokens + 1, decode=token_text(model),
                                          **where)
                 part = attach(part, f"keys.{bos}", keys)
@@ -400,12 +403,12 @@ def cmd_sinks(args) -> None:
                              f"{int(batch.lengths.min()) - 1} content tokens")
         if plan.sink_file is not None and bos == "none":
             plan.sink_file.refuse_fitted_tokens(batch.content())
-        results[bos] = sink_scores(model, batch, batch_size=args.batch_size, max_tokens=args.max_tokens, loss=True,
-                                   bos_position=moved, sink=specs.get(bos))
+        results[bos] = sink_scores(model, batch, max_tokens=args.max_tokens, loss=True, bos_position=moved,
+                                   options=run_options(args), sink=specs.get(bos))
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
-                                        min_excess=args.min_excess, batch_size=args.batch_size)
+                                        min_excess=args.min_excess, options=run_options(args))
     print_sinks_table(results, args.eps, args.top)
     if keys:
         print_flagged(keys)

@@ -35,6 +35,7 @@ from sinkmech.interventions.ablation import HeadAblation, head_ablations
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, default_corpus, tokenize
 from sinkmech.results import Result
 from sinkmech.measures.sinks import SinkScores, check_eps, format_eps, sink_scores
+from sinkmech.options import QUIET, RunOptions
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024)
 UNIFORM_MULTIPLES = (2.0, 4.0)  # m in "alpha_0 > m x H_T / T"; 4 matches eps 0.3 at T = 64
@@ -199,11 +200,13 @@ def plan_lengths(lengths: Sequence[int], n_ctx: int, shortest: int) -> tuple[tup
     return tuple(done), tuple(skipped)
 
 
-def length_scores(model: Model, batch: TokenBatch, lengths: Sequence[int], *, batch_size: int = 8,
-                  progress: bool = True) -> dict[int, SinkScores]:
-    """Stage 1: length T -> the sink scores of every prompt cut to T (per prompt)."""
-    return {T: sink_scores(model, truncate(batch, T), batch_size=batch_size, progress=False)
-            for T in tqdm(lengths, desc="sink scores by length", disable=not progress, unit="length")}
+def length_scores(model: Model, batch: TokenBatch, lengths: Sequence[int], *,
+                  options: RunOptions = RunOptions()) -> dict[int, SinkScores]:
+    """Stage 1: length T -> the sink scores of every prompt cut to T (per prompt;
+    `options`: batch size, default 8 prompts per forward pass, and a progress bar by length)."""
+    per_length = RunOptions(batch_size=options.batch(8), progress=False)
+    return {T: sink_scores(model, truncate(batch, T), options=per_length)
+            for T in tqdm(lengths, desc="sink scores by length", disable=not options.progress, unit="length")}
 
 
 @dataclass(frozen=True)
@@ -245,13 +248,14 @@ def choose_heads(scores: dict[int, SinkScores], top_k: int, fixed_head: tuple[in
                        fixed=None if fixed_head is None else (int(fixed_head[0]), int(fixed_head[1])))
 
 
-def length_costs(model: Model, batch: TokenBatch, heads: ChosenHeads, *, progress: bool = True
+def length_costs(model: Model, batch: TokenBatch, heads: ChosenHeads, *, options: RunOptions = RunOptions()
                  ) -> dict[int, list[HeadAblation]]:
     """Stage 2: length T -> the mask_first ablation of each head `heads.measured`
     at T, that head alone (KL(clean || first key masked), mean over content positions)."""
-    return {T: [head_ablations(model, truncate(batch, T), mode="mask_first", layers=[l], heads=[h], progress=False)
+    return {T: [head_ablations(model, truncate(batch, T), mode="mask_first", layers=[l], heads=[h], options=QUIET)
                 for l, h in heads.measured(i)]
-            for i, T in enumerate(tqdm(heads.lengths, desc="mask_first by length", disable=not progress, unit="length"))}
+            for i, T in enumerate(tqdm(heads.lengths, desc="mask_first by length", disable=not options.progress,
+                                       unit="length"))}
 
 
 def length_sweep(scores: dict[int, SinkScores], heads: ChosenHeads, costs: dict[int, Sequence[float]], *,
@@ -296,8 +300,7 @@ def sinks_vs_length(
     eps: Sequence[float] = DEFAULT_EPS,
     uniform_multiples: Sequence[float] = UNIFORM_MULTIPLES,
     fixed_head: tuple[int, int] | None = None,
-    batch_size: int = 8,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> LengthSweep:
     """Sink rate and top-head mask_first cost as the evaluation length grows.
 
@@ -312,6 +315,7 @@ def sinks_vs_length(
         uniform_multiples: m of the baseline-relative rate (alpha_0 > m x H_T / T).
         fixed_head: (layer, head) tracked across every length; default: the
             top head at the shortest measured length.
+        options: batch size (default 8 prompts per forward pass), progress bar.
 
     Returns:
         LengthSweep with [length, ...] tensors.
@@ -319,9 +323,9 @@ def sinks_vs_length(
     lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=lengths, top_k=top_k, eps=eps,
                                           uniform_multiples=uniform_multiples, fixed_head=fixed_head)
     done, skipped = plan_lengths(lengths, model.cfg.n_ctx, int(batch.lengths.min()) - batch.offset)
-    scores = length_scores(model, batch, done, batch_size=batch_size, progress=progress)
+    scores = length_scores(model, batch, done, options=options)
     heads = choose_heads(scores, top_k, fixed_head)
-    costs = length_costs(model, batch, heads, progress=progress)
+    costs = length_costs(model, batch, heads, options=options)
     return length_sweep(scores, heads, {T: [float(r.effects[0, 0]) for r in rs] for T, rs in costs.items()},
                         skipped=skipped, eps=eps, uniform_multiples=multiples, bos=batch.bos, n_prompts=len(batch),
                         model_name=model.cfg.model_name)

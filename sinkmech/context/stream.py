@@ -46,6 +46,7 @@ from sinkmech.hooks import act_name
 from sinkmech.measures.loss import masked_loss
 from sinkmech.prompts import Bos, TokenBatch, tokenize
 from sinkmech.results import Result
+from sinkmech.options import RunOptions
 
 
 def window_mask(n_pos: int, window: int, keep: int, device=None) -> Bool[Tensor, "query_pos key_pos"]:
@@ -203,7 +204,7 @@ def stream_perplexity(
     keep: Sequence[int] = (0, 1, 4),
     scored_from: int | None = None,
     reindex: bool = False,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> StreamResult:
     """Perplexity of one long sequence under sliding-window attention, keeping
     the first `keep` keys or not, and under full attention.
@@ -218,6 +219,7 @@ def stream_perplexity(
         reindex: number the kept first keys as StreamingLLM's cache does
             (rotary models; the W + k control has no first keys, so it is
             the same either way).
+        options: a progress bar over the settings.
 
     Returns:
         StreamResult (`to_dict()` is the `sinkmech stream --json` contract).
@@ -236,7 +238,7 @@ def stream_perplexity(
     L = model.cfg.n_layers
     full = _ppl(model, tokens, mask, [])
     ppls = []
-    for k in tqdm(keep, desc=f"stream (window={window})", disable=not progress, unit="setting"):
+    for k in tqdm(keep, desc=f"stream (window={window})", disable=not options.progress, unit="setting"):
         if reindex and k > 0:
             hooks = reindex_hooks(model, window, k)
         else:

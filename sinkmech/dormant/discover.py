@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 from sinkmech.loading.backend import Model
 from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads
+from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.scan import scan_heads
-from sinkmech.prompts import Bos, PromptSource, load_prompts
+from sinkmech.prompts import PromptSource, load_prompts
+from sinkmech.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -52,26 +54,25 @@ def discover_heads(
     noop_prompts: int = 32,
     n_candidates: int = 3,
     heads: list[tuple[int, int]] | None = None,
-    bos: Bos = "prepend",
     max_tokens: int = 64,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
-    progress: bool = True,
+    thresholds: Thresholds = Thresholds(),
     memo: dict | None = None,
-    **scan_kw,
+    options: RunOptions = RunOptions(),
 ) -> Discovery:
     """`scan_heads` on the first prompts, then `noop_check` of every if_else
     head and the `n_candidates` closest besides (or of `heads`) on the next
-    `noop_prompts` (0: no check).
+    `noop_prompts` (0: no check), both with `<bos>` prepended.
 
     Args:
         prompts: see `sinkmech.prompts.load_prompts`.
         scan_prompts: prompts to scan (default: all but the no-op ones).
+        thresholds: the scan's cuts and rules (`scan_heads`); the no-op check
+            uses its query-mode cuts.
         memo: a dict shared between callers in one process (`compare --report`
             hands the report the one `compare` filled): a call with the same
             model, prompts and settings returns the stored Discovery instead
             of scanning and checking again.
-        scan_kw: thresholds and options of `scan_heads`.
+        options: batch size, progress bars, the `<bos>` id (`RunOptions`).
     """
     items = load_prompts(prompts)
     scan_rows, noop_rows = split_corpus(len(items), scan_prompts, noop_prompts)
@@ -79,19 +80,17 @@ def discover_heads(
     if memo is not None:
         # the model itself, not its id: the memo keeps it alive, so no later model can reuse the key
         key = (model, repr(items[: noop_rows.stop]), len(scan_rows), len(noop_rows), n_candidates,
-               None if heads is None else tuple(heads), bos, max_tokens, batch_size, bos_token_id,
-               repr(sorted(scan_kw.items())))
+               None if heads is None else tuple(heads), max_tokens, thresholds, options.batch_size,
+               options.bos_token_id)
         if key in memo:
             return memo[key]
-    scan = scan_heads(model, items[scan_rows.start:scan_rows.stop], bos=bos, max_tokens=max_tokens,
-                      batch_size=batch_size, bos_token_id=bos_token_id, progress=progress, **scan_kw)
+    scan = scan_heads(model, items[scan_rows.start:scan_rows.stop], bos="prepend", max_tokens=max_tokens,
+                      thresholds=thresholds, options=options)
     checked = heads if heads is not None else noop_heads(scan, n_candidates)
     noop = None
     if checked and len(noop_rows):
-        th = scan.thresholds
-        noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos=bos, max_tokens=max_tokens,
-                          batch_size=batch_size, bos_token_id=bos_token_id, high=th.high, low=th.low,
-                          prompt_indices=noop_rows, progress=progress)
+        noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos="prepend", max_tokens=max_tokens,
+                          thresholds=scan.thresholds, prompt_indices=noop_rows, options=options)
     found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))
     if memo is not None:
         memo[key] = found

@@ -77,18 +77,6 @@ class Thresholds:
             raise ValueError("need min_lift >= 1, min_count >= 1, min_prompts >= 1 and max_output_ratio > 0")
 
 
-def with_fields(thresholds: Thresholds | None, fields: dict) -> Thresholds:
-    """`thresholds` (default `Thresholds()`) with the named `fields` changed;
-    a name that is not a field of `Thresholds` is refused with the list."""
-    from dataclasses import fields as dc_fields, replace
-
-    names = {f.name for f in dc_fields(Thresholds)}
-    unknown = sorted(set(fields) - names)
-    if unknown:
-        raise TypeError(f"unknown threshold {', '.join(unknown)}: Thresholds has {', '.join(sorted(names))}")
-    return replace(thresholds or Thresholds(), **fields)
-
-
 def mode_meaning(th: Thresholds) -> dict[str, str]:
     """What each label means at these thresholds, in words (for JSON and reports)."""
     return {

@@ -48,10 +48,12 @@ from tqdm.auto import tqdm
 from sinkmech.hooks import (
     Hook, act_name, all_to_first_hook, cached_run, check_head, mean_head_hook, run, zero_head_hook,
 )
+from sinkmech.dormant.labels import Thresholds
 from sinkmech.loading.backend import Model
 from sinkmech.measures.attention import sink_mass
 from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, token_losses
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, token_text
+from sinkmech.options import RunOptions
 from sinkmech.results import Result
 from sinkmech.stats import holm, ratio_difference_t_interval, ratio_t_interval, t_interval
 
@@ -160,7 +162,7 @@ def matched_control(mode: Bool[Tensor, "batch pos"], other: Bool[Tensor, "batch 
     return out
 
 
-def _summarise(sums: dict, controls: bool, level: float) -> dict:
+def _summarise(sums: dict, level: float) -> dict:
     """Per `<intervention>_<mode>`: counts, total and per-query effect with t
     intervals, and the matched control with the difference from it."""
     out = {}
@@ -170,15 +172,14 @@ def _summarise(sums: dict, controls: bool, level: float) -> dict:
             n = len(d)
             entry = {"n_queries": int(q.sum()), "n_prompts": int((q > 0).sum()),
                      "total": _effect(t_interval(d, level=level, scale=float(n)) if q.sum() > 0 else None),
-                     "per_query": _effect(ratio_t_interval(d, q, level=level)), "matched_control": None}
-            if controls:
-                dc, qc = sums[(how, mode, "control")]
-                entry["matched_control"] = {
-                    "n_queries": int(qc.sum()), "n_prompts": int((qc > 0).sum()),
-                    "drawn_from": "the other mode at the nearest unused position in the same prompt, then between queries",
-                    "per_query": _effect(ratio_t_interval(dc, qc, level=level)),
-                    "difference": _effect(ratio_difference_t_interval(d, q, dc, qc, level=level)),
-                }
+                     "per_query": _effect(ratio_t_interval(d, q, level=level))}
+            dc, qc = sums[(how, mode, "control")]
+            entry["matched_control"] = {
+                "n_queries": int(qc.sum()), "n_prompts": int((qc > 0).sum()),
+                "drawn_from": "the other mode at the nearest unused position in the same prompt, then between queries",
+                "per_query": _effect(ratio_t_interval(dc, qc, level=level)),
+                "difference": _effect(ratio_difference_t_interval(d, q, dc, qc, level=level)),
+            }
             out[f"{how}_{mode}"] = entry
     return out
 
@@ -267,17 +268,11 @@ def noop_check(
     *,
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
-    high: float = 0.5,
-    low: float = 0.2,
+    thresholds: Thresholds = Thresholds(),
     ci_level: float = 0.95,
-    n_boot: int = 0,
-    seed: int = 0,
     prompt_indices: Sequence[int] | None = None,
     method: str = "restart",
-    controls: bool = True,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> NoopCheck:
     """Loss change of each intervention on each head's dormant (first-token
     attention >= high) and active (<= low) queries, with matched controls.
@@ -286,12 +281,11 @@ def noop_check(
         model: a HookedTransformer or a TransformerBridge (`sinkmech.loading.backend`).
         tokens: a `TokenBatch`, or prompts (`sinkmech.prompts.load_prompts`)
             tokenized once with `bos` (default "prepend"), `max_tokens`
-            (default 64) and `bos_token_id`; see `sinkmech.prompts.as_batch`.
+            (default 64) and `options.bos_token_id`; see `sinkmech.prompts.as_batch`.
         heads: (layer, head) pairs, e.g. `scan.if_else_heads()`.
-        high, low: the query-mode thresholds (use the scan's).
+        thresholds: its query-mode cuts `high` and `low` say which queries are
+            dormant and active (use the scan's: `scan.thresholds`).
         ci_level: the level of the t intervals over prompts.
-        n_boot, seed: unused (the intervals are t intervals); kept so older
-            callers still run.
         prompt_indices: where these prompts sit in a larger corpus (recorded
             only, so a reader can check they are disjoint from the scan's).
         method: "restart" (default) restarts the intervened passes at the
@@ -303,25 +297,28 @@ def noop_check(
             "full", the reference, runs a whole forward pass per intervention
             and scores every position. Equal up to float rounding (tests;
             `scripts/bench_noop.py` times all three).
-        controls: also run each intervention on the matched control queries.
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         NoopCheck with one NoopResult per head, in the given order.
     """
+    high, low = thresholds.high, thresholds.low
     if not 0.0 <= low < high <= 1.0:
         raise ValueError(f"thresholds out of order: need 0 <= low < high <= 1, got low={low}, high={high}")
-    if not 0.0 < ci_level < 1.0 or n_boot < 0:
-        raise ValueError(f"need 0 < ci_level < 1 and n_boot >= 0, got {ci_level}, {n_boot}")
+    if not 0.0 < ci_level < 1.0:
+        raise ValueError(f"need 0 < ci_level < 1, got {ci_level}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     for layer, head in heads:
         check_head(model, layer, head)
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     heads = [(int(l), int(h)) for l, h in heads]
     layers = sorted({l for l, _ in heads})
+    batch_size = options.batch(16)
     means = _mean_outputs(model, batch, layers, batch_size)
     punct = _punctuation(model, batch.tokens)
-    kinds = ("mode", "control") if controls else ("mode",)
+    kinds = ("mode", "control")
     # per prompt: summed loss change and intervened queries, per head, intervention, mode and kind
     cells = [(lh, (i, m, k)) for lh in heads for i in INTERVENTIONS for m in MODES for k in kinds]
     cell_id = {c: n for n, c in enumerate(cells)}
@@ -330,7 +327,7 @@ def noop_check(
     counts = torch.zeros(len(cells), n_prompts, dtype=torch.float64)
     looks = {lh: torch.zeros(len(LOOKS) + 1, dtype=torch.float64) for lh in heads}  # masses, then the count
     loss_sum, n_tokens = 0.0, 0
-    for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not progress, unit="batch"):
+    for rows, part in tqdm(batch.batches(batch_size), desc="no-op check", disable=not options.progress, unit="batch"):
         first: dict[int, Tensor] = {}
         valid_q = part.mask.clone()
         valid_q[:, 0] = False
@@ -352,9 +349,7 @@ def noop_check(
             masks = dict(zip(MODES, force_mask(first[layer][:, head], valid_q, high=high, low=low)))
             for mode in MODES:
                 other = masks["active" if mode == "dormant" else "dormant"]
-                targets = {"mode": masks[mode]}
-                if controls:
-                    targets["control"] = matched_control(masks[mode], other, valid_q)
+                targets = {"mode": masks[mode], "control": matched_control(masks[mode], other, valid_q)}
                 for kind, queries in targets.items():
                     if not queries.any():
                         continue
@@ -375,7 +370,7 @@ def noop_check(
     per_prompt = {lh: {} for lh in heads}
     for (lh, c), n in cell_id.items():
         per_prompt[lh][c] = (deltas[n], counts[n])
-    checks = {lh: _summarise(per_prompt[lh], controls, ci_level) for lh in heads}
+    checks = {lh: _summarise(per_prompt[lh], ci_level) for lh in heads}
     n_intervals = _holm_in_place(checks, 1 - ci_level)
     results = []
     for lh in heads:

@@ -20,12 +20,13 @@ from tqdm.auto import tqdm
 from sinkmech.measures.attention import sink_mass
 from sinkmech.loading.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
-from sinkmech.dormant.labels import HeadStats, Thresholds, classify, with_fields
+from sinkmech.dormant.labels import HeadStats, Thresholds, classify
 from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, threshold_sweep
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
+from sinkmech.options import RunOptions
 
 __all__ = ["HeadScan", "scan_heads"]
 
@@ -36,15 +37,12 @@ def scan_heads(
     *,
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
-    thresholds: Thresholds | None = None,
+    thresholds: Thresholds = Thresholds(),
     top_triggers: int = 5,
     n_bins: int = 20,
     sweep: bool = True,
     n_boot: int = 200,
-    progress: bool = True,
-    **threshold_fields,
+    options: RunOptions = RunOptions(),
 ) -> HeadScan:
     """Profile every head in one streamed pass and label it (see `Thresholds`).
 
@@ -56,13 +54,9 @@ def scan_heads(
         bos: "prepend" (default for prompts) or "none"; the first token is
             position 0 either way. With a TokenBatch: its own, or the same.
         max_tokens: content tokens per prompt (default 64 for prompts).
-        batch_size: prompts per forward pass.
-        bos_token_id: for models without a tokenizer (prompts only).
         thresholds: the query modes' cut and the labels' rules (default
-            `Thresholds()`, calibrated: docs/dormant_calibration.md).
-        threshold_fields: single fields of `Thresholds` to change, e.g.
-            `high=0.3`; a shortcut for `thresholds=Thresholds(high=0.3)`
-            (applied on top of `thresholds`).
+            `Thresholds()`, calibrated: docs/dormant_calibration.md), e.g.
+            `Thresholds(high=0.3)`.
         top_triggers: triggers kept per head and place (query / previous / key),
             chosen on the even-numbered prompts, judged on the odd-numbered
             ones (`sinkmech.dormant.triggers`).
@@ -71,6 +65,8 @@ def scan_heads(
             `sinkmech.dormant.queries.SWEEP_HIGH` x `SWEEP_LOW` (`HeadScan.sweep`).
         n_boot: bootstrap resamples of the prompts for the label uncertainty
             (`HeadScan.uncertainty`; 0: none).
+        options: batch size (default 16 prompts per forward pass), progress
+            bar, and the `<bos>` id for prompts of a model without a tokenizer.
 
     Returns:
         HeadScan. `bands` holds [layer, head_index, band] means of the band
@@ -80,25 +76,27 @@ def scan_heads(
         `logit_first_active` (to the first key) and `logit_key_active` (to the
         most attended other key).
     """
-    th = with_fields(thresholds, threshold_fields)
-    if batch_size < 1 or n_bins < 2 or top_triggers < 1 or n_boot < 0:
-        raise ValueError("need batch_size >= 1, n_bins >= 2, top_triggers >= 1 and n_boot >= 0")
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    th = thresholds
+    if n_bins < 2 or top_triggers < 1 or n_boot < 0:
+        raise ValueError("need n_bins >= 2, top_triggers >= 1 and n_boot >= 0")
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     max_tokens = batch.max_content  # what max_tokens came to: shorter prompts keep their length
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
-    acc = accumulate(model, batch, th, n_bins=n_bins, batch_size=batch_size, progress=progress)
+    acc = accumulate(model, batch, th, n_bins=n_bins, options=options)
     return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens, sweep=sweep,
                       n_boot=n_boot)
 
 
-def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int = 20, batch_size: int = 16,
-               progress: bool = True, first_prompt: int = 0, n_pos: int | None = None) -> _Accumulator:
+def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int = 20, first_prompt: int = 0,
+               n_pos: int | None = None, options: RunOptions = RunOptions()) -> _Accumulator:
     """The scan's running sums over `batch`, before any label (a shard of a corpus:
     `first_prompt` is the global index of its first prompt, `n_pos` the position
     width every shard shares; see `sinkmech.sharding.dormant.heads_partial`)."""
     acc = _Accumulator(model, batch, th, n_bins, first_prompt=first_prompt, n_pos=n_pos)
-    for _, part in tqdm(batch.batches(batch_size), desc="scan heads", disable=not progress, unit="batch"):
+    chunks = batch.batches(options.batch(16))
+    for _, part in tqdm(chunks, desc="scan heads", disable=not options.progress, unit="batch"):
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
     return acc
 

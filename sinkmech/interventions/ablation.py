@@ -31,7 +31,8 @@ from sinkmech.interventions.metrics import (
     Bound, Custom, LogitDiff, Logits, Metric, MetricSpec, content_mask, one_copy, resolve_metric,
 )
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
-from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
+from sinkmech.interventions.sweep import Intervention, reference_logits, sweep
+from sinkmech.options import QUIET, RunOptions
 from sinkmech.results import Result
 
 AblationMode = Literal["mask_first", "all_to_first", "zero", "mean", "drop_sink"]
@@ -54,7 +55,8 @@ def check_mode(mode: str, model: Model | None = None) -> AblationMode:
 class HeadAblation(Result):
     """Effect of ablating each head alone: `effects[layer, head]` is the metric of
     the ablated run against the clean run (for KL, 0 = no effect); `baseline`
-    is the clean run's own metric. `method` is "sweep", "loop" or "attribution"."""
+    is the clean run's own metric. `method` is "sweep" (exact) or "attribution"
+    (estimated); "loop" for the one-pass-per-head reference."""
 
     effects: Float[Tensor, "layer head_index"]
     mode: AblationMode
@@ -135,6 +137,11 @@ class AblationSetup:
         """The clean run's own metric (0 for KL)."""
         return float(self.score(one_copy(self.reference))[0])
 
+    def cells(self) -> list[Intervention]:
+        """One intervention per (layer, head) of the grid, layer by layer: what an
+        engine (`sweep.sweep`, or the reference `sweep.loop`) scores."""
+        return [Intervention(l, ablation_hooks(self.mode, l, h, self.means)) for l in self.layers for h in self.heads]
+
     def result(self, effects: Float[Tensor, "layer head_index"], method: str, baseline: float | None = None) -> HeadAblation:
         return HeadAblation(
             effects=effects, mode=self.mode, metric=self.metric.name, bos=self.batch.bos,
@@ -148,8 +155,8 @@ def ablation_weight(metric: str, batch: TokenBatch) -> float:
     return float((batch.lengths - batch.offset).sum()) if metric == "kl" else float(len(batch))
 
 
-def _grouped_ablations(model, tokens, prompt_batch: int, *, mode, bos, metric, answers, max_tokens, bos_token_id,
-                       layers, heads, method, max_rows, progress) -> HeadAblation:
+def _grouped_ablations(model, tokens, prompt_batch: int, *, mode, bos, metric, max_tokens, layers, heads,
+                       options: RunOptions) -> HeadAblation:
     """`head_ablations` over groups of `prompt_batch` prompts, combined by weight."""
     if isinstance(prompt_batch, bool) or not isinstance(prompt_batch, int) or prompt_batch < 1:
         raise ValueError(f"prompt_batch must be a positive integer, got {prompt_batch!r}")
@@ -157,15 +164,16 @@ def _grouped_ablations(model, tokens, prompt_batch: int, *, mode, bos, metric, a
     if mode == "mean":
         raise ValueError("prompt_batch: the mean ablation needs every prompt at once (the mean output); "
                          "use mask_first, all_to_first or zero")
-    resolved = resolve_metric(metric, answers)
+    resolved = resolve_metric(metric)
     if isinstance(resolved, Custom):
         raise ValueError("prompt_batch: a callable metric has no per-group average to combine; use 'kl' or 'logit_diff'")
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     weighted = []  # (one group's HeadAblation, its weight)
-    with tqdm(total=len(batch), desc=f"ablate {mode}", disable=not progress, unit="prompt") as bar:
+    with tqdm(total=len(batch), desc=f"ablate {mode}", disable=not options.progress, unit="prompt") as bar:
         for rows, part in batch.batches(prompt_batch):
             one = head_ablations(model, part, mode=mode, metric=_metric_rows(resolved, rows, len(batch)),
-                                 layers=layers, heads=heads, method=method, max_rows=max_rows, progress=False)
+                                 layers=layers, heads=heads, options=options.replace(progress=False))
             weighted.append((one, ablation_weight(one.metric, part)))
             bar.update(len(part))
     total = sum(w for _, w in weighted)
@@ -192,22 +200,23 @@ def ablation_setup(
     *,
     mode: AblationMode,
     metric: MetricSpec = "kl",
-    answers: tuple[int | Tensor, int | Tensor] | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     bos: Bos | None = None,
     max_tokens: int | None = None,  # prompts: 64; a TokenBatch: checked only when given
-    bos_token_id: int | None = None,
+    options: RunOptions = QUIET,
 ) -> AblationSetup:
     """Check the options, tokenize once (see `prompts.as_batch`; default
     "prepend") and run the clean pass(es) an ablation estimate needs.
 
     Args:
         tokens: a TokenBatch, or prompts.
-        mode, metric, answers, layers, heads: as in `head_ablations`.
+        mode, metric, layers, heads: as in `head_ablations`.
+        options: the `<bos>` id for prompts of a model without a tokenizer.
     """
     check_mode(mode, model)
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
     heads = tuple(range(model.cfg.n_heads)) if heads is None else tuple(heads)
     for l in layers:
@@ -215,7 +224,7 @@ def ablation_setup(
             check_head(model, l, h)
     n_content = batch.tokens.shape[1] - batch.offset
     return AblationSetup(
-        batch=batch, mode=mode, layers=layers, heads=heads, metric=resolve_metric(metric, answers),
+        batch=batch, mode=mode, layers=layers, heads=heads, metric=resolve_metric(metric),
         reference=reference_logits(model, batch.tokens, batch.offset, n_content),
         mask=content_mask(batch.lengths, batch.offset, n_content),
         means=mean_head_outputs(model, batch) if mode == "mean" else None,
@@ -248,15 +257,11 @@ def head_ablations(
     mode: AblationMode,
     bos: Bos | None = None,
     metric: MetricSpec = "kl",
-    answers: tuple[int | Tensor, int | Tensor] | None = None,
     max_tokens: int | None = None,  # prompts: 64; a TokenBatch: checked only when given
-    bos_token_id: int | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
-    method: Literal["sweep", "loop"] = "sweep",
-    max_rows: int = 128,
     prompt_batch: int | None = None,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> HeadAblation:
     """Ablate every (layer, head) alone and score each ablated run.
 
@@ -267,10 +272,9 @@ def head_ablations(
             learned sink logits (gpt-oss), "drop_sink". mask_first leaves a
             learned sink logit in: the row renormalises over it and keys 1 .. t.
         metric: "kl" (mean KL(clean || ablated) over content positions),
-            "logit_diff" (with `answers`), or f(logits, reference, mask).
+            `LogitDiff(correct, incorrect)` (`sinkmech.interventions.metrics`),
+            or f(logits, reference, mask).
         layers, heads: a sub-grid to sweep (default: all).
-        method: "sweep" (batched copies, restarting at the head's layer) or
-            "loop" (one `run_with_hooks` per head: the reference).
         prompt_batch: prompts per group of forward passes (default: all at
             once). 1 makes each prompt's forward passes independent of which
             prompts share its batch, so shards of a corpus merge to the whole
@@ -280,22 +284,21 @@ def head_ablations(
             weighted as the metric averages (content positions for KL,
             prompts for a logit difference).
             Not for mode "mean" or a callable metric (no per-group average).
+        options: rows per stacked forward pass (copies x prompts; default 128:
+            memory grows with it), progress bar, the `<bos>` id for prompts.
+
+    Each head's copies of the prompts run batched, restarting at the head's
+    layer (`sweep.sweep`); `ablation_setup(...).cells()` scored by `sweep.loop`,
+    one `run_with_hooks` per head, is the reference it equals (tests).
 
     Returns:
         HeadAblation with effects [layer, head_index].
     """
-    if method not in ("sweep", "loop"):
-        raise ValueError(f"method must be 'sweep' or 'loop', got {method!r}")
     if prompt_batch is not None:
-        return _grouped_ablations(model, tokens, prompt_batch, mode=mode, bos=bos, metric=metric, answers=answers,
-                                  max_tokens=max_tokens, bos_token_id=bos_token_id, layers=layers, heads=heads,
-                                  method=method, max_rows=max_rows, progress=progress)
-    s = ablation_setup(model, tokens, mode=mode, metric=metric, answers=answers, layers=layers, heads=heads,
-                       bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
-    cells = [Intervention(l, ablation_hooks(mode, l, h, s.means)) for l in s.layers for h in s.heads]
-    kw = dict(score=s.score, offset=s.batch.offset, n_content=s.n_content, progress=progress, desc=f"ablate {mode}")
-    engine = sweep if method == "sweep" else loop
-    if method == "sweep":
-        kw["max_rows"] = max_rows
-    values = engine(model, s.batch.tokens, cells, **kw)
-    return s.result(values.reshape(len(s.layers), len(s.heads)), method)
+        return _grouped_ablations(model, tokens, prompt_batch, mode=mode, bos=bos, metric=metric,
+                                  max_tokens=max_tokens, layers=layers, heads=heads, options=options)
+    s = ablation_setup(model, tokens, mode=mode, metric=metric, layers=layers, heads=heads, bos=bos,
+                       max_tokens=max_tokens, options=options)
+    values = sweep(model, s.batch.tokens, s.cells(), score=s.score, offset=s.batch.offset, n_content=s.n_content,
+                   options=options, desc=f"ablate {mode}")
+    return s.result(values.reshape(len(s.layers), len(s.heads)), "sweep")

@@ -12,7 +12,6 @@ batch (one forward, one backward).
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import torch
 from jaxtyping import Float
@@ -23,6 +22,7 @@ from sinkmech.hooks import act_name, expand_kv, right_padding
 from sinkmech.interventions.ablation import AblationMode, HeadAblation, ablation_setup
 from sinkmech.interventions.metrics import KL, MetricSpec, content_logits, whole
 from sinkmech.prompts import Bos, PromptSource, TokenBatch
+from sinkmech.options import QUIET, RunOptions
 
 
 def ablated_z(
@@ -63,30 +63,29 @@ def attribute_ablations(
     mode: AblationMode,
     bos: Bos | None = None,
     metric: MetricSpec = "kl",
-    answers: tuple[int | Tensor, int | Tensor] | None = None,
     samples: int = 8,
     seed: int = 0,
     max_tokens: int = 64,
-    bos_token_id: int | None = None,
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
+    options: RunOptions = QUIET,
 ) -> HeadAblation:
     """Estimate `head_ablations` for all heads from one forward and one backward.
 
     Args:
-        tokens, bos, mode, metric, answers, layers, heads: as in
-            `head_ablations` (the setup is `ablation_setup`'s); a callable
-            metric must be differentiable.
+        tokens, bos, mode, metric: as in `head_ablations` (the setup is
+            `ablation_setup`'s); a callable metric must be differentiable.
         samples: label draws for the KL (Fisher) estimate, stacked as copies of
             the batch; ignored for other metrics (first-order, one copy).
+        options: the `<bos>` id for prompts of a model without a tokenizer.
+
+    Every head is estimated from the same forward and backward pass, so there
+    is no sub-grid to choose: index the [layer, head_index] effects instead.
 
     Returns:
         HeadAblation with method "attribution" and estimated effects.
     """
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    s = ablation_setup(model, tokens, mode=mode, metric=metric, answers=answers, layers=layers, heads=heads,
-                       bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    s = ablation_setup(model, tokens, mode=mode, metric=metric, bos=bos, max_tokens=max_tokens, options=options)
     batch, mask, ref, means, n_content = s.batch, s.mask, s.reference, s.means, s.n_content
     B, T = batch.tokens.shape
     L = model.cfg.n_layers

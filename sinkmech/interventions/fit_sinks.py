@@ -191,7 +191,6 @@ def fit_sinks(
     fit: TokenBatch,
     settings: FitSettings = FitSettings(),
     *,
-    bos_token_id: int | None = None,
     fit_prompts: tuple = (),
     options: RunOptions = RunOptions(),
 ) -> FittedSinks:
@@ -201,16 +200,16 @@ def fit_sinks(
         fit: the fitting prompts without `<bos>` (their `<bos>` mass, for the
             starting logits and top-k, comes from the same content with `<bos>` first).
         settings: what is fitted (`FitSettings`).
-        bos_token_id: `<bos>` (default the tokenizer's).
         fit_prompts: the prompts' texts, recorded beside their token hashes.
         options: `progress` shows the fit's progress bar; `batch_size` the
-            passes that measure the `<bos>` mass.
+            passes that measure the `<bos>` mass; `bos_token_id` (default the tokenizer's).
 
     Returns:
         FittedSinks (unscored: see `evaluate_sinks`).
     """
     if fit.bos != "none":
         raise ValueError("sinks are fitted on the run without <bos>: build the batch with bos='none'")
+    bos_token_id = options.bos_token_id
     if bos_token_id is None:
         from sinkmech.loading.models import bos_token_id as model_bos
 
@@ -277,14 +276,14 @@ def _rows(batch: TokenBatch, pick: list[int]) -> TokenBatch:
                       batch.context_limit)
 
 
-def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, bos_token_id: int | None = None,
-                   options: RunOptions = RunOptions()) -> dict:
+def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, options: RunOptions = RunOptions()) -> dict:
     """The fitted sinks on held-out prompts (content tokens, bos="none"; any prompt the
     sinks were fitted on is refused): the loss with `<bos>` first, without it, and
     without it with the fitted sinks, per content target with bootstrap intervals
     over prompts; the share of the `<bos>` cost they recover, (none - fitted) /
     (none - bos) as a ratio of sums; and per head the learned sink's mass against
-    the attention on `<bos>` (both mean over content queries)."""
+    the attention on `<bos>` (both mean over content queries). `options.bos_token_id`:
+    the `<bos>` (default the tokenizer's)."""
     from sinkmech.measures.sinks import sink_scores
 
     if held.bos != "none":
@@ -292,13 +291,14 @@ def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, bos_t
     seen = set(fitted.fit_token_hashes) & set(content_rows_hashes(held))
     if seen:
         raise ValueError(f"{len(seen)} held-out prompt(s) hold the same tokens as fitting prompts: evaluate on others")
+    bos_token_id = options.bos_token_id
     if bos_token_id is None:
         from sinkmech.loading.models import bos_token_id as model_bos
 
         bos_token_id = model_bos(model)
     from sinkmech.interventions.phantom import with_bos_column
 
-    kw = dict(batch_size=options.batch(8), loss=True, progress=options.progress)
+    kw = dict(loss=True, options=options.replace(batch_size=options.batch(8)))
     first = sink_scores(model, with_bos_column(held, bos_token_id), **kw)
     none = sink_scores(model, held, **kw)
     learned = sink_scores(model, held, sink=fitted.phantom(), **kw)

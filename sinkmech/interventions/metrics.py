@@ -26,7 +26,7 @@ from torch import Tensor
 
 MetricFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 MetricName = Literal["kl", "logit_diff"]
-MetricSpec = Union[MetricName, "LogitDiff", MetricFn]
+MetricSpec = Union[MetricName, "KL", "LogitDiff", "Custom", MetricFn]  # "logit_diff" needs its answers: LogitDiff
 
 
 @dataclass(frozen=True)
@@ -183,14 +183,16 @@ Metric = Union[KL, LogitDiff, Custom]
 
 
 def resolve_metric(metric: object, answers: tuple[int | Tensor, int | Tensor] | None = None) -> Metric:
-    """'kl', 'logit_diff' (needs `answers=(correct, incorrect)`), a LogitDiff, or a callable."""
+    """'kl', a `LogitDiff(correct, incorrect)`, a callable, or 'logit_diff' with
+    `answers=(correct, incorrect)` (the command line's --metric and --answers)."""
     if isinstance(metric, (KL, LogitDiff, Custom)):
         return metric
     if metric == "kl":
         return KL()
     if metric == "logit_diff":
         if answers is None:
-            raise ValueError("metric 'logit_diff' needs answers=(correct_token, incorrect_token)")
+            raise ValueError("metric 'logit_diff' needs its answers: pass metric=LogitDiff(correct_token, "
+                             "incorrect_token)")
         return LogitDiff(*answers)
     if callable(metric):
         return Custom(metric, getattr(metric, "__name__", "custom"))

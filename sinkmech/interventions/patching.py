@@ -20,14 +20,14 @@ from torch import Tensor
 
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, cached_run, check_layer
-from sinkmech.interventions.metrics import MetricSpec, content_logits, content_mask, one_copy, resolve_metric
+from sinkmech.interventions.metrics import Bound, MetricSpec, content_logits, content_mask, one_copy, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
-from sinkmech.interventions.sweep import Intervention, loop, reference_logits, sweep
+from sinkmech.interventions.sweep import Intervention, reference_logits, sweep
+from sinkmech.options import RunOptions
 from sinkmech.results import Result
 
 PatchAct = Literal["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v"]
 PatchBy = Literal["layer_pos", "layer", "head", "head_pos"]
-Method = Literal["sweep", "loop"]
 RESID_ACTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 HEAD_ACTS = ("z", "q", "k", "v")
 AXES = {"layer_pos": ("layer", "pos"), "layer": ("layer",), "head": ("layer", "head_index"), "head_pos": ("layer", "head_index", "pos")}
@@ -130,7 +130,38 @@ def _patcher(name: str, source_act: Tensor, t_pos: Tensor, s_pos: Tensor, head: 
     return make
 
 
-def patch(
+@dataclass(frozen=True)
+class PatchSetup:
+    """One patching sweep, ready to score: the target run, one intervention per
+    cell, the metric bound to the source run's logits, and what the result
+    records. Built by `patch_setup`; `patch` scores it with `sweep.sweep`, and
+    `sweep.loop` (one `run_with_hooks` per cell) is the reference it equals."""
+
+    target_run: TokenBatch
+    cells: tuple[Intervention, ...]
+    score: Bound
+    n_content: int
+    shape: tuple[int, ...]
+    act: str
+    by: PatchBy
+    source: Bos
+    target: Bos
+    metric: str
+    baseline: float
+    source_value: float
+    layers: tuple[int, ...]
+    positions: tuple[int, ...] | None
+
+    def result(self, values: Float[Tensor, " cell"]) -> PatchResult:
+        """The scored cells (one value each, in `cells`' order) as a PatchResult."""
+        return PatchResult(
+            values=values.reshape(self.shape), axes=AXES[self.by], act=self.act, source=self.source,
+            target=self.target, metric=self.metric, baseline=self.baseline, source_value=self.source_value,
+            layers=self.layers, positions=self.positions,
+        )
+
+
+def patch_setup(
     model: Model,
     pair: BosPair,
     *,
@@ -139,40 +170,12 @@ def patch(
     source: Bos = "prepend",
     target: Bos | None = None,
     metric: MetricSpec = "kl",
-    answers: tuple[int | Tensor, int | Tensor] | None = None,
     layers: Sequence[int] | None = None,
-    method: Method = "sweep",
-    max_rows: int = 128,
-    progress: bool = True,
     positions: Sequence[int] | None = None,
-) -> PatchResult:
-    """Patch `act` from the `source` run into the `target` run, one cell at a time.
-
-    Args:
-        pair: the two runs (see `bos_pair`).
-        act: a residual-stream activation (resid_pre, resid_mid, resid_post,
-            attn_out, mlp_out) or a per-head one (z, q, k, v; k and v index
-            key/value heads under grouped-query attention; q, k before rotary).
-        by: "layer_pos" (one cell per layer and content position), "layer"
-            (all content positions at once), "head" (one per layer and head,
-            all positions), "head_pos" (per layer, head and content position).
-        source: the run activations come from; `target` defaults to the other
-            run (`target == source` patches a run into itself: a no-op check).
-        metric: "kl" (mean KL(source || patched) over content positions),
-            "logit_diff" (with `answers`), or f(logits, reference, mask).
-        layers: the layers to sweep (default all).
-        method: "sweep" (batched, restarts at the layer) or "loop" (one
-            `run_with_hooks` per cell: the reference).
-        positions: with by="layer" or "head", patch only these content
-            positions (together) and take the metric over content positions
-            from the first of them on (earlier outputs cannot change). E.g.
-            1..T-1 from `<bos>` into no-`<bos>` keeps the target's own
-            position 0, its sink, instead of overwriting it.
-
-    Returns:
-        PatchResult whose `values` are [layer, pos], [layer], [layer,
-        head_index] or [layer, head_index, pos].
-    """
+) -> PatchSetup:
+    """Check the options, run the source run (its cache and logits) and the
+    unpatched target run, and build one intervention per cell; arguments as in
+    `patch`."""
     check_bos(source)
     target = check_bos(target) if target is not None else ("none" if source == "prepend" else "prepend")
     if act not in RESID_ACTS + HEAD_ACTS:
@@ -180,21 +183,14 @@ def patch(
     allowed = ("layer_pos", "layer") if act in RESID_ACTS else ("head", "head_pos")
     if by not in allowed:
         raise ValueError(f"act {act!r} is patched by one of {allowed}, got by={by!r}")
-    if method not in ("sweep", "loop"):
-        raise ValueError(f"method must be 'sweep' or 'loop', got {method!r}")
     layers = tuple(range(model.cfg.n_layers)) if layers is None else tuple(layers)
     for l in layers:
         check_layer(model, l)
+    resolved = resolve_metric(metric)
     src, tgt = pair.run(source), pair.run(target)
     n_content = pair.n_content
-    names = [act_name(act, l) for l in layers]
-    src_logits, cache = cached_run(model, src.tokens, names)
-    reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
-    bound = resolve_metric(metric, answers).bind(reference, pair.content_mask)
-    baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
-    source_value = float(bound(reference[None])[0])
-
     s_all, t_all = pair.content_positions(source), pair.content_positions(target)
+    scored = pair.content_mask
     if positions is not None:
         if by not in ("layer", "head"):
             raise ValueError(f"positions= needs by='layer' or 'head', got by={by!r}")
@@ -203,10 +199,13 @@ def patch(
             raise ValueError(f"positions must be content positions in [0, {n_content}), got {list(positions)}")
         keep = torch.tensor(positions)
         s_all, t_all = s_all[keep], t_all[keep]
-        scored = pair.content_mask & (torch.arange(n_content) >= positions[0])[None, :]
-        bound = resolve_metric(metric, answers).bind(reference, scored)
-        baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
-        source_value = float(bound(reference[None])[0])
+        scored = scored & (torch.arange(n_content) >= positions[0])[None, :]
+    names = [act_name(act, l) for l in layers]
+    src_logits, cache = cached_run(model, src.tokens, names)
+    reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
+    bound = resolved.bind(reference, scored)
+    baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
+    source_value = float(bound(reference[None])[0])
     n_heads = cache[names[0]].shape[2] if act in HEAD_ACTS else 1
     cells = []
     for l in layers:
@@ -223,64 +222,110 @@ def patch(
                 for h in range(n_heads)
                 for j in range(n_content)
             ]
-    shape = {"layer_pos": (len(layers), n_content), "layer": (len(layers),), "head": (len(layers), n_heads), "head_pos": (len(layers), n_heads, n_content)}[by]
-    kw = dict(score=bound, offset=tgt.offset, n_content=n_content, progress=progress, desc=f"patch {act} {source}->{target}")
-    if method == "sweep":
-        values = sweep(model, tgt.tokens, cells, max_rows=max_rows, **kw)
-    else:
-        values = loop(model, tgt.tokens, cells, **kw)
-    return PatchResult(
-        values=values.reshape(shape), axes=AXES[by], act=act, source=source, target=target,
-        metric=resolve_metric(metric, answers).name, baseline=baseline, source_value=source_value, layers=layers,
-        positions=positions,
-    )
+    shape = {"layer_pos": (len(layers), n_content), "layer": (len(layers),), "head": (len(layers), n_heads),
+             "head_pos": (len(layers), n_heads, n_content)}[by]
+    return PatchSetup(target_run=tgt, cells=tuple(cells), score=bound, n_content=n_content, shape=shape, act=act,
+                      by=by, source=source, target=target, metric=resolved.name, baseline=baseline,
+                      source_value=source_value, layers=layers, positions=positions)
+
+
+def patch(
+    model: Model,
+    pair: BosPair,
+    *,
+    act: PatchAct,
+    by: PatchBy,
+    source: Bos = "prepend",
+    target: Bos | None = None,
+    metric: MetricSpec = "kl",
+    layers: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+    options: RunOptions = RunOptions(),
+) -> PatchResult:
+    """Patch `act` from the `source` run into the `target` run, one cell at a time.
+
+    Args:
+        pair: the two runs (see `bos_pair`).
+        act: a residual-stream activation (resid_pre, resid_mid, resid_post,
+            attn_out, mlp_out) or a per-head one (z, q, k, v; k and v index
+            key/value heads under grouped-query attention; q, k before rotary).
+        by: "layer_pos" (one cell per layer and content position), "layer"
+            (all content positions at once), "head" (one per layer and head,
+            all positions), "head_pos" (per layer, head and content position).
+        source: the run activations come from; `target` defaults to the other
+            run (`target == source` patches a run into itself: a no-op check).
+        metric: "kl" (mean KL(source || patched) over content positions),
+            `LogitDiff(correct, incorrect)` (`sinkmech.interventions.metrics`),
+            or f(logits, reference, mask).
+        layers: the layers to sweep (default all).
+        positions: with by="layer" or "head", patch only these content
+            positions (together) and take the metric over content positions
+            from the first of them on (earlier outputs cannot change). E.g.
+            1..T-1 from `<bos>` into no-`<bos>` keeps the target's own
+            position 0, its sink, instead of overwriting it.
+        options: rows per forward pass (copies x prompts, default 128), progress bar.
+
+    The cells that start at one layer run batched, restarting at that layer
+    (`sweep.sweep`); `patch_setup(...)` scored by `sweep.loop`, one
+    `run_with_hooks` per cell, is the reference it equals (tests).
+
+    Returns:
+        PatchResult whose `values` are [layer, pos], [layer], [layer,
+        head_index] or [layer, head_index, pos].
+    """
+    s = patch_setup(model, pair, act=act, by=by, source=source, target=target, metric=metric, layers=layers,
+                    positions=positions)
+    tgt = s.target_run
+    values = sweep(model, tgt.tokens, s.cells, score=s.score, offset=tgt.offset, n_content=s.n_content,
+                   options=options, desc=f"patch {act} {s.source}->{s.target}")
+    return s.result(values)
 
 
 # Named front-ends ---------------------------------------------------------
 
 
-def patch_resid_pre(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_resid_pre(model: Model, pair: BosPair, *, per_position: bool = True, **settings) -> PatchResult:
     """Patch the residual stream entering each layer, per (layer, content position)
-    or per layer over all content positions. Options as in `patch`."""
-    return patch(model, pair, act="resid_pre", by="layer_pos" if per_position else "layer", **options)
+    or per layer over all content positions. Settings (and `options`) as in `patch`."""
+    return patch(model, pair, act="resid_pre", by="layer_pos" if per_position else "layer", **settings)
 
 
-def patch_resid_mid(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_resid_mid(model: Model, pair: BosPair, *, per_position: bool = True, **settings) -> PatchResult:
     """Patch the residual stream between attention and MLP of each layer."""
-    return patch(model, pair, act="resid_mid", by="layer_pos" if per_position else "layer", **options)
+    return patch(model, pair, act="resid_mid", by="layer_pos" if per_position else "layer", **settings)
 
 
-def patch_resid_post(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_resid_post(model: Model, pair: BosPair, *, per_position: bool = True, **settings) -> PatchResult:
     """Patch the residual stream leaving each layer."""
-    return patch(model, pair, act="resid_post", by="layer_pos" if per_position else "layer", **options)
+    return patch(model, pair, act="resid_post", by="layer_pos" if per_position else "layer", **settings)
 
 
-def patch_attn_out(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_attn_out(model: Model, pair: BosPair, *, per_position: bool = True, **settings) -> PatchResult:
     """Patch each layer's attention output (all heads together)."""
-    return patch(model, pair, act="attn_out", by="layer_pos" if per_position else "layer", **options)
+    return patch(model, pair, act="attn_out", by="layer_pos" if per_position else "layer", **settings)
 
 
-def patch_mlp_out(model: Model, pair: BosPair, *, per_position: bool = True, **options) -> PatchResult:
+def patch_mlp_out(model: Model, pair: BosPair, *, per_position: bool = True, **settings) -> PatchResult:
     """Patch each layer's MLP output."""
-    return patch(model, pair, act="mlp_out", by="layer_pos" if per_position else "layer", **options)
+    return patch(model, pair, act="mlp_out", by="layer_pos" if per_position else "layer", **settings)
 
 
-def patch_head_out(model: Model, pair: BosPair, *, per_position: bool = False, **options) -> PatchResult:
+def patch_head_out(model: Model, pair: BosPair, *, per_position: bool = False, **settings) -> PatchResult:
     """Patch one head's output `z`, per (layer, head) over all content positions,
     or per (layer, head, content position)."""
-    return patch(model, pair, act="z", by="head_pos" if per_position else "head", **options)
+    return patch(model, pair, act="z", by="head_pos" if per_position else "head", **settings)
 
 
-def patch_head_q(model: Model, pair: BosPair, **options) -> PatchResult:
+def patch_head_q(model: Model, pair: BosPair, **settings) -> PatchResult:
     """Patch one head's queries (before rotary), per (layer, head)."""
-    return patch(model, pair, act="q", by="head", **options)
+    return patch(model, pair, act="q", by="head", **settings)
 
 
-def patch_head_k(model: Model, pair: BosPair, **options) -> PatchResult:
+def patch_head_k(model: Model, pair: BosPair, **settings) -> PatchResult:
     """Patch one key head's keys (before rotary), per (layer, key/value head)."""
-    return patch(model, pair, act="k", by="head", **options)
+    return patch(model, pair, act="k", by="head", **settings)
 
 
-def patch_head_v(model: Model, pair: BosPair, **options) -> PatchResult:
+def patch_head_v(model: Model, pair: BosPair, **settings) -> PatchResult:
     """Patch one key/value head's values, per (layer, key/value head)."""
-    return patch(model, pair, act="v", by="head", **options)
+    return patch(model, pair, act="v", by="head", **settings)

@@ -24,6 +24,7 @@ from sinkmech.hooks import act_name, residual_stack
 from sinkmech.interventions.patching import BosPair
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, tokenize
 from sinkmech.results import Result
+from sinkmech.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -220,12 +221,10 @@ def perturbation_spread(
     *,
     perturbation: Perturbation,
     max_tokens: int = 64,
-    bos_token_id: int | None = None,
     threshold: float = 0.1,
-    batch_size: int = 16,
-    progress: bool = True,
     first_prompt: int = 0,
     n_prompts_total: int | None = None,
+    options: RunOptions = RunOptions(),
 ) -> PerturbationSpread:
     """Relative residual change at every (layer, content position), with and without `<bos>`.
 
@@ -240,6 +239,8 @@ def perturbation_spread(
         first_prompt, n_prompts_total: when `tokens` are prompts first_prompt ..
             of a corpus of n_prompts_total (a shard): the noise of an
             EmbeddingNoise is the one the whole corpus' run draws for them.
+        options: batch size (default 16 prompts per forward pass), progress
+            bar, the `<bos>` id (for prompts, or a batch without `<bos>`).
 
     Returns:
         PerturbationSpread with change [bos, prompt, layer, pos] and entropy
@@ -250,7 +251,8 @@ def perturbation_spread(
         raise ValueError("a list of perturbations must hold one TokenSwap per prompt")
     if not per_prompt and not isinstance(perturbation, (TokenSwap, EmbeddingNoise)):
         raise ValueError(f"perturbation must be a TokenSwap or EmbeddingNoise, got {type(perturbation).__name__}")
-    rows, bos_id = _content_rows(model, tokens, max_tokens, bos_token_id)
+    rows, bos_id = _content_rows(model, tokens, max_tokens, options.bos_token_id)
+    batch_size = options.batch(16)
     noise = None
     if per_prompt:
         if len(perturbation) != len(rows):
@@ -285,7 +287,7 @@ def perturbation_spread(
         for bos in CONDITIONS
     }
     steps = [(c, s) for c in range(len(CONDITIONS)) for s in range(0, P, batch_size)]
-    for c, s in tqdm(steps, desc="perturbation spread", disable=not progress, unit="batch"):
+    for c, s in tqdm(steps, desc="perturbation spread", disable=not options.progress, unit="batch"):
         e = slice(s, min(s + batch_size, P))
         clean, pert = (b.slice(e.start, e.stop) for b in both[CONDITIONS[c]])
         off = clean.offset

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from sinkmech.loading.backend import Model
 from sinkmech.interventions.perturb import PerturbationSpread, TokenSwap, corpus_swaps, perturbation_spread
 from sinkmech.prompts import tokenize
+from sinkmech.options import RunOptions
 
 SPREAD_POSITION = 4  # content position of the swapped token (earlier when the prompts are shorter)
 SPREAD_THRESHOLD = 0.1  # relative change counted as "reached"
@@ -43,9 +44,7 @@ def swap_then_spread(
     max_tokens: int,
     position: int = SPREAD_POSITION,
     threshold: float = SPREAD_THRESHOLD,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> SwapSpread:
     """Swap the token at content `position` of each prompt for the token at that
     position of the next prompt that differs, and measure how far the change
@@ -58,13 +57,14 @@ def swap_then_spread(
             later position for the change to reach. `SwapSpread.position` is
             the one used.
         threshold: relative change counted as reached (`spread_fraction`).
+        options: batch size, progress bar, the `<bos>` id (`perturbation_spread`).
 
     Returns:
         SwapSpread.
     """
     if position < 0:
         raise ValueError(f"the swap position must be >= 0, got {position}")
-    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     rows = [r[:n].tolist() for r, n in zip(plain.tokens.cpu(), plain.lengths.cpu())]
     shortest = min(map(len, rows))
     if shortest < 2:
@@ -72,5 +72,5 @@ def swap_then_spread(
     position = min(position, shortest - 2)  # leave later positions to reach
     swaps = corpus_swaps(rows, position)
     spread = perturbation_spread(model, rows, perturbation=swaps, max_tokens=max_tokens, threshold=threshold,
-                                 batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
+                                 options=options)
     return SwapSpread(tuple(tuple(r) for r in rows), position, tuple(swaps), spread)

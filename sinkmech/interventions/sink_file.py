@@ -63,12 +63,12 @@ class SinkFile:
 
 
 def _key(prompt) -> str:
-    return prompt if isinstance(prompt, str) else json.dumps([int(t) for t in prompt])
+    return prompt if isinstance(prompt, str) else "ids:" + ",".join(str(int(t)) for t in prompt)
 
 
 def token_hash(row: Sequence[int]) -> str:
-    """The record of one fitting prompt's content tokens (sha256 of the id list)."""
-    return hashlib.sha256(json.dumps([int(t) for t in row]).encode()).hexdigest()
+    """The record of one fitting prompt's content tokens (sha256 of the ids, comma-separated)."""
+    return hashlib.sha256(",".join(str(int(t)) for t in row).encode()).hexdigest()
 
 
 def read_sink_file(path: str | Path) -> SinkFile:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model, unembed
 from sinkmech.hooks import Hook, act_name, cached_run, run
 from sinkmech.interventions.metrics import Bound, Unembedded, content_logits
+from sinkmech.options import QUIET, RunOptions
 
 # (rows of the stacked batch this intervention owns, total rows, positions) -> hooks
 HookMaker = Callable[[slice, int, int], list[Hook]]
@@ -66,9 +67,8 @@ def sweep(
     score: Bound,
     offset: int,
     n_content: int,
-    max_rows: int = 128,
-    progress: bool = True,
     desc: str = "sweep",
+    options: RunOptions = RunOptions(),
 ) -> Float[Tensor, " cell"]:
     """Score every intervention, batching those that start at the same layer.
 
@@ -76,13 +76,13 @@ def sweep(
         tokens: the run being intervened on, right-padded [batch, pos].
         score: a bound metric, logits [copies, batch, content_pos, d_vocab] -> [copies].
         offset, n_content: content token j sits at position offset + j.
-        max_rows: rows per forward pass (copies x batch); at least one copy runs.
+        options: rows per forward pass (copies x batch; default 128; at least one
+            copy runs), progress bar.
 
     Returns:
         One metric value per intervention, in the order given.
     """
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    max_rows = options.batch(128)
     batch, n_pos = tokens.shape
     starts = clean_resid(model, tokens)
     per_pass = max(1, max_rows // batch)
@@ -92,7 +92,7 @@ def sweep(
             raise ValueError(f"layer {cell.layer} out of range: the model has {model.cfg.n_layers} layers")
         by_layer.setdefault(cell.layer, []).append(i)
     values = torch.empty(len(interventions))
-    bar = tqdm(total=len(interventions), desc=desc, disable=not progress, unit="cell")
+    bar = tqdm(total=len(interventions), desc=desc, disable=not options.progress, unit="cell")
     for layer in sorted(by_layer):
         ids = by_layer[layer]
         for a in range(0, len(ids), per_pass):
@@ -119,13 +119,13 @@ def loop(
     score: Bound,
     offset: int,
     n_content: int,
-    progress: bool = True,
     desc: str = "loop",
+    options: RunOptions = QUIET,
 ) -> Float[Tensor, " cell"]:
     """The reference: one full forward pass with hooks per intervention, nothing shared."""
     batch, n_pos = tokens.shape
     values = torch.empty(len(interventions))
-    for i, cell in enumerate(tqdm(interventions, desc=desc, disable=not progress, unit="cell")):
+    for i, cell in enumerate(tqdm(interventions, desc=desc, disable=not options.progress, unit="cell")):
         hooks = cell.hooks(slice(0, batch), batch, n_pos)
         logits = run(model, tokens, hooks)
         values[i] = score(content_logits(logits, offset, n_content)[None]).float().cpu()[0]

@@ -79,6 +79,24 @@ def load_model(
         return _load(spec, device, n_ctx, cache, dtype)
 
 
+def each_model(models, *, device: str | None = None, dtype: str | torch.dtype | None = None):
+    """(name, model) for each of `models`: a loaded model, a spec to load (see
+    `load_model`), or a list of either. Specs are loaded in turn and let go before
+    the next loads, so one model is in memory at a time; a spec's name is the spec,
+    a loaded model's its `cfg.model_name`."""
+    import gc
+
+    items = models if isinstance(models, (list, tuple)) else [models]
+    for item in items:
+        if isinstance(item, (str, Path)):
+            model = load_model(str(item), device=device, dtype=dtype or "float32")
+            yield str(item), model
+            del model
+            gc.collect()
+        else:
+            yield item.cfg.model_name, item
+
+
 # Half-precision on a CPU: without native instructions (x86: AVX-512 BF16 / FP16
 # or AMX; Arm: the bf16 / fp16 extensions) torch emulates bfloat16 and float16
 # matmuls, tens of times slower than float32 (scripts/bench_dtype.py measures a

@@ -19,6 +19,7 @@ from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, check_head, head_label, parse_head, run
 from sinkmech.prompts import CONDITIONS, TokenStr, token_text, tokenize
 from sinkmech.results import Result
+from sinkmech.options import RunOptions
 
 HeadSpec = tuple[int, int] | str
 
@@ -80,8 +81,8 @@ def head_attention(
     heads: Sequence[HeadSpec],
     *,
     max_tokens: int = 32,
-    bos_token_id: int | None = None,
     token_str: TokenStr | None = None,
+    options: RunOptions = RunOptions(),
 ) -> HeadAttention:
     """Attention patterns of `heads` on `prompt`, with and without `<bos>`.
 
@@ -90,8 +91,8 @@ def head_attention(
         prompt: a string, or a list of token ids (models without tokenizer).
         heads: "L.H" strings or (layer, head) pairs.
         max_tokens: content tokens kept.
-        bos_token_id: `<bos>` id for models whose tokenizer lacks one.
         token_str: token id -> display string (default: the tokenizer's).
+        options: the `<bos>` id for a model whose tokenizer lacks one.
 
     Returns:
         HeadAttention with [head, query_pos, key_pos] patterns.
@@ -106,7 +107,7 @@ def head_attention(
     token_str = token_str or token_text(model)
     patterns, labels = {}, {}
     for bos in CONDITIONS:
-        batch = tokenize(model, [prompt], bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        batch = tokenize(model, [prompt], bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         found: dict[int, Tensor] = {}
 
         def keep(pattern, hook):

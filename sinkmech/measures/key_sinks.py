@@ -41,6 +41,7 @@ from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, run
 from sinkmech.prompts import Bos, TokenBatch, token_text
 from sinkmech.results import Result
+from sinkmech.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -222,8 +223,7 @@ def key_sink_scores(
     top_k: int = 5,
     min_queries: int = 8,
     min_excess: float = 0.1,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> KeySinks:
     """Score every key position of every head, streamed.
 
@@ -235,7 +235,7 @@ def key_sink_scores(
             n - k >= min_queries (key 0 always is).
         min_excess: a head's key of largest excess over its uniform share is a
             relative sink only above this (attention share, in [0, 1)).
-        batch_size: prompts per forward pass.
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         KeySinks: top keys [layer, head_index, k], prompt-averaged alpha by
@@ -243,7 +243,7 @@ def key_sink_scores(
         position [key_pos], flagged heads (raw and relative).
     """
     rows, sums = key_sink_sums(model, batch, top_k=top_k, min_queries=min_queries, min_excess=min_excess,
-                               batch_size=batch_size, progress=progress)
+                               options=options)
     return key_sinks_from_sums(rows, sums, top_k=top_k, min_queries=min_queries, min_excess=min_excess,
                                bos=batch.bos, model_name=model.cfg.model_name, decode=token_text(model))
 
@@ -255,8 +255,7 @@ def key_sink_sums(
     top_k: int = 5,
     min_queries: int = 8,
     min_excess: float = 0.1,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """What `key_sink_scores` aggregates, in a form that adds over shards of the
     prompts: per prompt, each head's top_k keys (the corpus' top keys are among
@@ -278,7 +277,7 @@ def key_sink_sums(
         raise ValueError(f"min_queries must be >= 1, got {min_queries}")
     if not 0.0 <= min_excess < 1.0:
         raise ValueError(f"min_excess must lie in [0, 1), got {min_excess}")
-    chunks = batch.batches(batch_size)
+    chunks = batch.batches(options.batch(16))
     cfg = model.cfg
     P, L, H, T = len(batch), cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
     top_v = torch.full((P, L, H, top_k), float("-inf"))
@@ -288,7 +287,7 @@ def key_sink_sums(
     off_first = torch.zeros(L, H, dtype=torch.float64)
     off_first_rel = torch.zeros(L, H, dtype=torch.float64)
     unif_sum = torch.zeros(T, dtype=torch.float64)
-    for rows, part in tqdm(chunks, desc=f"key sinks (bos={batch.bos})", disable=not progress, unit="batch"):
+    for rows, part in tqdm(chunks, desc=f"key sinks (bos={batch.bos})", disable=not options.progress, unit="batch"):
         t = part.tokens.shape[1]
         lengths = part.lengths
         unif = uniform_share(lengths.cpu(), t, min_queries)  # [b, t]

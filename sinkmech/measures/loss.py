@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model, unembed
 from sinkmech.hooks import Hook, act_name, cached_run
 from sinkmech.prompts import TokenBatch
+from sinkmech.options import QUIET, RunOptions
 
 # (prompt, position) rows unembedded at once: 256 x 262k vocabulary floats is
 # about 270 MB (Gemma 3). Far fewer rows re-read the whole unembedding for
@@ -137,26 +138,26 @@ def content_loss(
     model: Model,
     batch: TokenBatch,
     *,
-    batch_size: int = 16,
     hooks: Callable[[slice, TokenBatch], Sequence[Hook]] | None = None,
-    progress: bool = False,
     desc: str = "content loss",
+    options: RunOptions = QUIET,
 ) -> float:
     """Mean next-token loss (nats) over content targets 1 .. n-1 of every prompt.
 
     Args:
         batch: right-padded tokens, with or without `<bos>`.
-        batch_size: prompts per forward pass.
         hooks: `hooks(rows, part)` gives the forward hooks of one chunk (the
             prompts `rows` of `batch`): an intervention, or hooks that read
             other quantities from the same pass.
-        progress, desc: a progress bar over the chunks.
+        desc: the label of the progress bar over the chunks.
+        options: batch size (default 16 prompts per forward pass); progress
+            bar (default none).
 
     Returns:
         The mean over all scored targets (the same targets in both conditions).
     """
     total, n = 0.0, 0
-    for rows, part in tqdm(batch.batches(batch_size), desc=desc, disable=not progress, unit="batch"):
+    for rows, part in tqdm(batch.batches(options.batch(16)), desc=desc, disable=not options.progress, unit="batch"):
         t, k = masked_loss(model, part.tokens, target_mask(part), hooks(rows, part) if hooks else ())
         total, n = total + t, n + k
     if n == 0:

@@ -38,6 +38,7 @@ from sinkmech.measures.loss import content_loss
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
 from sinkmech.results import Result
 from sinkmech.measures.sinks import first_key_score, format_eps, sink_rate
+from sinkmech.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,9 @@ class MassiveDims(Result):
         }
 
 
-def _check(batch: TokenBatch, batch_size: int) -> None:
-    batch.batches(batch_size)  # checks batch_size and that there are prompts
+def _check(batch: TokenBatch) -> None:
+    if len(batch) == 0:
+        raise ValueError("the batch holds no prompts")
     if int(batch.lengths.min()) < 2:
         raise ValueError("every prompt needs at least 2 positions (position 0 against the rest)")
 
@@ -143,7 +145,7 @@ def dim_stats(
 MASSIVE_SUMS = ("first_abs", "median_abs", "sq_share", "first_signed", "first_norm", "rest_norm", "hidden_median")
 
 
-def massive_sums(model: Model, batch: TokenBatch, *, batch_size: int = 16, progress: bool = True) -> dict[str, Tensor]:
+def massive_sums(model: Model, batch: TokenBatch, *, options: RunOptions = RunOptions()) -> dict[str, Tensor]:
     """The additive statistics behind `massive_dims`: float64 sums over the
     prompts of `batch` of each per-prompt statistic (`MASSIVE_SUMS`), by name,
     plus "n_prompts". Sums of shards of the prompts add up to the sums of the
@@ -154,11 +156,12 @@ def massive_sums(model: Model, batch: TokenBatch, *, batch_size: int = 16, progr
         h_0^2 / ||h_0||^2, h_0) or [resid_layer] (||h_0||, mean_t ||h_t||, the
         hidden state's median magnitude); "n_prompts": [1].
     """
-    _check(batch, batch_size)
+    _check(batch)
     L, D = model.cfg.n_layers, model.cfg.d_model
     sums = {k: torch.zeros(L + 1, D, dtype=torch.float64) for k in MASSIVE_SUMS[:4]}
     sums.update({k: torch.zeros(L + 1, dtype=torch.float64) for k in MASSIVE_SUMS[4:]})
-    for _, part in tqdm(batch.batches(batch_size), desc=f"massive dims (bos={batch.bos})", disable=not progress, unit="batch"):
+    for _, part in tqdm(batch.batches(options.batch(16)), desc=f"massive dims (bos={batch.bos})",
+                        disable=not options.progress, unit="batch"):
 
         def make(i: int):
             def hook(resid, hook):
@@ -211,8 +214,7 @@ def massive_dims(
     threshold: float = 10.0,
     sun_min_abs: float = 100.0,
     sun_min_ratio: float = 1000.0,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> MassiveDims:
     """Which residual dimensions carry the first token's large norm, from which layer.
 
@@ -223,6 +225,7 @@ def massive_dims(
         sun_min_abs, sun_min_ratio: Sun et al.'s criterion for a massive
             dimension (|h_0[d]| > sun_min_abs and >= sun_min_ratio x the median
             magnitude of the hidden state).
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         MassiveDims over resid_layer 0 .. n_layers (embeddings .. last block's output).
@@ -231,7 +234,7 @@ def massive_dims(
         raise ValueError(f"top_k must lie in [1, d_model={model.cfg.d_model}], got {top_k}")
     if threshold <= 0:
         raise ValueError(f"threshold must be > 0, got {threshold}")
-    sums = massive_sums(model, batch, batch_size=batch_size, progress=progress)
+    sums = massive_sums(model, batch, options=options)
     return massive_from_sums(sums, top_k=top_k, threshold=threshold, sun_min_abs=sun_min_abs,
                              sun_min_ratio=sun_min_ratio, bos=batch.bos, model_name=model.cfg.model_name)
 
@@ -296,7 +299,7 @@ def reset_dims_hook(dims: Sequence[int], lengths: Tensor, values: Tensor | None 
     return hook
 
 
-def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer: int | None, progress: bool,
+def _loss_and_scores(model, batch: TokenBatch, options: RunOptions, dims, from_layer: int | None,
                      values: Tensor | None = None):
     """Content loss (`sinkmech.measures.loss.content_loss`) and alpha_0 (`sinkmech.measures.sinks.first_key_score`)
     from the same passes, with `dims` reset (to `values` when given) from `from_layer` on."""
@@ -313,8 +316,7 @@ def _loss_and_scores(model, batch: TokenBatch, batch_size: int, dims, from_layer
                     for l in range(from_layer, L)]
         return out
 
-    loss = content_loss(model, batch, batch_size=batch_size, hooks=hooks, progress=progress,
-                        desc="massive reset" if dims else "clean")
+    loss = content_loss(model, batch, hooks=hooks, desc="massive reset" if dims else "clean", options=options)
     return loss, scores
 
 
@@ -326,8 +328,7 @@ def reset_massive_dims(
     from_layer: int,
     mode: str = "others_mean",
     first_mean: Float[Tensor, "resid_layer d_model"] | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> MassiveIntervention:
     """Content loss and first-token scores with and without resetting `dims` at position 0.
 
@@ -337,11 +338,12 @@ def reset_massive_dims(
             (e.g. `MassiveDims.onset_layer`; must be < n_layers).
         mode: "others_mean" or "sun_mean" (`RESETS`); "sun_mean" needs
             `first_mean` (`MassiveDims.first_mean`, from the same bos condition).
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         MassiveIntervention (scores are alpha_0 [prompt, layer, head_index], as sinks.py).
     """
-    _check(batch, batch_size)
+    _check(batch)
     dims = tuple(int(d) for d in dims)
     if not dims or any(not 0 <= d < model.cfg.d_model for d in dims):
         raise ValueError(f"dims must be one or more indices in [0, {model.cfg.d_model}), got {dims}")
@@ -353,6 +355,6 @@ def reset_massive_dims(
         if first_mean is None or first_mean.shape[0] < model.cfg.n_layers:
             raise ValueError("the sun_mean reset needs first_mean [resid_layer, d_model] (MassiveDims.first_mean)")
         values = first_mean[:, list(dims)]
-    loss_c, sc = _loss_and_scores(model, batch, batch_size, (), None, progress)
-    loss_r, sr = _loss_and_scores(model, batch, batch_size, dims, from_layer, progress, values)
+    loss_c, sc = _loss_and_scores(model, batch, options, (), None)
+    loss_r, sr = _loss_and_scores(model, batch, options, dims, from_layer, values)
     return MassiveIntervention(dims, from_layer, loss_c, loss_r, sc, sr, batch.bos, mode)

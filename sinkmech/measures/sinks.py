@@ -27,6 +27,7 @@ from sinkmech.interventions.phantom import (
     PhantomSink, ValuelessBos, bos_state, paired_mass, phantom_hooks, valueless_bos_hooks,
 )
 from sinkmech.measures.loss import masked_row_losses, target_mask
+from sinkmech.options import RunOptions
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
 from sinkmech.results import Result
 from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmech.measures.sinks is where callers look)
@@ -276,11 +277,9 @@ def sink_scores(
     *,
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
     loss: bool = False,
-    progress: bool = True,
     bos_position: int | None = None,
+    options: RunOptions = RunOptions(),
     sink: ValuelessBos | PhantomSink | None = None,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
@@ -300,8 +299,6 @@ def sink_scores(
         max_tokens: content tokens per prompt (default 64, as in the paper); for
             a TokenBatch, only recorded as requested. `SinkScores.max_tokens`
             is always the longest content actually scored.
-        batch_size: prompts per forward pass.
-        bos_token_id: override for models whose tokenizer lacks one.
         loss: also the mean next-token loss on content targets 1..n-1 (the
             same targets with and without `<bos>`; see `sinkmech.measures.loss`), from
             the last block's output in the same pass, unembedded in chunks.
@@ -310,23 +307,27 @@ def sink_scores(
             token), `bos_scores` hold the attention on the `<bos>` key, and the
             loss is on content targets 1..n-1 except content token K, which only
             the `<bos>` position would predict (`moved_bos_targets`).
+        options: batch size (default 16 prompts per forward pass), progress bar,
+            and the `<bos>` id for prompts of a model whose tokenizer lacks one.
         sink: a sink intervention (`sinkmech.interventions.phantom`) in every pass:
             `ValuelessBos` (bos="prepend": `<bos>`'s value zeroed in the chosen
             heads) or `PhantomSink` (bos="none": a sink without a token; its
             mass per head is `phantom_mass`, the paired form's m comes from the
-            same content with `<bos>` first, `bos_token_id` or the tokenizer's).
-            `scores` stay alpha_0 on key 0 as the intervened pattern has it.
+            same content with `<bos>` first: the batch's `<bos>` id, the
+            options', or the tokenizer's). `scores` stay alpha_0 on key 0 as the
+            intervened pattern has it.
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
     """
     if max_tokens is None and not isinstance(tokens, TokenBatch):
         max_tokens = 64
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     if bos_position is not None:
         batch = move_bos(batch, bos_position)
-    phantom, bos_id, bos_values = _check_sink(model, batch, sink, bos_position, bos_token_id)
-    chunks = batch.batches(batch_size)  # before any work: checks batch_size
+    phantom, bos_id, bos_values = _check_sink(model, batch, sink, bos_position, options.bos_token_id)
+    chunks = batch.batches(options.batch(16))
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -339,7 +340,7 @@ def sink_scores(
     phantom_mass = torch.zeros(P, L, H) if phantom else None
     loss_sum, loss_n = 0.0, 0
     prompt_loss = torch.zeros(P, dtype=torch.float64)
-    for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not progress, unit="batch"):
+    for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not options.progress, unit="batch"):
         valid = part.mask.float()  # [batch, pos]
         n_real = part.lengths.float()
         n_rest = (n_real - 1).clamp(min=1)

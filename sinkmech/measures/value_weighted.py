@@ -30,6 +30,7 @@ from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, TokenBatch
 from sinkmech.measures.sinks import first_key_score
 from sinkmech.results import Result
+from sinkmech.options import RunOptions
 
 VectorKind = Literal["output", "value"]
 VECTORS: tuple[str, ...] = ("output", "value")
@@ -95,8 +96,7 @@ def value_weighted_first(
     batch: TokenBatch,
     *,
     vector: VectorKind = "output",
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> ValueWeighted:
     """alpha_0 and the first token's share of the value-weighted output, per head.
 
@@ -104,7 +104,7 @@ def value_weighted_first(
         model: a HookedTransformer or TransformerBridge (grouped-query attention included).
         batch: right-padded tokens (one `<bos>` condition).
         vector: "output" (||v W_O||, Kobayashi's f) or "value" (||v||).
-        batch_size: prompts per forward pass.
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         ValueWeighted with [prompt, layer, head_index] tensors.
@@ -114,7 +114,8 @@ def value_weighted_first(
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     attn_first, output_first = torch.zeros(P, L, H), torch.zeros(P, L, H)
-    for rows, part in tqdm(batch.batches(batch_size), desc=f"value-weighted (bos={batch.bos})", disable=not progress, unit="batch"):
+    for rows, part in tqdm(batch.batches(options.batch(16)), desc=f"value-weighted (bos={batch.bos})",
+                             disable=not options.progress, unit="batch"):
         valid = part.mask.float()  # [batch, pos]
         norms: dict[int, Tensor] = {}
 

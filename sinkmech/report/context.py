@@ -22,6 +22,7 @@ from sinkmech.hooks import head_label  # noqa: F401  (sections import it from he
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, default_corpus, load_prompts, token_text
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
+from sinkmech.options import RunOptions
 
 
 @dataclass
@@ -34,8 +35,6 @@ class ReportContext:
     prompts: PromptSource = None
     n_prompts: int = 170
     max_tokens: int = 64
-    batch_size: int = 16
-    bos_token_id: int | None = None
     token_str: TokenStr | None = None
     n_heads: int = 3
     view_tokens: int = 32
@@ -55,7 +54,7 @@ class ReportContext:
     length_prompts: int = 4
     length_tokens: int = 256  # longest evaluation length; halved length_steps - 1 times
     length_steps: int = 3
-    progress: bool = True
+    options: RunOptions = RunOptions()  # batch size, progress bars, the `<bos>` id: how every section runs
     shared: SharedPasses | None = None  # passes `compare_model` ran on the same prompts, to take over
     cache: dict = field(default_factory=dict)  # what this report computed once: prompts, token text, sinks, chosen heads
 
@@ -64,6 +63,11 @@ class ReportContext:
             items = default_corpus(self.n_prompts) if self.prompts is None else load_prompts(self.prompts)[: self.n_prompts]
             self.cache["prompts"] = items
         return self.cache["prompts"]
+
+    @property
+    def batch_size(self) -> int:
+        """Prompts per forward pass: the options' batch size, else 16 (what most sections default to)."""
+        return self.options.batch(16)
 
     def first(self, n: int) -> list:
         """The first n prompts (at most n_prompts)."""
@@ -84,7 +88,7 @@ class ReportContext:
         if "sinks" not in self.cache:
             self.cache["sinks"] = {
                 bos: sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
-                                 batch_size=self.batch_size, bos_token_id=self.bos_token_id, progress=self.progress)
+                                 options=self.options)
                 for bos in CONDITIONS
             }
         return self.cache["sinks"]

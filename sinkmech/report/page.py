@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import html
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
 
 from sinkmech import render
-from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
+from sinkmech.options import RunOptions
 from sinkmech.files import json_text, make_dir, staged_dir, write_text
 from sinkmech.report.context import SETTINGS, ReportContext, Section
 from sinkmech.report.sections import SECTIONS
@@ -62,6 +61,7 @@ def build_report(
     sections: Sequence[Callable[[ReportContext], Section]] | None = None,
     model_label: str | None = None,
     overwrite: bool = False,
+    options: RunOptions = RunOptions(),
     **settings,
 ) -> Report:
     """Run the sections and write out/index.html, out/summary.json, out/figures/.
@@ -74,26 +74,21 @@ def build_report(
             it an earlier report is kept and this call fails before any work.
         sections: section functions (default `SECTIONS`).
         model_label: name shown on the page (default the model's cfg name).
+        options: batch size, progress bars and the `<bos>` id every section runs with.
         **settings: ReportContext fields: prompts, n_prompts, max_tokens,
-            batch_size, bos_token_id, token_str, n_heads, view_tokens,
-            view_prompts, spread_prompts, scan_prompts, noop_prompts,
-            ablation_prompts, ablation_tokens, progress.
+            token_str, n_heads, view_tokens, view_prompts, spread_prompts,
+            scan_prompts, noop_prompts, ablation_prompts, ablation_tokens, the
+            beyond-the-paper sizes, and `shared` (`compare_model`'s passes).
 
     Returns:
         Report with the written paths and the summary dict.
     """
     out = Path(out)
-    if "cache" in settings:  # the dict `shared` replaces
-        warnings.warn("build_report(cache={...}) is deprecated: pass shared=ModelComparison.shared (a SharedPasses)",
-                      DeprecationWarning, stacklevel=2)
-        cache = settings.pop("cache") or {}
-        check = ReportContext(model=model, out=out, **settings)
-        settings["shared"] = SharedPasses(sinks=cache.get("sinks") or {}, n_prompts=len(check.prompt_list()),
-                                          max_tokens=check.max_tokens, discoveries=cache.get("discoveries", {}))
-    unknown = set(settings) - set(ReportContext.__dataclass_fields__) - {"model", "out", "cache"}
-    # `shared` is a ReportContext field: compare's passes on the same prompts (SharedPasses)
+    allowed = set(ReportContext.__dataclass_fields__) - {"model", "out", "options", "cache"}  # cache: the report's own
+    unknown = set(settings) - allowed
     if unknown:
         raise ValueError(f"unknown report settings: {sorted(unknown)}")
+    settings["options"] = options
     check = ReportContext(model=model, out=out, **settings)
     if min(getattr(check, k) for k in SETTINGS) < 1:
         raise ValueError(f"report settings must be >= 1: {', '.join(SETTINGS)}")
@@ -108,7 +103,7 @@ def _build(model, out: Path, sections, model_label, settings) -> tuple[dict, lis
     done, timing = [], {}
     sections = list(SECTIONS if sections is None else sections)
     for i, make in enumerate(sections, 1):
-        if ctx.progress:
+        if ctx.options.progress:
             print(f"[{i}/{len(sections)}] {make.__name__} ...", flush=True)
         t0 = time.perf_counter()
         done.append(make(ctx))

@@ -43,6 +43,7 @@ from sinkmech.plots.sinks import sink_heatmap, sink_rate_lines
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS, TokenBatch, tokenize
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
 from sinkmech.stats import effect_text
+from sinkmech.options import QUIET
 
 
 def sink_section(ctx: ReportContext) -> Section:
@@ -145,7 +146,7 @@ def norms_section(ctx: ReportContext) -> Section:
 def head_views_section(ctx: ReportContext) -> Section:
     """circuitsvis views of the top sink heads and the least sink-like heads."""
     prompts = ctx.prompt_list()[: max(1, ctx.view_prompts)]
-    kw = dict(max_tokens=ctx.view_tokens, bos_token_id=ctx.bos_token_id, token_str=ctx.token_str)
+    kw = dict(max_tokens=ctx.view_tokens, token_str=ctx.token_str, options=ctx.options)
     views, summary = [], {}
     for group, heads in ctx.chosen_heads().items():
         atts = [head_attention(ctx.model, p, heads, **kw) for p in prompts]
@@ -171,7 +172,7 @@ def spread_section(ctx: ReportContext) -> Section:
     """One token swapped at an early position, with and without `<bos>`: how far the
     change spreads over layers and later positions, and how smooth attention is."""
     swapped = swap_then_spread(ctx.model, ctx.first(ctx.spread_prompts), max_tokens=ctx.max_tokens,
-                               bos_token_id=ctx.bos_token_id, progress=False)
+                               options=ctx.options.replace(progress=False))
     res, pos, swaps, rows = swapped.spread, swapped.position, swapped.swaps, swapped.rows
     change, entropy, norm_entropy = res.change, res.entropy, res.normalized_entropy
     news = [int(s.replacement[0]) for s in swaps]
@@ -251,9 +252,8 @@ def dormant_section(ctx: ReportContext) -> Section:
     items = ctx.first(ctx.scan_prompts + ctx.noop_prompts)
     n_noop = min(ctx.noop_prompts, len(items) // 2)  # held out from the scan
     disc = discover_heads(model, items, scan_prompts=min(ctx.scan_prompts, len(items) - n_noop), noop_prompts=n_noop,
-                          n_candidates=ctx.n_heads, max_tokens=ctx.max_tokens, batch_size=ctx.batch_size,
-                          bos_token_id=ctx.bos_token_id, progress=ctx.progress,
-                          memo=ctx.discoveries())
+                          n_candidates=ctx.n_heads, max_tokens=ctx.max_tokens, memo=ctx.discoveries(),
+                          options=ctx.options)
     scan, noop = disc.scan, disc.noop
     found = scan.if_else_heads()
     ranked = found or scan.ranked()
@@ -355,12 +355,12 @@ def ablation_section(ctx: ReportContext) -> Section:
     the `<bos>` run patched into the no-`<bos>` run, layer by layer."""
     model = ctx.model
     prompts, T = ctx.first(ctx.ablation_prompts), min(ctx.ablation_tokens, ctx.max_tokens)
-    abl = head_ablations(model, prompts, mode="mask_first", bos="prepend", max_tokens=T, bos_token_id=ctx.bos_token_id,
-                         max_rows=ABLATION_ROWS, progress=ctx.progress)
-    pair = bos_pair(model, prompts, max_tokens=T, bos_token_id=ctx.bos_token_id)
+    abl = head_ablations(model, prompts, mode="mask_first", bos="prepend", max_tokens=T,
+                         options=ctx.options.replace(batch_size=ABLATION_ROWS))
+    pair = bos_pair(model, prompts, max_tokens=T, bos_token_id=ctx.options.bos_token_id)
     # Content positions 1..n-1 only: content position 0 is the no-<bos> run's own sink; overwriting it
     # with the <bos> run's (ordinary) first content token would measure destroying that sink.
-    pr = patch_resid_pre(model, pair, per_position=False, source="prepend", progress=False,
+    pr = patch_resid_pre(model, pair, per_position=False, source="prepend", options=QUIET,
                          positions=range(1, pair.n_content))
     heat = ctx.figure("ablation_mask_first", lambda p: patching_heatmaps(
         {"mask_first, with <bos>": abl.effects.numpy()}, p, diverging=False, cbar_label="KL(clean || ablated), nats",
@@ -411,13 +411,13 @@ LENGTH_TOP_HEADS = 1  # strongest sink heads whose mask_first cost is measured a
 def _batch(ctx: ReportContext, bos: str) -> TokenBatch:
     """The first `beyond_prompts` prompts, `max_tokens` content tokens each."""
     return tokenize(ctx.model, ctx.first(ctx.beyond_prompts), bos=bos, max_tokens=ctx.max_tokens,
-                    bos_token_id=ctx.bos_token_id)
+                    bos_token_id=ctx.options.bos_token_id)
 
 
 def key_sinks_section(ctx: ReportContext) -> Section:
     """Heads whose strongest key (alpha_k averaged over prompts) is not position 0."""
     name = ctx.model.cfg.model_name
-    res = {c: key_sink_scores(ctx.model, _batch(ctx, c), batch_size=ctx.batch_size, progress=ctx.progress)
+    res = {c: key_sink_scores(ctx.model, _batch(ctx, c), options=ctx.options)
            for c in CONDITIONS}
     figs = ctx.figure("strongest_key", lambda p: mechanisms.strongest_key_heatmap(res, p, model_name=name))
     summary: dict = {"n_prompts": res["prepend"].n_prompts, "min_queries": res["prepend"].min_queries}
@@ -477,7 +477,7 @@ def massive_section(ctx: ReportContext) -> Section:
     """Massive residual dimensions at position 0, and the cost of resetting them."""
     name = ctx.model.cfg.model_name
     batch = _batch(ctx, "prepend")
-    md = massive_dims(ctx.model, batch, batch_size=ctx.batch_size, progress=ctx.progress)
+    md = massive_dims(ctx.model, batch, options=ctx.options)
     figs = ctx.figure("massive_dims", lambda p: mechanisms.massive_figure(md, p, model_name=name))
     summary = {"n_prompts": len(batch), **md.to_dict()}
     body = (
@@ -497,7 +497,7 @@ def massive_section(ctx: ReportContext) -> Section:
         if dims and md.onset_layer < ctx.model.cfg.n_layers:
             part = batch.slice(0, max(1, len(batch) // 2))  # more passes: half the prompts keep the cost down
             resets = [reset_massive_dims(ctx.model, part, dims=dims, from_layer=md.onset_layer, mode=mode,
-                                         first_mean=md.first_mean, batch_size=ctx.batch_size, progress=ctx.progress)
+                                         first_mean=md.first_mean, options=ctx.options)
                       for mode in RESETS]
             summary["reset"] = {**resets[0].to_dict(), "n_prompts": len(part)}  # others_mean, as before
             summary["resets"] = {r.mode: {**r.to_dict(), "n_prompts": len(part)} for r in resets}
@@ -524,7 +524,7 @@ def value_weighted_section(ctx: ReportContext) -> Section:
     """Attention on the first token against its share of the value-weighted output."""
     name = ctx.model.cfg.model_name
     batch = _batch(ctx, "prepend")
-    vw = value_weighted_first(ctx.model, batch, batch_size=ctx.batch_size, progress=ctx.progress)
+    vw = value_weighted_first(ctx.model, batch, options=ctx.options)
     figs = ctx.figure("value_weighted", lambda p: mechanisms.value_weighted_scatter(vw, p, model_name=name))
     attn, out = vw.mean_attn_first(), vw.mean_output_first()
     eps = DEFAULT_EPS[0]
@@ -559,9 +559,9 @@ def _long_sequence(ctx: ReportContext, n_tokens: int) -> TokenBatch:
     """One long row with `<bos>`: the Python docs text, or, for a model without
     a tokenizer, the report's prompts (token ids) laid end to end."""
     if ctx.model.tokenizer is not None:
-        return long_tokens(ctx.model, n_tokens, bos="prepend", bos_token_id=ctx.bos_token_id)
+        return long_tokens(ctx.model, n_tokens, bos="prepend", bos_token_id=ctx.options.bos_token_id)
     ids = [t for p in ctx.prompt_list() for t in p]
-    return tokenize(ctx.model, [ids], bos="prepend", max_tokens=n_tokens, bos_token_id=ctx.bos_token_id)
+    return tokenize(ctx.model, [ids], bos="prepend", max_tokens=n_tokens, bos_token_id=ctx.options.bos_token_id)
 
 
 def stream_section(ctx: ReportContext) -> Section:
@@ -571,7 +571,7 @@ def stream_section(ctx: ReportContext) -> Section:
     seq = _long_sequence(ctx, n)
     n = int(seq.lengths[0]) - 1
     window = min(ctx.stream_window, max(1, (n - 1) // 2))
-    res = stream_perplexity(ctx.model, seq, window=window, keep=STREAM_KEEP, progress=ctx.progress)
+    res = stream_perplexity(ctx.model, seq, window=window, keep=STREAM_KEEP, options=ctx.options)
     figs = ctx.figure("stream", lambda p: mechanisms.stream_bars(res, p, model_name=name))
     summary = {**res.to_dict(), "n_scored": res.n_scored}
     rows = [["full attention", f"{res.full_ppl:.2f}"]] + [
@@ -594,13 +594,13 @@ def length_section(ctx: ReportContext) -> Section:
     longest = min(ctx.length_tokens, ctx.model.cfg.n_ctx - 1)
     lengths = sorted({longest >> i for i in range(ctx.length_steps)} - {0, 1})
     if ctx.model.tokenizer is not None:
-        batch = long_prompts(ctx.model, ctx.length_prompts, longest, bos="prepend", bos_token_id=ctx.bos_token_id)
+        batch = long_prompts(ctx.model, ctx.length_prompts, longest, bos="prepend",
+                             bos_token_id=ctx.options.bos_token_id)
     else:
         batch = tokenize(ctx.model, ctx.first(ctx.length_prompts), bos="prepend", max_tokens=longest,
-                         bos_token_id=ctx.bos_token_id)
+                         bos_token_id=ctx.options.bos_token_id)
     # one head's mask_first cost per length: each costs a clean and an ablated pass
-    sweep = sinks_vs_length(ctx.model, batch, lengths=lengths, top_k=LENGTH_TOP_HEADS, batch_size=ctx.batch_size,
-                            progress=ctx.progress)
+    sweep = sinks_vs_length(ctx.model, batch, lengths=lengths, top_k=LENGTH_TOP_HEADS, options=ctx.options)
     summary = sweep.to_dict()
     body = (
         f"<p>{len(batch)} texts with &lt;bos&gt;, cut to {', '.join(map(str, lengths))} content tokens. Per "

@@ -43,21 +43,29 @@ def row_key(T: int, name: str) -> str:
 
 # Stage 1: the sink scores by length, per prompt.
 
-def scores_partial(scores: dict[int, SinkScores], batch: TokenBatch, settings: dict, *, cfg, lengths: Sequence[int],
-                   top_k: int, eps: Sequence[float], uniform_multiples: Sequence[float],
-                   fixed_head: tuple[int, int] | None, prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
+def sweep_settings(*, lengths: Sequence[int], top_k: int, eps: Sequence[float], uniform_multiples: Sequence[float],
+                   fixed_head: tuple[int, int] | None) -> dict:
+    """The sweep's options (checked by `check_sweep`) as a part's settings: every
+    part of one sweep must share them."""
+    return {"lengths": [int(T) for T in lengths], "top_k": int(top_k), "eps": [float(e) for e in eps],
+            "uniform_multiples": [float(m) for m in uniform_multiples],
+            "fixed_head": None if fixed_head is None else [int(x) for x in fixed_head]}
+
+
+def scores_partial(scores: dict[int, SinkScores], batch: TokenBatch, settings: dict, *, cfg,
+                   prompt_index: Sequence[int], shard: tuple[int, int] = (1, 1),
                    n_prompts_total: int | None = None) -> Partial:
     """Stage 1 of one shard (the prompts of `batch`) as a part.
 
     Args:
         scores: `length_scores` of `batch` at the lengths its prompts can be cut to.
+        settings: the run's settings, the sweep's among them (`sweep_settings`).
+            A length that fits the context but not the shard's shortest prompt
+            is stored as NaN rows: the merged corpus' shortest prompt is no
+            longer, so the merged sweep skips it too.
         cfg: the model's config (context, layers, heads, name).
-        lengths: the sweep's lengths. One that fits the context but not the
-            shard's shortest prompt is stored as NaN rows: the merged corpus'
-            shortest prompt is no longer, so the merged sweep skips it too.
-        top_k, eps, uniform_multiples, fixed_head: the sweep's options (checked
-            by `check_sweep`): every part must share them.
     """
+    lengths = settings["lengths"]
     P = len(batch)
     rows = {"content_lengths": (batch.lengths - batch.offset).cpu().numpy().astype(np.int64)}
     for T in (T for T in lengths if fits_context(T, cfg.n_ctx)):
@@ -70,10 +78,8 @@ def scores_partial(scores: dict[int, SinkScores], batch: TokenBatch, settings: d
             else:
                 shape = (P, cfg.n_layers, cfg.n_heads) if k.startswith("value") or k == "scores" else (P, cfg.n_layers)
                 rows[row_key(T, k)] = np.full(shape, np.nan, dtype=np.float32)
-    settings = {**settings, "lengths": [int(T) for T in lengths], "bos": batch.bos, "n_ctx": cfg.n_ctx,
-                "model_name": cfg.model_name, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "top_k": top_k,
-                "eps": [float(e) for e in eps], "uniform_multiples": [float(m) for m in uniform_multiples],
-                "fixed_head": None if fixed_head is None else [int(x) for x in fixed_head]}
+    settings = {**settings, "bos": batch.bos, "n_ctx": cfg.n_ctx, "model_name": cfg.model_name,
+                "n_layers": cfg.n_layers, "n_heads": cfg.n_heads}
     return shard_part(SCORES, settings, prompt_index=prompt_index, shard=shard, rows=rows, sums={},
                       n_prompts_total=n_prompts_total)
 

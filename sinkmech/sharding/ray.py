@@ -22,11 +22,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tqdm.auto import tqdm
 
+from sinkmech.options import RunOptions
 from sinkmech.sharding.format import Partial, merge
 
 OBJECT_STORE_BYTES = 200 * 1024**2  # a local cluster's object store: parts are small
@@ -36,6 +38,20 @@ POLL_S = 5.0  # while shards run: how often the head is checked when no part has
 # address unless it believes clusters are off (its setting for Windows and macOS,
 # which keeps every node address on 127.0.0.1): `keep_on_loopback` says so.
 RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Where and how shards run on Ray: the cluster's `address` (None: a local
+    cluster started for the run), `workers` (one actor each, one model each), the
+    GPUs each worker asks for, Ray's retries of a dead worker and of its shard, and
+    the seconds the cluster may take to answer (`ClusterUnreachable` after them)."""
+
+    address: str | None = None
+    workers: int = 2
+    num_gpus_per_worker: float = 0.0
+    max_retries: int = 2
+    timeout: float = RAY_TIMEOUT_S
 
 
 @runtime_checkable
@@ -200,26 +216,21 @@ def run_on_ray(
     prompts: Sequence,
     spans: Sequence[range],
     *,
-    address: str | None = None,
-    workers: int = 2,
-    num_gpus_per_worker: float = 0.0,
+    cluster: RayCluster = RayCluster(),
     done: dict[int, Partial] | None = None,
     on_part: Callable[[int, Partial], None] | None = None,
-    max_retries: int = 2,
-    progress: bool = True,
-    timeout: float = RAY_TIMEOUT_S,
+    options: RunOptions = RunOptions(),
 ) -> Partial:
-    """Run `task` on every shard not in `done` with `workers` Ray actors and merge.
+    """Run `task` on every shard not in `done` with the cluster's workers (Ray actors) and merge.
 
     Args:
         prompts: the whole corpus (each shard's prompts are sent with its call).
         spans: the shards' global prompt indices (shard i is `spans[i - 1]`).
         done: shard number -> part already on disk (skipped, merged in).
+        cluster: the cluster, its workers and retries (`RayCluster`).
         on_part: called with (shard number, part) as each part arrives (the CLI
             writes it there).
-        max_retries: Ray's restarts of a dead worker and retries of its shard.
-        timeout: seconds the cluster at `address` may take to answer
-            (`ClusterUnreachable` after them).
+        options: a progress bar over the prompts.
 
     Returns:
         The merged part (complete: every shard).
@@ -231,6 +242,7 @@ def run_on_ray(
             whose parts arrived, `done` included).
     """
     ray = require_ray()
+    address, workers, timeout = cluster.address, cluster.workers, cluster.timeout
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     done = dict(done or {})
@@ -239,8 +251,8 @@ def run_on_ray(
     if todo:
         start_ray(address, workers, timeout=timeout)
 
-        Worker = ray.remote(max_restarts=max_retries, max_task_retries=max_retries)(ShardWorker)
-        actors = [Worker.options(num_cpus=1, num_gpus=num_gpus_per_worker).remote(task)
+        Worker = ray.remote(max_restarts=cluster.max_retries, max_task_retries=cluster.max_retries)(ShardWorker)
+        actors = [Worker.options(num_cpus=1, num_gpus=cluster.num_gpus_per_worker).remote(task)
                   for _ in range(min(workers, len(todo)))]
         pending: dict = {}  # ObjectRef -> (shard, actor)
 
@@ -251,7 +263,7 @@ def run_on_ray(
             pending[ref] = (i, actor)
 
         bar = tqdm(total=sum(len(s) for s in spans), initial=sum(len(spans[i - 1]) for i in done),
-                   desc="prompts", unit="prompt", disable=not progress)
+                   desc="prompts", unit="prompt", disable=not options.progress)
         lost = None
 
         def head_gone() -> ClusterLost | None:

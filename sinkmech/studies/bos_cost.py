@@ -29,6 +29,7 @@ from sinkmech.measures.loss import NO_TARGETS, masked_row_losses, target_mask
 from sinkmech.prompts import PromptSource, TokenBatch, as_batch, tokenize
 from sinkmech.results import Result
 from sinkmech.stats import ratio_with_ci
+from sinkmech.options import QUIET, RunOptions
 
 
 def heads_hooks(model: Model, part: TokenBatch, heads: Sequence[tuple[int, int]], mode: AblationMode,
@@ -43,11 +44,12 @@ def heads_hooks(model: Model, part: TokenBatch, heads: Sequence[tuple[int, int]]
 
 def ablated_prompt_losses(model: Model, batch: TokenBatch, heads: Sequence[tuple[int, int]], *,
                           mode: AblationMode = "mask_first", means: Tensor | None = None,
-                          batch_size: int = 16) -> Float[Tensor, " prompt"]:
+                          options: RunOptions = QUIET) -> Float[Tensor, " prompt"]:
     """Each prompt's summed next-token loss (nats) on its content targets with
-    the heads in `heads` ablated together (none: the clean run)."""
+    the heads in `heads` ablated together (none: the clean run); `options`: the
+    batch size (default 16 prompts per forward pass)."""
     out = torch.zeros(len(batch), dtype=torch.float64)
-    for rows, part in batch.batches(batch_size):
+    for rows, part in batch.batches(options.batch(16)):
         out[rows] = masked_row_losses(model, part.tokens, target_mask(part),
                                       heads_hooks(model, part, heads, mode, means))
     return out
@@ -97,32 +99,33 @@ def head_loss_changes(
     mode: AblationMode = "mask_first",
     bos: str | None = None,
     max_tokens: int | None = None,
-    bos_token_id: int | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> HeadLossChanges:
     """Each head ablated alone: the change of each prompt's content-target loss (nats).
 
     Args:
         tokens: a TokenBatch, or prompts (default bos "prepend", 64 content tokens).
         mode: as in `head_ablations` ("mask_first": the head may not attend to key 0).
+        options: batch size (default 16 prompts per forward pass), progress
+            bar, the `<bos>` id for prompts.
 
     Returns:
         HeadLossChanges, [prompt, layer, head_index].
     """
     check_mode(mode, model)
-    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
+                     bos_token_id=options.bos_token_id)
     targets = (batch.lengths - batch.offset - 1).clamp(min=0).cpu()
     if int(targets.sum()) == 0:
         raise ValueError(NO_TARGETS)
     means = mean_head_outputs(model, batch) if mode == "mean" else None
-    clean = ablated_prompt_losses(model, batch, [], batch_size=batch_size)
+    clean = ablated_prompt_losses(model, batch, [], options=options)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     changes = torch.zeros(len(batch), L, H, dtype=torch.float64)
     grid = [(l, h) for l in range(L) for h in range(H)]
-    for l, h in tqdm(grid, desc=f"{mode} loss per head", disable=not progress, unit="head"):
+    for l, h in tqdm(grid, desc=f"{mode} loss per head", disable=not options.progress, unit="head"):
         changes[:, l, h] = ablated_prompt_losses(model, batch, [(l, h)], mode=mode, means=means,
-                                                 batch_size=batch_size) - clean
+                                                 options=options) - clean
     return HeadLossChanges(changes, clean, targets, mode)
 
 
@@ -134,9 +137,7 @@ def bos_cost(
     eval_prompts: int,
     ks: Sequence[int] | None = None,
     max_tokens: int = 64,
-    bos_token_id: int | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """Rank heads by their `mask_first` loss change on the first `select_prompts`
     prompts, then on the next `eval_prompts` (held out) mask the first key of
@@ -153,13 +154,13 @@ def bos_cost(
     """
     if select_prompts < 1 or eval_prompts < 2:
         raise ValueError("bos_cost needs select_prompts >= 1 and eval_prompts >= 2")
-    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     if len(first) < select_prompts + eval_prompts:
         raise ValueError(f"{len(first)} prompts: fewer than select_prompts + eval_prompts = "
                          f"{select_prompts + eval_prompts}")
     return bos_cost_batches(model, first.slice(0, select_prompts),
                             first.slice(select_prompts, select_prompts + eval_prompts), ks=ks,
-                            batch_size=batch_size, progress=progress)
+                            options=options)
 
 
 def without_bos(batch: TokenBatch) -> TokenBatch:
@@ -176,8 +177,7 @@ def bos_cost_batches(
     *,
     ks: Sequence[int] | None = None,
     head_sets: Mapping[str, Sequence[tuple[int, int]]] | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """`bos_cost` on ready batches: heads ranked on `pick`, measured on `held`
     (both with `<bos>` at position 0; the caller keeps them disjoint). For a
@@ -201,20 +201,20 @@ def bos_cost_batches(
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_heads for k in ks):
         raise ValueError(f"ks must be integers in [1, {n_heads}], got {list(ks)}")
     select_prompts, eval_prompts = len(pick), len(held)
-    per_head = head_loss_changes(model, pick, batch_size=batch_size, progress=progress)
+    per_head = head_loss_changes(model, pick, options=options)
     ranking = per_head.ranking()
-    clean = ablated_prompt_losses(model, held, [], batch_size=batch_size)
+    clean = ablated_prompt_losses(model, held, [], options=options)
     targets = (held.lengths - 1 - 1).cpu().double()
     none = without_bos(held)
-    no_bos = ablated_prompt_losses(model, none, [], batch_size=batch_size) - clean
+    no_bos = ablated_prompt_losses(model, none, [], options=options) - clean
     def masked(heads: Sequence[tuple[int, int]]) -> dict:
-        change = ablated_prompt_losses(model, held, heads, batch_size=batch_size) - clean
+        change = ablated_prompt_losses(model, held, heads, options=options) - clean
         return {"heads": [head_label(l, h) for l, h in heads], "loss_change": ratio_with_ci(change, targets),
                 # a share of a loss change that removing <bos> does not cause: none
                 "share": ratio_with_ci(change, no_bos) if float(no_bos.sum()) > 0 else None}
 
     top_k = {str(k): masked(ranking[:k])
-             for k in tqdm(sorted(set(ks)), desc="top-k heads masked", disable=not progress, unit="k")}
+             for k in tqdm(sorted(set(ks)), desc="top-k heads masked", disable=not options.progress, unit="k")}
     return {
         "select": {"n_prompts": select_prompts, "mode": "mask_first",
                    "top": [{"head": head_label(l, h), "loss_change": per_head.effect(l, h)}
@@ -247,7 +247,7 @@ def run(model_or_models, config=None):
         n_heads = model.cfg.n_layers * model.cfg.n_heads
         r = bos_cost(model, prompts, select_prompts=config.select, eval_prompts=config.eval,
                      ks=[k for k in config.ks if k <= n_heads], max_tokens=config.max_tokens,
-                     batch_size=config.batch_size, progress=config.progress)
+                     options=RunOptions(batch_size=config.batch_size, progress=config.progress))
         r["max_tokens"], r["seconds"] = config.max_tokens, round(time.perf_counter() - t0, 1)
         sections[name] = r
         findings[f"{name}.bos_cost"] = flatten(f"{name}.bos_cost", r)

@@ -48,9 +48,7 @@ def bos_position_study(
     *,
     max_tokens: int = 64,
     eps: Sequence[float | str] = DEFAULT_EPS,
-    bos_token_id: int | None = None,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """`<bos>` at each position K against `<bos>` first and no `<bos>`, paired by prompt.
 
@@ -62,30 +60,30 @@ def bos_position_study(
         "vs_none" (loss), "dropped_target" (content token K: its loss predicted
         from the `<bos>` position, with `<bos>` first, and their paired
         difference, nats), "vs_bos_all_targets" (the loss difference over every
-        content target, K's predicted from `<bos>`)}}.
+        content target, K's predicted from `<bos>`)}}. `options`: batch size,
+        progress bars, the `<bos>` id to move.
     """
     if not positions or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in positions):
         raise ValueError(f"positions must be integers >= 1, got {list(positions)}")
-    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     short = int(first.lengths.min()) - 1
     if max(positions) >= short:
         raise ValueError(f"bos position {max(positions)} is at or beyond the content length ({short} tokens)")
     none = tokenize(model, prompts, bos="none", max_tokens=max_tokens)
     rows, bos_id = none.content(), int(first.bos_token_id)
     pad = int(getattr(model.tokenizer, "pad_token_id", None) or 0)
-    options = RunOptions(batch_size=batch_size, progress=False)
-    kw = dict(batch_size=batch_size, progress=progress)
-    ref, plain = sink_scores(model, first, **kw), sink_scores(model, none, **kw)
-    nll = {"bos": target_nll(model, rows, "prepend", bos_id, pad=pad, options=options),
-           "none": target_nll(model, rows, "none", bos_id, pad=pad, options=options)}
+    quiet = options.replace(progress=False)
+    ref, plain = sink_scores(model, first, options=options), sink_scores(model, none, options=options)
+    nll = {"bos": target_nll(model, rows, "prepend", bos_id, pad=pad, options=quiet),
+           "none": target_nll(model, rows, "none", bos_id, pad=pad, options=quiet)}
     rate = {name: {format_eps(e): r.prompt_sink_rate(e) for e in eps} for name, r in (("bos", ref), ("none", plain))}
     out: dict = {}
     for name in ("bos", "none"):
         loss, n = _sums(nll[name])
         out[name] = {"sink_rate": {k: _mean_ci(v) for k, v in rate[name].items()}, "loss": ratio_with_ci(loss, n)}
     for K in positions:
-        r = sink_scores(model, first, bos_position=K, **kw)
-        moved = target_nll(model, rows, K, bos_id, pad=pad, from_bos=True, options=options)
+        r = sink_scores(model, first, bos_position=K, options=options)
+        moved = target_nll(model, rows, K, bos_id, pad=pad, from_bos=True, options=quiet)
         loss, n = _sums(moved, K)
         base, none_loss = _sums(nll["bos"], K)[0], _sums(nll["none"], K)[0]
         key0 = {format_eps(e): r.prompt_sink_rate(e) for e in eps}
@@ -124,7 +122,8 @@ def run(model_or_models, config=None):
     for name, model in models_of(model_or_models, config.models):
         t0 = time.perf_counter()
         out = bos_position_study(model, prompts, list(config.positions), max_tokens=config.max_tokens,
-                                 eps=config.eps, batch_size=config.batch_size, progress=config.progress)
+                                 eps=config.eps,
+                                 options=RunOptions(batch_size=config.batch_size, progress=config.progress))
         sections[name] = {"bos_position": out, "n_prompts": config.n_prompts, "max_tokens": config.max_tokens,
                           "seconds": round(time.perf_counter() - t0, 1)}
         findings[f"{name}.bos_position"] = flatten(f"{name}.bos_position", out)

@@ -15,23 +15,25 @@ without (SmolLM2) and the two rows are the paper's contrast.
 from __future__ import annotations
 
 import time
-import warnings
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from sinkmech.loading.backend import Model
+from sinkmech.loading.models import each_model
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
-from sinkmech.prompts import CONDITIONS, DEFAULT_EPS, PromptSource, load_prompts, tokenize
-from sinkmech.interventions.recipes import SPREAD_POSITION, swap_then_spread
+from sinkmech.prompts import CONDITIONS, PromptSource, load_prompts, tokenize
+from sinkmech.interventions.recipes import swap_then_spread
 from sinkmech.measures.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
+from sinkmech.options import RunOptions
 from sinkmech.results import Result
+from sinkmech.studies.configs import CompareConfig
 from sinkmech.stats import excludes_zero, prompt_curve
 
-SPREAD_TOKENS = 48  # content tokens per prompt for the spread
 
 
 @dataclass(frozen=True)
@@ -223,62 +225,42 @@ def compare_model(
     model: Model,
     prompts: PromptSource = None,
     *,
+    config: CompareConfig = CompareConfig(),
     name: str | None = None,
-    n_prompts: int = 170,
-    max_tokens: int = 64,
-    spread_prompts: int = 16,
-    spread_tokens: int = SPREAD_TOKENS,
-    spread_position: int = SPREAD_POSITION,
-    eps: tuple[float | str, ...] = DEFAULT_EPS,
-    dormant_prompts: int = 64,
-    noop_prompts: int = 32,
-    noop_heads: int = 3,
-    batch_size: int = 16,
-    bos_token_id: int | None = None,
-    progress: bool = True,
     shared: SharedPasses | None = None,
-    keep_sinks: dict | None = None,
-    discoveries: dict | None = None,
+    options: RunOptions = RunOptions(),
 ) -> ModelComparison:
     """Sink rates, loss and perturbation spread with and without `<bos>`, and
-    the dormant-head scan (skipped when `dormant_prompts` is 0).
+    the dormant-head scan (skipped when `config.dormant_prompts` is 0), on one model.
 
     Args:
-        prompts: see `load_prompts` (default: the Python-docs corpus); the first
-            `n_prompts` are used.
-        max_tokens: content tokens per prompt for sink scores and loss.
-        spread_prompts, spread_tokens, spread_position: the one-token swap (a
-            token of the next prompt at this content position) on the first
-            prompts, cut to `spread_tokens` content tokens.
-        dormant_prompts, noop_prompts: the dormant-head scan runs on the first
-            prompts, the no-op check on the next ones (held out from the scan).
-        noop_heads: how many of the closest candidates besides the if_else
-            heads the no-op check runs on.
+        prompts: see `load_prompts` (default: `config.prompts`, else the
+            Python-docs corpus); the first `config.n_prompts` are used.
+        config: the study's settings (`CompareConfig`; `config.models` is
+            not read here): `max_tokens` content tokens per prompt for sink
+            scores and loss; the one-token swap (a token of the next prompt at
+            content position `spread_position`) on the first `spread_prompts`
+            prompts, cut to `spread_tokens` content tokens; the dormant-head scan
+            on the first `dormant_prompts` prompts and the no-op check of the
+            if_else heads and the `noop_heads` closest candidates on the next
+            `noop_prompts` (held out from the scan).
+        name: the model's name in the result (default its cfg name).
         shared: the passes to share with a report (`SharedPasses`; default a
             new one): filled here and handed back as `ModelComparison.shared`,
             for `build_report(..., shared=result.shared)` on the same prompts.
-        keep_sinks, discoveries: the dicts `shared` replaces (deprecated:
-            still filled, with a DeprecationWarning).
+        options: batch size, progress bars and the `<bos>` id of every pass.
 
     Returns:
         ModelComparison with one ConditionRow per `<bos>` condition.
     """
-    for key, value in (("n_prompts", n_prompts), ("max_tokens", max_tokens), ("spread_prompts", spread_prompts),
-                       ("spread_tokens", spread_tokens), ("batch_size", batch_size)):
-        if value < 1:
-            raise ValueError(f"{key} must be >= 1, got {value}")
-    if spread_position < 0 or spread_position >= spread_tokens - 1:
-        raise ValueError(f"spread_position must lie in [0, {spread_tokens - 1}), got {spread_position}")
-    if keep_sinks is not None or discoveries is not None:
-        warnings.warn("compare_model(keep_sinks=..., discoveries=...) is deprecated: pass shared=SharedPasses() "
-                      "or read ModelComparison.shared", DeprecationWarning, stacklevel=2)
+    c = config
+    n_prompts, max_tokens, eps = c.n_prompts, c.max_tokens, c.eps
     shared = SharedPasses() if shared is None else shared
-    if discoveries is not None:
-        shared.discoveries = discoveries
+    prompts = c.prompts if prompts is None else prompts
     items = load_prompts(prompts)[:n_prompts]
     rows, timing, t0 = {}, {}, time.perf_counter()
-    swapped = swap_then_spread(model, items[:spread_prompts], max_tokens=spread_tokens, position=spread_position,
-                               batch_size=batch_size, bos_token_id=bos_token_id, progress=progress)
+    swapped = swap_then_spread(model, items[:c.spread_prompts], max_tokens=c.spread_tokens, position=c.spread_position,
+                               options=options)
     spread = swapped.spread
     later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
     per_prompt = spread.per_prompt()  # [bos, prompt, resid_layer]: the same prompts and swap in both conditions
@@ -289,12 +271,9 @@ def compare_model(
     timing["spread"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
     kept = {}
     for i, bos in enumerate(CONDITIONS):
-        batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
-        scores = kept[bos] = sink_scores(model, batch, batch_size=batch_size, max_tokens=max_tokens, loss=True,
-                                         progress=progress)
+        batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
+        scores = kept[bos] = sink_scores(model, batch, max_tokens=max_tokens, loss=True, options=options)
         shared.sinks[bos] = scores
-        if keep_sinks is not None:
-            keep_sinks[bos] = scores
         used = scores.max_tokens  # the longest content scored (the same in both conditions)
         rows[bos] = ConditionRow(
             bos=bos,
@@ -314,12 +293,12 @@ def compare_model(
         timing[f"sinks_{bos}"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
     contrasts = paired_contrasts(kept["prepend"], kept["none"], eps)
     dormant = None
-    if dormant_prompts > 0:
+    if c.dormant_prompts > 0:
         pool = load_prompts(prompts)
-        n_noop = min(noop_prompts, len(pool) // 2)  # held out from the scan
-        disc = discover_heads(model, pool, scan_prompts=min(dormant_prompts, len(pool) - n_noop), noop_prompts=n_noop,
-                              n_candidates=noop_heads, max_tokens=max_tokens, batch_size=batch_size,
-                              bos_token_id=bos_token_id, progress=progress, memo=shared.discoveries)
+        n_noop = min(c.noop_prompts, len(pool) // 2)  # held out from the scan
+        disc = discover_heads(model, pool, scan_prompts=min(c.dormant_prompts, len(pool) - n_noop),
+                              noop_prompts=n_noop, n_candidates=c.noop_heads, max_tokens=max_tokens,
+                              memo=shared.discoveries, options=options)
         scan, noop = disc.scan, disc.noop
         found = scan.if_else_heads()
         checked = [(r.layer, r.head) for r in noop.results] if noop is not None else found
@@ -339,7 +318,59 @@ def compare_model(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
         n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
         conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing, contrasts=contrasts,
-        settings={"eps": [format_eps(e) for e in eps], "spread_tokens": spread_tokens, "dormant_prompts": dormant_prompts,
-                  "noop_prompts": noop_prompts, "max_tokens_requested": max_tokens},
+        settings={"eps": [format_eps(e) for e in eps], "spread_tokens": c.spread_tokens,
+                  "dormant_prompts": c.dormant_prompts, "noop_prompts": c.noop_prompts,
+                  "max_tokens_requested": max_tokens},
         shared=shared,
     )
+
+
+def table_rows(results: Sequence[ModelComparison]) -> list[dict]:
+    """One row per (model, condition): the columns of compare.md."""
+    rows = []
+    for r in results:
+        for c in CONDITIONS:
+            row = r.conditions[c]
+            rows.append({"model": r.model, "bos": c, **{f"sink_rate_{e}": v for e, v in row.sink_rate.items()},
+                         "mean_score": row.mean_score, "uniform_score": row.uniform_score, "loss": row.loss,
+                         "spread": row.spread})
+    return rows
+
+
+@dataclass(frozen=True)
+class Comparison(Result):
+    """The compare study: `compare_model` on each model of a `CompareConfig`, the
+    config it ran (`to_dict()["config"]`: `sinkmech study compare --config` on a
+    written result runs it again) and the wall time."""
+
+    models: tuple[ModelComparison, ...]
+    config: CompareConfig
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"models": [r.to_dict() for r in self.models], "table": table_rows(self.models),
+                "seconds": round(self.seconds, 1), "config": self.config.to_dict()}
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.concat([r.to_dataframe() for r in self.models], ignore_index=True)
+
+
+def run(models=None, config: CompareConfig = CompareConfig(), options: RunOptions = RunOptions()) -> Comparison:
+    """The compare study: `compare_model` on each model in turn, one in memory at a time.
+
+    Args:
+        models: loaded models, specs to load, or a list of either (see
+            `sinkmech.loading.models.each_model`); None: `config.models`.
+        config: the study's settings.
+        options: batch size, progress bars, the `<bos>` id, and the device and
+            dtype specs are loaded in.
+    """
+    t0 = time.perf_counter()
+    prompts = load_prompts(config.prompts)  # a bad file fails before the first model loads
+    results = []
+    for name, model in each_model(config.models if models is None else models, device=options.device,
+                                  dtype=options.dtype):
+        results.append(replace(compare_model(model, prompts, config=config, name=name, options=options), shared=None))
+    return Comparison(tuple(results), config, time.perf_counter() - t0)

@@ -26,6 +26,17 @@ class StudyConfig:
 
     study: ClassVar[str] = ""  # the name `sinkmech study NAME` runs
     runner: ClassVar[str] = ""  # "module:function" that runs it: run(model_or_models, config) -> Result
+    help: ClassVar[dict[str, str]] = {}  # field -> the help of its command-line flag
+
+    def __post_init__(self) -> None:
+        """Every field checked against its annotation (a list becomes a tuple), then `check`."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, coerce(getattr(self, f.name), hints[f.name], f.name))
+        self.check()
+
+    def check(self) -> None:
+        """Checks across fields (a study overrides it); raise ConfigError."""
 
     def to_dict(self) -> dict:
         """The fields as JSON-ready values, with the study's name under "study"."""
@@ -48,8 +59,8 @@ class StudyConfig:
         if unknown:
             raise ConfigError(f"unknown setting(s) for the study {cls.study!r}: {', '.join(unknown)} "
                               f"(known: {', '.join(fields)})")
-        hints = typing.get_type_hints(cls)
-        return cls(**{k: coerce(v, hints[k], k) for k, v in values.items()})
+        hints = typing.get_type_hints(cls)  # lists read as the tuples the fields hold (a type-checked __init__ wants them)
+        return cls(**{k: coerce(v, hints[k], k) for k, v in values.items()})  # and checked again by __post_init__
 
     @classmethod
     def read(cls, path: str | Path) -> StudyConfig:

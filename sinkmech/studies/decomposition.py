@@ -254,17 +254,20 @@ def _condition_hooks(model, cond: Condition, shared: Shared, rows: slice, copy: 
 
 
 def decompose(model: Model, prompts, select, config: DecompositionConfig, *, learned: Mapping[str, PhantomSink] = {},
-              bos_token_id: int | None = None, options: RunOptions = RunOptions()) -> dict:
-    """Every condition of the study on one model: per-prompt runs, summarised.
+              name: str = "model", options: RunOptions = RunOptions()) -> Decomposition:
+    """Every condition of the study on one model, per prompt.
 
     Args:
         prompts: the held-out prompts (strings or content token ids).
         select: the prompts that rank the sink heads for the top-k conditions (disjoint from `prompts`).
         learned: condition name -> phantom sink (`FittedSinks.phantom()`), each run in full.
+        name: the model's name in the result.
+        options: batch size, progress bar, the `<bos>` id (default the tokenizer's).
 
     Returns:
-        The model's section of the study's JSON (`summarise`), its per-prompt runs under "_runs".
+        Decomposition of this one model.
     """
+    bos_token_id = options.bos_token_id
     if bos_token_id is None:
         from sinkmech.loading.models import bos_token_id as model_bos
 
@@ -308,9 +311,7 @@ def decompose(model: Model, prompts, select, config: DecompositionConfig, *, lea
     runs = Runs()
     for cond in tqdm(conds, desc="decomposition", disable=not options.progress, unit="condition"):
         measure(model, cond, shared, runs, options.replace(progress=False))
-    out = summarise(runs, config, n_layers=L, top=top)
-    out["_runs"] = runs
-    return out
+    return Decomposition(config, {name: runs}, {name: tuple(top)}, {name: L})
 
 
 # Summaries
@@ -427,11 +428,18 @@ def design(runs: Runs, targets: Tensor) -> dict:
 
 @dataclass(frozen=True)
 class Decomposition(Result):
-    """The study on each model: `models[name]` is `summarise`'s section; `runs` the per-prompt tensors."""
+    """The study on each model: per-prompt runs (`Runs`), the heads ranked for the
+    top-k conditions and the layer count; `to_dict()["models"][name]` is `summarise`'s section."""
 
     config: DecompositionConfig
-    models: dict
-    runs: dict = field(default_factory=dict, compare=False, repr=False)
+    runs: dict[str, Runs]
+    top: dict[str, tuple[tuple[int, int], ...]]
+    n_layers: dict[str, int]
+
+    @property
+    def models(self) -> dict:
+        return {name: summarise(r, self.config, n_layers=self.n_layers[name], top=self.top[name])
+                for name, r in self.runs.items()}
 
     def to_dict(self) -> dict:
         return {"config": self.config.to_dict(), "models": self.models}
@@ -485,7 +493,7 @@ def run(model_or_models, config: DecompositionConfig = DecompositionConfig()) ->
     else:
         models = {config.models[0]: model_or_models}
     options = RunOptions(batch_size=config.batch_size, progress=config.progress)
-    out, all_runs = {}, {}
+    runs, top, layers = {}, {}, {}
     for name, model in models.items():
         if model is None:
             from sinkmech.loading.models import load_model
@@ -501,11 +509,12 @@ def run(model_or_models, config: DecompositionConfig = DecompositionConfig()) ->
             value = "zero" if f.values is None else torch.tensor(f.values)
             variant = str(f.path.stem).split("_", 1)[-1] if "_" in f.path.stem else f.path.stem
             learned[f"learned_{variant}"] = PhantomSink("logits", value, "dump", logits)
-        section = decompose(model, prompts, select, config, learned=learned, options=options)
-        all_runs[name] = section.pop("_runs")
-        out[name] = section
+        one = decompose(model, prompts, select, config, learned=learned, name=name, options=options)
+        runs |= one.runs
+        top |= one.top
+        layers |= one.n_layers
         del model
-    return Decomposition(config, out, all_runs)
+    return Decomposition(config, runs, top, layers)
 
 
 def merge(parts: Sequence[Mapping]) -> dict:

@@ -39,6 +39,7 @@ from sinkmech.interventions.recipes import SPREAD_POSITION
 from sinkmech.results import Result
 from sinkmech.measures.sinks import check_eps, first_key_score, format_eps
 from sinkmech.stats import prompt_curve, ratio_with_ci
+from sinkmech.options import RunOptions
 
 REFERENCE = "bos"  # the trained first token every other is paired against
 
@@ -143,8 +144,7 @@ def first_token_study(
     *,
     max_tokens: int = 64,
     swap_position: int = SPREAD_POSITION,
-    batch_size: int = 16,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> FirstTokenRuns:
     """The same content tokens behind each prefix in turn.
 
@@ -154,6 +154,7 @@ def first_token_study(
             "eos": [1], "bos_bos": [2, 2], "none": []}); pair against "bos".
         swap_position: the content position whose token is swapped for the
             token there in the next prompt that differs (`corpus_swaps`).
+        options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
         FirstTokenRuns, one set of per-prompt tensors per prefix.
@@ -171,8 +172,8 @@ def first_token_study(
     swaps = corpus_swaps(rows, swap_position)
     swapped = [apply_swap(model, [r], s)[0][0] for r, s in zip(rows, swaps)]
     out: dict[str, tuple] = {}
-    for name, ids in tqdm(list(prefixes.items()), desc="first tokens", disable=not progress, unit="token"):
-        out[name] = _prefixed_pass(model, rows, swapped, [int(t) for t in ids], swap_position, batch_size)
+    for name, ids in tqdm(list(prefixes.items()), desc="first tokens", disable=not options.progress, unit="token"):
+        out[name] = _prefixed_pass(model, rows, swapped, [int(t) for t in ids], swap_position, options.batch(16))
     return FirstTokenRuns(
         prefixes={k: tuple(int(t) for t in v) for k, v in prefixes.items()},
         scores={k: v[0] for k, v in out.items()},
@@ -252,8 +253,8 @@ def run(model_or_models, config=None):
         prefixes, skipped = first_tokens(model)
         t0 = time.perf_counter()
         runs = first_token_study(model, prompts, prefixes, max_tokens=config.max_tokens,
-                                 swap_position=config.swap_position, batch_size=config.batch_size,
-                                 progress=config.progress)
+                                 swap_position=config.swap_position,
+                                 options=RunOptions(batch_size=config.batch_size, progress=config.progress))
         out = {"first_token": runs.to_dict()["first_tokens"], "first_token_skipped": skipped,
                "n_prompts": config.n_prompts, "max_tokens": config.max_tokens, "swap_position": runs.swap_position}
         for k, ids in prefixes.items():

@@ -30,6 +30,7 @@ from sinkmech.prompts import TokenBatch
 from sinkmech.stats import excludes_zero
 from sinkmech.train.config import TrainConfig
 from sinkmech.train.data import text_streams
+from sinkmech.options import RunOptions
 
 FINDINGS_PREFIX = "train.text.bos_cost"
 
@@ -84,12 +85,11 @@ def checkpoint_bos_cost(
     n_select: int = 32,
     n_eval: int = 128,
     ks: Sequence[int] | None = None,
-    batch_size: int = 16,
-    device: str | None = None,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """`bos_cost_batches` on the checkpoint in `run_dir` (`save_checkpoint`'s
-    files), with `text_windows`.
+    files), with `text_windows`; `options`: batch size, progress bar, and the
+    device the checkpoint is loaded on.
 
     Returns:
         `bos_cost`'s dict (its `n_prompts` count windows) plus "run" (the
@@ -99,7 +99,7 @@ def checkpoint_bos_cost(
     """
     from sinkmech.train.run import load_checkpoint
 
-    model, cfg = load_checkpoint(run_dir, device=device)
+    model, cfg = load_checkpoint(run_dir, device=options.device)
     if not cfg.fixed_bos or cfg.packing != "causal" or cfg.mask_self:
         raise ValueError("the <bos> cost control runs on causal fixed-<bos> runs without mask_self "
                          f"(this run: packing {cfg.packing}, fixed_bos {cfg.fixed_bos}, mask_self {cfg.mask_self})")
@@ -114,7 +114,7 @@ def checkpoint_bos_cost(
         l, h, _ = strongest_head(log)
         sets = {"sink_head": [(l, h)],
                 "other_heads": [(a, b) for a in range(cfg.n_layers) for b in range(cfg.n_heads) if (a, b) != (l, h)]}
-    out = bos_cost_batches(model, pick, held, ks=ks, head_sets=sets, batch_size=batch_size, progress=progress)
+    out = bos_cost_batches(model, pick, held, ks=ks, head_sets=sets, options=options)
     settings = {k: getattr(cfg, k) for k in ("n_layers", "n_heads", "weight_decay", "seed", "steps")}
     res = {"run": Path(run_dir).name, "content_tokens": cfg.context_length - 1, **settings, **out}
     if log is not None:
@@ -187,7 +187,7 @@ def run(model_or_models=None, config=None):
     for run_dir in map(Path, config.checkpoints):
         t0 = time.perf_counter()
         r = checkpoint_bos_cost(run_dir, n_select=config.select, n_eval=config.eval, ks=list(config.ks),
-                                batch_size=config.batch_size, progress=config.progress)
+                                options=RunOptions(batch_size=config.batch_size, progress=config.progress))
         name = r["run"]
         if config.logs is not None:
             committed, log = Path(config.logs) / f"{name}.json", run_dir / "log.json"

@@ -38,6 +38,7 @@ from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
 from sinkmech import stats
 from sinkmech.results import Result
 from sinkmech.theory.sensitivity import attention_patterns, path_weights, spearman
+from sinkmech.options import RunOptions
 
 Estimator = Literal["exact", "hutchinson"]
 PAIR_SETS = ("all", "content", "off_diagonal")
@@ -183,10 +184,9 @@ def bound_ranking(
     n_probes: int = 4,
     n_shuffles: int = 100,
     n_layers: int | None = None,
-    bos_token_id: int | None = None,
     seed: int = 0,
     chunk_size: int = 64,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> BoundRanking:
     """The bound's ranking on every prompt, with and without `<bos>`, on the
     same content tokens (cut to `max_tokens`).
@@ -196,6 +196,7 @@ def bound_ranking(
             or "exact" (`jacrev`: T x d_model backward rows per prompt).
         n_shuffles: shuffles of the distance null per prompt.
         chunk_size: tangents (or backward rows) vmapped at once; memory grows with it.
+        options: a progress bar, the `<bos>` id for a model whose tokenizer lacks one.
 
     Returns:
         BoundRanking with per-prompt correlations.
@@ -203,14 +204,14 @@ def bound_ranking(
     L = _check_layers(model, n_layers)
     if estimator not in ("exact", "hutchinson"):
         raise ValueError(f"estimator must be 'exact' or 'hutchinson', got {estimator!r}")
-    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     rows = plain.content()
     P = len(rows)
     rho = {c: {s: torch.full((P,), float("nan")) for s in PAIR_SETS} for c in CONDITIONS}
     null = {c: {s: torch.full((P,), float("nan")) for s in PAIR_SETS} for c in CONDITIONS}
     steps = [(c, p) for c in CONDITIONS for p in range(P)]
-    for c, p in tqdm(steps, desc=f"bound ranking ({estimator})", disable=not progress, unit="prompt"):
-        batch = tokenize(model, [rows[p]], bos=c, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    for c, p in tqdm(steps, desc=f"bound ranking ({estimator})", disable=not options.progress, unit="prompt"):
+        batch = tokenize(model, [rows[p]], bos=c, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         seq = batch.tokens[0, : int(batch.lengths[0])]
         sens = sensitivity_norms(model, seq, estimator=estimator, n_probes=n_probes, n_layers=L,
                                  seed=seed + p, chunk_size=chunk_size).float().cpu()
@@ -229,21 +230,20 @@ def validate_estimator(
     *,
     max_tokens: int = 6,
     n_probes: int = 4,
-    bos_token_id: int | None = None,
     seed: int = 0,
     chunk_size: int = 64,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> dict:
     """The Hutchinson estimate against the exact Jacobian norms on short
     prompts, both conditions: relative error per causal entry (median, mean,
     90th percentile, max), the Spearman correlation of estimate and exact, and
     the bound's correlation (all pairs) by each."""
-    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    plain = tokenize(model, prompts, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     errors, agree, rho_exact, rho_est = [], [], [], []
     L = model.cfg.n_layers
     steps = [(c, r) for c in CONDITIONS for r in plain.content()]
-    for c, row in tqdm(steps, desc="estimator check", disable=not progress, unit="prompt"):
-        batch = tokenize(model, [row], bos=c, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    for c, row in tqdm(steps, desc="estimator check", disable=not options.progress, unit="prompt"):
+        batch = tokenize(model, [row], bos=c, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         seq = batch.tokens[0, : int(batch.lengths[0])]
         exact = jacobian_norms(model, seq, chunk_size=chunk_size).float().cpu()
         est = jacobian_norms_hutchinson(model, seq, n_probes=n_probes, seed=seed, chunk_size=chunk_size).float().cpu()

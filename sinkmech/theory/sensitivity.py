@@ -33,6 +33,7 @@ from sinkmech.theory.jacobian import (  # noqa: F401  (re-exported: sinkmech.the
 )
 from sinkmech.prompts import CONDITIONS, Bos, PromptSource, TokenBatch, as_batch, check_bos, tokenize
 from sinkmech.results import Result
+from sinkmech.options import RunOptions
 
 
 def spearman(x: Tensor, y: Tensor) -> float:
@@ -120,8 +121,8 @@ def sensitivity(
     *,
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    bos_token_id: int | None = None,
     n_layers: int | None = None,
+    options: RunOptions = RunOptions(),
 ) -> Sensitivity:
     """Jacobian norms (autograd) and path weights (attention patterns) for the
     first prompt of `tokens` (a TokenBatch, or prompts tokenized with `bos`, cut
@@ -130,7 +131,7 @@ def sensitivity(
     L = _check_layers(model, n_layers)
     if max_tokens is None and not isinstance(tokens, TokenBatch):  # a TokenBatch is checked only when given
         max_tokens = 16
-    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     tokens = batch.tokens[0, : int(batch.lengths[0])]
     jac = jacobian_norms(model, tokens, n_layers=L)
     paths = path_weights(attention_patterns(model, tokens, L))
@@ -143,8 +144,8 @@ def rank_collapse(
     *,
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    bos_token_id: int | None = None,
     exclude_first: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> Float[Tensor, "prompt resid_layer"]:
     """||X - 1 mean(X)||_F / ||X||_F over each prompt's real token vectors at
     every layer (0 = embeddings, n_layers = last output); 0 = fully collapsed.
@@ -159,7 +160,7 @@ def rank_collapse(
     """
     if max_tokens is None and not isinstance(tokens, TokenBatch):  # a TokenBatch is checked only when given
         max_tokens = 64
-    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     mask = batch.mask.clone()
     if exclude_first:
         mask[:, 0] = False
@@ -184,7 +185,7 @@ def representational_collapse(
     token: int,
     lengths: Sequence[int],
     bos: Bos,
-    bos_token_id: int | None = None,
+    options: RunOptions = RunOptions(),
 ) -> Float[Tensor, "length resid_layer"]:
     """||h_last(n tokens) - h_last(n + 1 tokens)|| for `token` repeated n times,
     per n in `lengths` and per layer (0 = embeddings, n_layers = last output).
@@ -200,7 +201,7 @@ def representational_collapse(
     out = []
     for n in lengths:
         seqs = [[token] * n, [token] * (n + 1)]
-        batch = tokenize(model, seqs, bos=bos, max_tokens=n + 1, bos_token_id=bos_token_id, min_tokens=1)
+        batch = tokenize(model, seqs, bos=bos, max_tokens=n + 1, bos_token_id=options.bos_token_id, min_tokens=1)
         h = residual_stack(model, batch.tokens)
         last = batch.lengths - 1
         out.append((h[0, :, last[0]] - h[1, :, last[1]]).norm(dim=-1).float().cpu())
@@ -214,7 +215,7 @@ def repeat_collapse(
     repeats: Sequence[int],
     bos: Bos | None = None,
     max_tokens: int | None = None,
-    bos_token_id: int | None = None,
+    options: RunOptions = RunOptions(),
 ) -> Float[Tensor, "prompt repeat resid_layer"]:
     """Representational collapse in the paper's setting: each prompt's content
     tokens are a prefix whose last token t is repeated k more times;
@@ -234,7 +235,7 @@ def repeat_collapse(
         raise ValueError(f"repeats must be >= 0, got {list(repeats)}")
     if max_tokens is None and not isinstance(tokens, TokenBatch):  # a TokenBatch is checked only when given
         max_tokens = 32
-    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+    batch = as_batch(model, tokens, bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     prefixes = batch.content()
     bos_id = batch.bos_token_id if batch.bos == "prepend" else None
     longest = max(map(len, prefixes)) + max(repeats) + 1
@@ -300,30 +301,30 @@ def sensitivity_study(
     tokens: PromptSource,
     *,
     max_tokens: int = 16,
-    bos_token_id: int | None = None,
     n_layers: int | None = None,
     chunk_size: int = 64,
-    progress: bool = True,
+    options: RunOptions = RunOptions(),
 ) -> SensitivityStudy:
     """Jacobian norms vs path weights (rank correlation) and rank collapse for
     every prompt of `tokens`, cut to `max_tokens` content tokens (keep both
     small: one Jacobian per prompt and condition), with and without `<bos>`.
-    `chunk_size`: backward passes vmapped at once; memory grows with it."""
+    `chunk_size`: backward passes vmapped at once; memory grows with it. `options`:
+    a progress bar, and the `<bos>` id for a model whose tokenizer lacks one."""
     L = _check_layers(model, n_layers)
-    plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=bos_token_id)
+    plain = tokenize(model, tokens, bos="none", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
     rows = plain.content()
     rho = torch.full((len(CONDITIONS), len(rows)), float("nan"))
     rho_off = rho.clone()
     rc, rc_all = [], []
     steps = [(c, p) for c in range(len(CONDITIONS)) for p in range(len(rows))]
-    for c, p in tqdm(steps, desc="sensitivity", disable=not progress, unit="prompt"):
-        batch = tokenize(model, [rows[p]], bos=CONDITIONS[c], max_tokens=max_tokens, bos_token_id=bos_token_id)
+    for c, p in tqdm(steps, desc="sensitivity", disable=not options.progress, unit="prompt"):
+        batch = tokenize(model, [rows[p]], bos=CONDITIONS[c], max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         seq = batch.tokens[0, : int(batch.lengths[0])]
         s = Sensitivity(jacobian_norms(model, seq, n_layers=L, chunk_size=chunk_size).float().cpu(),
                         path_weights(attention_patterns(model, seq, L)).float().cpu(), batch.bos, L)
         rho[c, p], rho_off[c, p] = s.rank_correlation(), s.rank_correlation(exclude_self=True)
     for bos in CONDITIONS:
-        batch = tokenize(model, rows, bos=bos, max_tokens=max_tokens, bos_token_id=bos_token_id)
+        batch = tokenize(model, rows, bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
         rc.append(rank_collapse(model, batch))
         rc_all.append(rank_collapse(model, batch, exclude_first=False))
     return SensitivityStudy(rho, rho_off, torch.stack(rc), torch.stack(rc_all), CONDITIONS, max_tokens, L)

@@ -15,6 +15,7 @@ from sinkmech.measures.sinks import format_eps, sink_scores
 from sinkmech.train.data import TrainData, make_inputs, post_trigger, sink_tokens
 from sinkmech.train.model import packed_token_losses
 from sinkmech.train.modes import attention_breakdown, trigger_classes
+from sinkmech.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def evaluate(model: Model, data: TrainData) -> EvalResult:
     for cond in CONDITIONS:
         s = sink_scores(
             model, data.prompts, bos=cond, max_tokens=sink_tokens(cfg),
-            batch_size=64, bos_token_id=data.bos_id, progress=False,
+            options=RunOptions(batch_size=64, progress=False, bos_token_id=data.bos_id),
         )
         mean = s.mean_scores()
         prompts = torch.tensor([p[: sink_tokens(cfg)] for p in data.prompts])  # as sink_scores truncates them

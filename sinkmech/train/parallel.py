@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from sinkmech.files import json_text, write_text
+from sinkmech.options import QUIET, RunOptions
 from sinkmech.train.config import TrainConfig
 from sinkmech.train.presets import StudySettings
 
@@ -69,11 +70,11 @@ def run_many(specs: Sequence[Spec], settings: StudySettings) -> dict[str, dict]:
     if jobs == 1 or len(todo) <= 1:
         for cfg, study, name in todo:
             done(cfg, study, name, train_to_log(cfg.to_dict(), str(settings.checkpoint_dir(study, name)),
-                                                not settings.quiet))
+                                                RunOptions(progress=not settings.quiet)))
         return logs
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(train_to_log, cfg.to_dict(), str(settings.checkpoint_dir(study, name)), False):
+        futures = {pool.submit(train_to_log, cfg.to_dict(), str(settings.checkpoint_dir(study, name)), QUIET):
                    (cfg, study, name) for cfg, study, name in todo}
         for fut in as_completed(futures):
             done(*futures[fut], fut.result())

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 from sinkmech.files import json_text, write_text
 from sinkmech.loading.backend import Model
+from sinkmech.options import QUIET, RunOptions
 from sinkmech.results import Result
 from sinkmech.train.config import PACKINGS, POSITIONALS, Packing, Positional, TrainConfig
 from sinkmech.train.data import TrainData
@@ -100,15 +101,13 @@ class TrainResult(Result):
         return pd.DataFrame(rows)
 
 
-def train(
-    cfg: TrainConfig, out_dir: str | Path | None = None, *, device: str | None = None, progress: bool = True
-) -> TrainResult:
+def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, options: RunOptions = RunOptions()) -> TrainResult:
     """Train a model from scratch under `cfg`, evaluating every `cfg.eval_every` steps.
 
     Args:
         cfg: the run's configuration.
         out_dir: if given, writes `model.safetensors`, `config.json` and `log.json` there.
-        device: "cpu" / "cuda"; default CUDA when present.
+        options: the device ("cpu", "cuda"; default CUDA when present) and a progress bar.
 
     Returns:
         TrainResult with the trained model and the log: {"config", "device",
@@ -119,7 +118,7 @@ def train(
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     data = TrainData(cfg)
-    model = build_model(cfg, device)
+    model = build_model(cfg, options.device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]  # positional "none" freezes W_pos
     decay = [p for p in params if p.ndim >= 2]
@@ -133,7 +132,7 @@ def train(
     evals: list[EvalResult] = []
     eval_seconds = 0.0
     start = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc=f"train {model.cfg.model_name}", disable=not progress)
+    bar = tqdm(range(cfg.steps), desc=f"train {model.cfg.model_name}", disable=not options.progress)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = learning_rate(cfg, step)
@@ -174,11 +173,11 @@ def hardware() -> str:
     return f"cpu: {torch.get_num_threads()} thread(s)"
 
 
-def train_to_log(cfg_dict: dict, out_dir: str, progress: bool = False) -> dict:
+def train_to_log(cfg_dict: dict, out_dir: str, options: RunOptions = QUIET) -> dict:
     """One run for a worker process (importable, so it pickles): train
     `TrainConfig.from_dict(cfg_dict)`, save the checkpoint to `out_dir`, and
     return the log with the process's `hardware()`."""
-    result = train(TrainConfig.from_dict(cfg_dict), out_dir, progress=progress)
+    result = train(TrainConfig.from_dict(cfg_dict), out_dir, options=options)
     return {**result.log, "hardware": hardware()}
 
 

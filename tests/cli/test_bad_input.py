@@ -9,7 +9,7 @@ import pytest
 from jaxtyping import TypeCheckError
 
 from helpers.paths import REPO, TESTS
-from helpers.tiny import TINY_BOS, toy_tokenizer
+from helpers.tiny import TINY_RUN, toy_tokenizer
 from helpers.backends import needs
 
 
@@ -32,7 +32,7 @@ def test_interrupted_report_leaves_the_earlier_report_whole(tiny_model, tmp_path
     from sinkmech.report import build_report
 
     out = tmp_path / "rep"
-    kw = dict(prompts=[[5, 6, 7, 8]], n_prompts=1, bos_token_id=TINY_BOS, progress=False)
+    kw = dict(prompts=[[5, 6, 7, 8]], n_prompts=1, options=TINY_RUN)
     build_report(tiny_model, out, sections=[_section("first")], **kw)
     before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(FileExistsError, match="--overwrite"):  # kept unless asked
@@ -54,7 +54,7 @@ def test_report_never_replaces_a_folder_it_did_not_write(tiny_model, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="did not write"):
         build_report(tiny_model, tmp_path, sections=[_section("x")], overwrite=True, prompts=[[5, 6, 7]],
-                     n_prompts=1, bos_token_id=TINY_BOS, progress=False)
+                     n_prompts=1, options=TINY_RUN)
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -117,7 +117,7 @@ def test_a_scan_on_too_few_queries_labels_no_head(tiny_model):
     from sinkmech.dormant.scan import scan_heads
 
     rows = [[5, 6, 7, 8]] * 3  # 3 prompts x 5 tokens: far too few queries for any label
-    scan = scan_heads(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    scan = scan_heads(tiny_model, rows, bos="prepend", options=TINY_RUN)
     assert scan.mode_counts()["insufficient"] == scan.n_layers * scan.n_heads
     assert scan.if_else_heads() == []
     assert f"only {scan.n_queries} queries" in scan.evidence[0][0][0]
@@ -126,7 +126,7 @@ def test_a_scan_on_too_few_queries_labels_no_head(tiny_model):
 def test_top_heads_rejects_a_bad_k(tiny_model):
     from sinkmech.measures.sinks import sink_scores
 
-    scores = sink_scores(tiny_model, [[5, 6, 7]], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    scores = sink_scores(tiny_model, [[5, 6, 7]], bos="prepend", options=TINY_RUN)
     for k in (-1, 0):
         with pytest.raises(ValueError, match="positive integer"):
             scores.top_heads(k)

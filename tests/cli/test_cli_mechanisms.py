@@ -19,6 +19,7 @@ from sinkmech.context.length import sinks_vs_length
 from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.prompts import token_text, tokenize
 from sinkmech.context.stream import stream_perplexity
+from sinkmech.options import QUIET
 
 IDS = torch.randint(2, 50, (6, 60), generator=torch.Generator().manual_seed(3))
 
@@ -83,7 +84,7 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
     assert (data["window"], data["n_tokens"], data["scored_from"]) == (8, 41, 12)
     assert [r["keep"] for r in data["results"]] == [0, 1, 4]
     direct = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="prepend", max_tokens=40,
-                                                  bos_token_id=TINY_BOS), window=8, keep=(0, 1, 4), progress=False)
+                                                  bos_token_id=TINY_BOS), window=8, keep=(0, 1, 4), options=QUIET)
     assert data["full_ppl"] == pytest.approx(direct.full_ppl)
     assert [r["ppl"] for r in data["results"]] == pytest.approx(list(direct.ppl))
     assert (tmp_path / "s.png").stat().st_size > 1000
@@ -94,7 +95,7 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
     f = json.loads(found.read_text())
     prefix = next(k.split(".stream.")[0] for k in f) + ".stream.none.w8"
     none = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="none", max_tokens=40,
-                                                bos_token_id=TINY_BOS), window=8, keep=(0, 4), progress=False)
+                                                bos_token_id=TINY_BOS), window=8, keep=(0, 4), options=QUIET)
     assert f[f"{prefix}.full_ppl"] == pytest.approx(none.full_ppl)
     assert [f[f"{prefix}.results.{i}.ppl"] for i in range(2)] == pytest.approx(list(none.ppl))
     if not CAPABILITIES.can_reindex_cache:  # TL 4: refused with one error line
@@ -106,7 +107,7 @@ def test_stream_json_contract_and_beyond_context(tiny_cli, tmp_path, capsys):
         data = json.loads(out.read_text())
         direct = stream_perplexity(tiny_cli, tokenize(tiny_cli, IDS[:1, :40], bos="prepend", max_tokens=40,
                                                       bos_token_id=TINY_BOS), window=8, keep=(0, 4), reindex=True,
-                                   progress=False)
+                                   options=QUIET)
         assert data["reindex"] is True and [r["ppl"] for r in data["results"]] == pytest.approx(list(direct.ppl))
         assert "positions: reindexed" in capsys.readouterr().out
     # 64 positions of context: 70 tokens are refused after the load, before any compute
@@ -131,7 +132,7 @@ def test_sinks_keys_all_adds_key_scores_and_keeps_the_contract(tiny_cli, tmp_pat
         assert "loss" in a["conditions"][c] and "lengths" in a["conditions"][c]
         assert len(ks) == 2 and all(len(row) == 4 for row in ks)
         batch = tokenize(tiny_cli, IDS[:4], bos=c, max_tokens=24, bos_token_id=TINY_BOS)
-        direct = key_sink_scores(tiny_cli, batch, top_k=3, progress=False)
+        direct = key_sink_scores(tiny_cli, batch, top_k=3, options=QUIET)
         for l in range(2):
             for h in range(4):
                 top = ks[l][h]
@@ -164,7 +165,7 @@ def test_massive_and_length_write_their_tables(tiny_cli, tmp_path, capsys):
     data = json.loads(n.read_text())
     assert [r["length"] for r in data["results"]] == [8, 16] and data["skipped"][0]["length"] == 100
     direct = sinks_vs_length(tiny_cli, tokenize(tiny_cli, IDS[:3], bos="prepend", max_tokens=60, bos_token_id=TINY_BOS),
-                             lengths=[8, 16], top_k=2, progress=False)
+                             lengths=[8, 16], top_k=2, options=QUIET)
     assert data["results"][1]["sink_rate"]["0.3"] == pytest.approx(float(direct.sink_rate[1, 0]))
     assert data["results"][1]["relative_sink_rate"]["4.0"] == pytest.approx(float(direct.relative_rate[1, 1]))
     assert data["fixed_head"]["chosen_at_length"] == 8

@@ -15,6 +15,7 @@ from sinkmech.cli.main import main
 from sinkmech.context.length import sinks_vs_length
 from sinkmech.prompts import tokenize
 from test_cli_shards import assert_same_json
+from sinkmech.options import QUIET
 
 # Prompts written as token ids ("5 7 9 ..."): the tiny model has no tokenizer.
 LONG = " ".join(str(2 + (7 * i) % 47) for i in range(30))
@@ -83,7 +84,7 @@ def test_length_reads_prompts_like_every_command(tiny_cli, tmp_path, capsys):
     assert data["skipped"] == [{"length": 16, "reason": "the shortest prompt has 12 content tokens"}]
     batch = tokenize(tiny_cli, [ids(LONG), ids(MID), ids(SHORT)], bos="prepend", max_tokens=16,
                      bos_token_id=TINY_BOS)
-    direct = sinks_vs_length(tiny_cli, batch, lengths=[8, 16], top_k=2, progress=False)
+    direct = sinks_vs_length(tiny_cli, batch, lengths=[8, 16], top_k=2, options=QUIET)
     assert data["results"][0]["sink_rate"]["0.3"] == pytest.approx(float(direct.sink_rate[0, 0]))
     assert (data["fixed_head"]["layer"], data["fixed_head"]["head"]) == (direct.fixed_layer, direct.fixed_head)
     assert main(["length", "--prompts", str(prompts), "--n-prompts", "2", "--lengths", "8", "16", "--top", "1",

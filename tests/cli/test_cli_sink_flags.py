@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from helpers.tiny import serve_tiny
+from sinkmech.options import QUIET
 
 PROMPTS = "the cat sat on the warm mat today\na cat ran far away from the big dog\n"
 
@@ -117,7 +118,7 @@ def test_sink_runs_write_their_keys_equal_to_the_library(monkeypatch, tmp_path, 
         return json.loads(out.read_text())["conditions"]
 
     def lib(bos, sink):
-        return sink_scores(model, str(prompts), bos=bos, loss=True, progress=False, sink=sink)
+        return sink_scores(model, str(prompts), bos=bos, loss=True, options=QUIET, sink=sink)
 
     got = run("--bos", "prepend", "--sink-value", "zero")
     want = lib("prepend", ValuelessBos())

@@ -15,6 +15,7 @@ ray = pytest.importorskip("ray")
 
 from sinkmech.sharding.ray import ShardFailed, run_on_ray  # noqa: E402
 from sinkmech.sharding.format import Partial, shard_span  # noqa: E402
+from sinkmech.options import QUIET  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +54,8 @@ def test_engine_merges_every_shard_and_retries_a_dead_worker(tmp_path):
     prompts = list(range(10))
     spans = [shard_span(10, i, 4) for i in range(1, 5)]
     written = []
-    merged = run_on_ray(squares_task(die_once=str(tmp_path / "died")), prompts, spans, workers=2,
-                        on_part=lambda i, p: written.append(i), progress=False)
+    merged = run_on_ray(squares_task(die_once=str(tmp_path / "died")), prompts, spans,
+                        on_part=lambda i, p: written.append(i), options=QUIET)
     assert (tmp_path / "died").exists()  # a worker did die, and its shard was run again
     assert merged.complete and sorted(written) == [1, 2, 3, 4]
     assert np.array_equal(merged.rows["sq"], np.arange(10.0) ** 2) and merged.sums["n"][0] == 10
@@ -63,7 +64,7 @@ def test_engine_merges_every_shard_and_retries_a_dead_worker(tmp_path):
 def test_a_shard_that_keeps_failing_ends_the_run_naming_it():
     spans = [shard_span(10, i, 3) for i in range(1, 4)]
     with pytest.raises(ShardFailed, match=r"shard 2/3 \(prompts 3\.\.5\) failed.*planted failure"):
-        run_on_ray(squares_task(fail_shard=2), list(range(10)), spans, workers=2, progress=False)
+        run_on_ray(squares_task(fail_shard=2), list(range(10)), spans, options=QUIET)
 
 
 def test_sinks_on_ray_equals_the_single_process_run(tmp_path, capsys):

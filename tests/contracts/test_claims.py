@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.paths import REPO
-from helpers.tiny import TINY_BOS, WordTokenizer, make_tiny, serve_tiny, toy_tokenizer
+from helpers.tiny import TINY_RUN, TINY_BOS, WordTokenizer, make_tiny, serve_tiny, toy_tokenizer
 from sinkmech.cli.common import UsageError, bos_token_arg
 from sinkmech.cli.main import main
+from sinkmech.options import QUIET, RunOptions
 
 
 @pytest.fixture
@@ -80,10 +81,10 @@ def test_sensitivity_study_against_sensitivity(tiny_model, tiny_tokens):
     from sinkmech.theory.sensitivity import sensitivity, sensitivity_study
 
     rows = tiny_tokens[:2, :5].tolist()
-    st = sensitivity_study(tiny_model, rows, max_tokens=5, bos_token_id=TINY_BOS, progress=False)
+    st = sensitivity_study(tiny_model, rows, max_tokens=5, options=TINY_RUN)
     for c, bos in enumerate(st.conditions):
         for p in range(2):
-            one = sensitivity(tiny_model, [rows[p]], bos=bos, max_tokens=5, bos_token_id=TINY_BOS)
+            one = sensitivity(tiny_model, [rows[p]], bos=bos, max_tokens=5, options=RunOptions(bos_token_id=TINY_BOS))
             assert st.spearman[c, p] == pytest.approx(one.rank_correlation(), abs=1e-6)
             assert st.spearman_off_diagonal[c, p] == pytest.approx(one.rank_correlation(exclude_self=True), abs=1e-6)
 
@@ -136,12 +137,12 @@ def test_report_restoration_curve_keeps_the_no_bos_sink(tiny_model, tiny_tokens,
     from sinkmech.report.sections import ablation_section
 
     rows = tiny_tokens[:2, :8].tolist()
-    ctx = ReportContext(model=tiny_model, out=tmp_path, prompts=rows, n_prompts=2, max_tokens=8, bos_token_id=TINY_BOS,
-                        ablation_prompts=2, ablation_tokens=8, progress=False)
+    ctx = ReportContext(model=tiny_model, out=tmp_path, prompts=rows, n_prompts=2, max_tokens=8, ablation_prompts=2,
+                        ablation_tokens=8, options=TINY_RUN)
     got = ablation_section(ctx).summary["patch_resid_pre"]
     pair = bos_pair(tiny_model, rows, max_tokens=8, bos_token_id=TINY_BOS)
-    want = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", progress=False, positions=range(1, 8))
-    old = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", progress=False)
+    want = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", options=QUIET, positions=range(1, 8))
+    old = patch_resid_pre(tiny_model, pair, per_position=False, source="prepend", options=QUIET)
     assert got["patched_content_positions"] == [1, 7]
     assert got["values"] == pytest.approx(want.values.tolist(), abs=1e-6)
     assert max(abs(a - b) for a, b in zip(got["values"], old.values.tolist())) > 1e-4

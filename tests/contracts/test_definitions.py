@@ -20,6 +20,8 @@ from sinkmech.measures.sinks import check_eps, first_key_score, sink_scores
 from sinkmech.context.stream import stream_perplexity
 from sinkmech.measures.value_weighted import value_weighted_first
 from helpers.tiny import TINY_BOS
+from sinkmech.options import QUIET, RunOptions
+from sinkmech.dormant.labels import Thresholds
 
 
 @pytest.fixture(scope="module", params=["prepend", "none"])
@@ -57,10 +59,11 @@ def brute_loss(model, batch):
 def test_alpha0_is_one_definition_on_every_path(tiny_model, ragged):
     want = brute_alpha0(tiny_model, ragged)
     paths = {
-        "sinks.sink_scores": sink_scores(tiny_model, ragged, batch_size=2, progress=False).scores,
-        "massive clean": reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0, batch_size=3,
-                                            progress=False).scores_clean,
-        "value_weighted.attn_first": value_weighted_first(tiny_model, ragged, batch_size=4, progress=False).attn_first,
+        "sinks.sink_scores": sink_scores(tiny_model, ragged, options=RunOptions(batch_size=2, progress=False)).scores,
+        "massive clean": reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0,
+                                            options=RunOptions(batch_size=3, progress=False)).scores_clean,
+        "value_weighted.attn_first": value_weighted_first(tiny_model, ragged,
+                                                          options=RunOptions(batch_size=4, progress=False)).attn_first,
     }
     for name, got in paths.items():
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5, msg=f"{name} is not alpha_0")
@@ -78,10 +81,11 @@ def test_first_key_score_ignores_padding_queries():
 def test_masked_loss_is_one_definition_on_every_path(tiny_model, ragged):
     want = brute_loss(tiny_model, ragged)
     paths = {
-        "sink_scores(loss=True)": sink_scores(tiny_model, ragged, loss=True, batch_size=2, progress=False).loss,
-        "content_loss": content_loss(tiny_model, ragged, batch_size=3),
-        "massive clean": reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0, batch_size=4,
-                                            progress=False).loss_clean,
+        "sink_scores(loss=True)": sink_scores(tiny_model, ragged, loss=True,
+                                              options=RunOptions(batch_size=2, progress=False)).loss,
+        "content_loss": content_loss(tiny_model, ragged, options=RunOptions(batch_size=3)),
+        "massive clean": reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0,
+                                            options=RunOptions(batch_size=4, progress=False)).loss_clean,
     }
     for name, got in paths.items():
         assert got == pytest.approx(want, rel=1e-5), name
@@ -89,7 +93,7 @@ def test_masked_loss_is_one_definition_on_every_path(tiny_model, ragged):
 
 def test_stream_full_perplexity_is_the_masked_loss(tiny_model, tiny_tokens):
     batch = tokenize(tiny_model, [tiny_tokens[0].tolist()], bos="prepend", bos_token_id=TINY_BOS)
-    res = stream_perplexity(tiny_model, batch, window=3, keep=(0,), progress=False)
+    res = stream_perplexity(tiny_model, batch, window=3, keep=(0,), options=QUIET)
     T = int(batch.lengths[0])
     mask = torch.zeros(1, T, dtype=torch.bool)
     mask[0, res.scored_from: T - 1] = True
@@ -113,19 +117,19 @@ def test_masked_loss_with_an_intervention_hook_changes_the_loss(tiny_model, ragg
 
 @pytest.mark.parametrize("eps", [1.0, -0.1, 1.5])
 def test_every_sink_rate_refuses_the_same_bad_eps(tiny_model, ragged, eps):
-    ss = sink_scores(tiny_model, ragged, progress=False)
-    mi = reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0, progress=False)
+    ss = sink_scores(tiny_model, ragged, options=QUIET)
+    mi = reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0, options=QUIET)
     calls = [lambda: check_eps(eps), lambda: ss.sink_rate(eps), lambda: ss.per_layer_sink_rate(eps),
              lambda: mi.sink_rate(eps), lambda: mi.sink_rate(eps, "reset"),
-             lambda: sinks_vs_length(tiny_model, ragged, lengths=(4,), top_k=1, eps=(eps,), progress=False)]
+             lambda: sinks_vs_length(tiny_model, ragged, lengths=(4,), top_k=1, eps=(eps,), options=QUIET)]
     for call in calls:
         with pytest.raises(ValueError, match=r"epsilon must lie in \[0, 1\)"):
             call()
 
 
 def test_sink_rates_agree_across_results(tiny_model, ragged):
-    ss = sink_scores(tiny_model, ragged, progress=False)
-    mi = reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0, progress=False)
+    ss = sink_scores(tiny_model, ragged, options=QUIET)
+    mi = reset_massive_dims(tiny_model, ragged, dims=(0,), from_layer=0, options=QUIET)
     for eps in (0.0, 0.2, "0.3", 0.8):
         assert ss.sink_rate(eps) == pytest.approx(mi.sink_rate(eps, "clean"))
         assert ss.sink_rate(eps) == pytest.approx(100.0 * float((brute_alpha0(tiny_model, ragged) > float(eps)).float().mean()))
@@ -137,8 +141,8 @@ def test_scan_first_key_attention_leaves_out_query_0(tiny_model, tiny_tokens):
     batch = tokenize(tiny_model, tiny_tokens.tolist(), bos="prepend", max_tokens=12, bos_token_id=TINY_BOS)
     T = int(batch.lengths[0])
     assert (batch.lengths == T).all()
-    alpha0 = sink_scores(tiny_model, batch, progress=False).scores
-    scan = scan_heads(tiny_model, batch, min_queries=1, progress=False)
+    alpha0 = sink_scores(tiny_model, batch, options=QUIET).scores
+    scan = scan_heads(tiny_model, batch, thresholds=Thresholds(min_queries=1), options=QUIET)
     want = ((T * alpha0 - 1) / (T - 1)).mean(0)
     torch.testing.assert_close(scan.first_key_attention_excl_q0, want, atol=1e-5, rtol=1e-4)
     assert not torch.allclose(scan.first_key_attention_excl_q0, alpha0.mean(0), atol=1e-3)

@@ -20,9 +20,10 @@ import torch
 import sinkmech
 from sinkmech.files import json_text
 from sinkmech.results import Result
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from helpers.backends import needs
 from helpers.paths import REPO
+from sinkmech.options import QUIET, RunOptions
 
 
 def strict_loads(text: str):
@@ -59,70 +60,82 @@ def batch(tiny_model, rows):
 def _sink_scores(m, rows, batch):
     from sinkmech.measures.sinks import sink_scores
 
-    return sink_scores(m, batch, loss=True, progress=False)
+    return sink_scores(m, batch, loss=True, options=QUIET)
 
 
 def _massive_dims(m, rows, batch):
     from sinkmech.measures.massive import massive_dims
 
-    return massive_dims(m, batch, top_k=2, progress=False)
+    return massive_dims(m, batch, top_k=2, options=QUIET)
 
 
 def _massive_reset(m, rows, batch):
     from sinkmech.measures.massive import reset_massive_dims
 
-    return reset_massive_dims(m, batch, dims=(0, 1), from_layer=0, progress=False)
+    return reset_massive_dims(m, batch, dims=(0, 1), from_layer=0, options=QUIET)
 
 
 def _length_sweep(m, rows, batch):
     from sinkmech.context.length import sinks_vs_length
 
-    return sinks_vs_length(m, batch, lengths=(4, 8), top_k=1, progress=False)
+    return sinks_vs_length(m, batch, lengths=(4, 8), top_k=1, options=QUIET)
 
 
 def _value_weighted(m, rows, batch):
     from sinkmech.measures.value_weighted import value_weighted_first
 
-    return value_weighted_first(m, batch, progress=False)
+    return value_weighted_first(m, batch, options=QUIET)
+
+
+COMPARE = dict(n_prompts=4, max_tokens=12, spread_prompts=2, spread_tokens=8, spread_position=3, dormant_prompts=4,
+               noop_prompts=4, noop_heads=1)
 
 
 def _comparison(m, rows, batch):
     from sinkmech.studies.compare import compare_model
+    from sinkmech.studies.configs import CompareConfig
 
-    return compare_model(m, rows, n_prompts=4, max_tokens=12, spread_prompts=2, spread_tokens=8, spread_position=3,
-                         dormant_prompts=4, noop_prompts=4, noop_heads=1,
-                         bos_token_id=TINY_BOS, progress=False)
+    return compare_model(m, rows, config=CompareConfig(**COMPARE),
+                         options=TINY_RUN)
+
+
+def _compare_study(m, rows, batch):
+    from sinkmech.studies.compare import Comparison
+    from sinkmech.studies.configs import CompareConfig
+
+    return Comparison((_comparison(m, rows, batch),), CompareConfig(**COMPARE), 1.5)
 
 
 def _spread(m, rows, batch):
     from sinkmech.interventions.perturb import EmbeddingNoise, perturbation_spread
 
-    return perturbation_spread(m, rows, perturbation=EmbeddingNoise(0.3, 2), bos_token_id=TINY_BOS, progress=False)
+    return perturbation_spread(m, rows, perturbation=EmbeddingNoise(0.3, 2), options=TINY_RUN)
 
 
 def _stream(m, rows, batch):
     from sinkmech.prompts import tokenize
     from sinkmech.context.stream import stream_perplexity
 
-    return stream_perplexity(m, tokenize(m, rows[:1], bos="prepend", bos_token_id=TINY_BOS), window=3, keep=(0, 1), progress=False)
+    return stream_perplexity(m, tokenize(m, rows[:1], bos="prepend", bos_token_id=TINY_BOS), window=3, keep=(0, 1),
+                             options=QUIET)
 
 
 def _key_sinks(m, rows, batch):
     from sinkmech.measures.key_sinks import key_sink_scores
 
-    return key_sink_scores(m, batch, top_k=2, min_queries=2, progress=False)
+    return key_sink_scores(m, batch, top_k=2, min_queries=2, options=QUIET)
 
 
 def _head_attention(m, rows, batch):
     from sinkmech.measures.attention import head_attention
 
-    return head_attention(m, rows[0], ["0.1", "1.2"], bos_token_id=TINY_BOS)
+    return head_attention(m, rows[0], ["0.1", "1.2"], options=RunOptions(bos_token_id=TINY_BOS))
 
 
 def _ablation(m, rows, batch):
     from sinkmech.interventions.ablation import head_ablations
 
-    return head_ablations(m, batch, mode="zero", progress=False)
+    return head_ablations(m, batch, mode="zero", options=QUIET)
 
 
 def _patch(m, rows, batch):
@@ -134,25 +147,27 @@ def _patch(m, rows, batch):
 def _sensitivity(m, rows, batch):
     from sinkmech.theory.sensitivity import sensitivity
 
-    return sensitivity(m, rows[:1], bos="prepend", max_tokens=4, bos_token_id=TINY_BOS)
+    return sensitivity(m, rows[:1], bos="prepend", max_tokens=4, options=RunOptions(bos_token_id=TINY_BOS))
 
 
 def _sensitivity_study(m, rows, batch):
     from sinkmech.theory.sensitivity import sensitivity_study
 
-    return sensitivity_study(m, rows[:2], max_tokens=4, bos_token_id=TINY_BOS, progress=False)
+    return sensitivity_study(m, rows[:2], max_tokens=4, options=TINY_RUN)
 
 
 def _scan(m, rows, batch):
     from sinkmech.dormant.scan import scan_heads
 
-    return scan_heads(m, batch, min_queries=1, progress=False)
+    from sinkmech.dormant.labels import Thresholds
+
+    return scan_heads(m, batch, thresholds=Thresholds(min_queries=1), options=QUIET)
 
 
 def _noop(m, rows, batch):
     from sinkmech.dormant.noop import noop_check
 
-    return noop_check(m, batch, [(0, 0)], n_boot=50, progress=False)
+    return noop_check(m, batch, [(0, 0)], options=QUIET)
 
 
 def _train(m, rows, batch):
@@ -177,20 +192,37 @@ def _contrast(m, rows, batch):
 def _bound_ranking(m, rows, batch):
     from sinkmech.studies.theory import bound_ranking
 
-    return bound_ranking(m, rows[:4], max_tokens=5, n_probes=2, n_shuffles=5, bos_token_id=TINY_BOS, progress=False)
+    return bound_ranking(m, rows[:4], max_tokens=5, n_probes=2, n_shuffles=5, options=TINY_RUN)
 
 
 def _first_tokens(m, rows, batch):
     from sinkmech.studies.first_token import first_token_study
 
     return first_token_study(m, rows[:5], {"bos": [TINY_BOS], "none": []}, max_tokens=6, swap_position=2,
-                             progress=False)
+                             options=QUIET)
 
 
 def _head_losses(m, rows, batch):
     from sinkmech.studies.bos_cost import head_loss_changes
 
-    return head_loss_changes(m, batch, progress=False)
+    return head_loss_changes(m, batch, options=QUIET)
+
+
+def _fitted_sinks(m, rows, batch):
+    from sinkmech.interventions.fit_sinks import FitSettings, fit_sinks
+
+    from sinkmech.prompts import tokenize
+
+    none = tokenize(m, rows[:4], bos="none", max_tokens=6)
+    return fit_sinks(m, none, FitSettings(steps=2, value=True), options=TINY_RUN)
+
+
+def _decomposition(m, rows, batch):
+    from sinkmech.studies.configs import DecompositionConfig
+    from sinkmech.studies.decomposition import decompose
+
+    config = DecompositionConfig(positions=(1,), top_k=(1,), layer_values=("bos",), learned_files=(), max_tokens=6)
+    return decompose(m, rows[2:6], rows[:2], config, options=TINY_RUN)
 
 
 def _summary_row(m, rows, batch):
@@ -206,12 +238,13 @@ TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sink
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
     "LengthSweep": _length_sweep, "ValueWeighted": _value_weighted, "ModelComparison": _comparison,
+    "Comparison": _compare_study,
     "PerturbationSpread": _spread, "StreamResult": _stream, "KeySinks": _key_sinks,
     "HeadAttention": _head_attention, "HeadAblation": _ablation, "PatchResult": _patch,
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
     "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
     "BoundRanking": _bound_ranking, "FirstTokenRuns": _first_tokens, "HeadLossChanges": _head_losses,
-    "SummaryRow": _summary_row,
+    "SummaryRow": _summary_row, "FittedSinks": _fitted_sinks, "Decomposition": _decomposition,
 }
 
 

@@ -6,8 +6,10 @@ import tempfile
 from pathlib import Path
 
 from sinkmech.loading.backend import CAPABILITIES, IS_BRIDGE, Model
+from sinkmech.options import RunOptions
 
 TINY_BOS = 1  # the tiny model's <bos> (HookedTransformer: it has no tokenizer; tests pass this id)
+TINY_RUN = RunOptions(progress=False, bos_token_id=TINY_BOS)  # how an analysis runs on a tiny model in a test
 _TINY_DIR = Path(tempfile.mkdtemp(prefix="sinkmech-tiny-"))
 
 

@@ -20,6 +20,7 @@ from sinkmech.loading.models import load_model
 from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
 from sinkmech.prompts import tokenize
 from helpers.tiny_hf import ARCHS, BOS, save_tiny
+from sinkmech.options import QUIET, RunOptions
 
 N_PROMPTS, N_CONTENT = 4, 10
 
@@ -96,7 +97,7 @@ def test_heads_profile_matches_eager_attention(both):
     """The head scan's first-key attention (queries >= 1) and dormant fraction."""
     arch, model, hf, rows = both
     batch = tokenize(model, rows, bos="prepend", bos_token_id=BOS)
-    scan = scan_heads(model, batch, sweep=False, n_boot=0, progress=False)
+    scan = scan_heads(model, batch, sweep=False, n_boot=0, options=QUIET)
     _, attns, _ = hf_run(hf, batch.tokens)
     first = torch.stack([a[:, :, 1:, 0] for a in attns], 1)  # [prompt layer head query]
     ref_mean = first.mean((0, 3))
@@ -110,7 +111,7 @@ def test_zero_ablation_matches_eager_with_the_head_cut_out(both):
     transformers' with that head's slice of the output projection's input zeroed."""
     arch, model, hf, rows = both
     batch = tokenize(model, rows, bos="prepend", bos_token_id=BOS)
-    ours = head_ablations(model, batch, mode="zero", progress=False).effects
+    ours = head_ablations(model, batch, mode="zero", options=QUIET).effects
     clean, _, _ = hf_run(hf, batch.tokens)
     d_head = model.cfg.d_head
     ref = torch.zeros_like(ours)
@@ -135,7 +136,7 @@ def test_resid_patch_matches_eager_with_the_hidden_state_replaced(both):
     pair = bos_pair(model, rows, bos_token_id=BOS)
     src_logits, _, src_resid = hf_run(hf, pair.with_bos.tokens)
     reference = src_logits[:, 1:]
-    ours = patch(model, pair, act="resid_pre", by="layer", source="prepend", progress=False).values
+    ours = patch(model, pair, act="resid_pre", by="layer", source="prepend", options=QUIET).values
     for l in range(model.cfg.n_layers):
         logits, _, _ = hf_run(hf, pair.without_bos.tokens, layer_input=(l, lambda h, l=l: src_resid[l][:, 1:].clone()))
         assert abs(float(ours[l]) - mean_kl(reference, logits)) < 1e-5 * max(1.0, mean_kl(reference, logits)), (arch, l)
@@ -143,7 +144,7 @@ def test_resid_patch_matches_eager_with_the_hidden_state_replaced(both):
     # what follows (MLP, final norm, unembedding) acts per position, so the run gives
     # the source's logits (KL 0) only if the write reaches the residual stream (on the
     # Bridge, through the seam's translation of hook_resid_mid).
-    mid = patch(model, pair, act="resid_mid", by="layer", source="prepend", progress=False)
+    mid = patch(model, pair, act="resid_mid", by="layer", source="prepend", options=QUIET)
     assert mid.baseline > 1e-3 and float(mid.values[-1]) < 1e-5, arch
 
 
@@ -151,7 +152,7 @@ def test_perturbation_spread_matches_eager_hidden_states(both):
     arch, model, hf, rows = both
     swap = TokenSwap([rows[0][3]], [3 if rows[0][3] != 3 else 4], position=3)
     one = [rows[0]]
-    spread = perturbation_spread(model, one, perturbation=swap, bos_token_id=BOS, progress=False)
+    spread = perturbation_spread(model, one, perturbation=swap, options=RunOptions(progress=False, bos_token_id=BOS))
     swapped = [one[0][:3] + list(swap.replacement) + one[0][4:]]
     for c, cond in enumerate(spread.conditions):
         pre = [BOS] if cond == "prepend" else []
@@ -167,7 +168,7 @@ def test_perturbation_spread_matches_eager_hidden_states(both):
 def test_massive_dims_match_eager_hidden_states(both):
     arch, model, hf, rows = both
     batch = tokenize(model, rows, bos="prepend", bos_token_id=BOS)
-    ours = massive_dims(model, batch, progress=False)
+    ours = massive_dims(model, batch, options=QUIET)
     _, _, resid = hf_run(hf, batch.tokens)
     for l, h in enumerate(resid):
         first = h[:, 0].abs().mean(0)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from sinkmech.prompts import load_prompts, tokenize
+from sinkmech.options import QUIET
 
 
 @pytest.mark.parametrize("name", ["p.JSONL", "p.ndjson", "p.jsonl"])
@@ -82,12 +83,12 @@ def test_tokens_that_already_start_with_bos_are_refused_not_doubled(tiny_model, 
     with_bos = torch.cat([torch.full((len(tiny_tokens), 1), TINY_BOS), tiny_tokens], dim=1)
     for bos in (None, "prepend"):  # the default for prompts is "prepend"
         with pytest.raises(ValueError, match=r"prompt 0 \(and 5 more\) already starts with <bos> \(id 1\).*bos='none'"):
-            sink_scores(tiny_model, with_bos, bos=bos, bos_token_id=TINY_BOS, progress=False)
+            sink_scores(tiny_model, with_bos, bos=bos, options=TINY_RUN)
     mixed = with_bos.clone()
     mixed[:3, 0] = 7  # only rows 3..5 carry <bos>
     with pytest.raises(ValueError, match=r"prompt 3 \(and 2 more\)"):
-        sink_scores(tiny_model, mixed, bos_token_id=TINY_BOS, progress=False)
+        sink_scores(tiny_model, mixed, options=TINY_RUN)
     # bos="none" takes them as given: exactly the sequences "prepend" builds from the content.
-    given = sink_scores(tiny_model, with_bos, bos="none", progress=False)
-    built = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    given = sink_scores(tiny_model, with_bos, bos="none", options=QUIET)
+    built = sink_scores(tiny_model, tiny_tokens, bos="prepend", options=TINY_RUN)
     assert torch.equal(given.scores, built.scores)

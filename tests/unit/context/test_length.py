@@ -11,6 +11,7 @@ from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny import TINY_BOS
 from helpers.backends import needs
+from sinkmech.options import QUIET
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def long_batch(tiny_model):
 
 
 def test_sweep_equals_direct_calls(tiny_model, long_batch):
-    res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 16, 32, 36, 64), top_k=2, eps=(0.3,), progress=False)
+    res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 16, 32, 36, 64), top_k=2, eps=(0.3,), options=QUIET)
     assert res.lengths == (8, 16, 32)
     skipped = dict(res.skipped)
     assert "context" in skipped[64]  # 65 positions > n_ctx 64
@@ -30,12 +31,12 @@ def test_sweep_equals_direct_calls(tiny_model, long_batch):
     for i, T in enumerate(res.lengths):
         sub = truncate(long_batch, T)
         assert sub.tokens.shape[1] == T + 1
-        ss = sink_scores(tiny_model, sub, progress=False)
+        ss = sink_scores(tiny_model, sub, options=QUIET)
         assert abs(float(res.sink_rate[i, 0]) - ss.sink_rate(0.3)) < 1e-6
         assert abs(float(res.uniform_score[i]) - ss.uniform_score()) < 1e-6  # stored as float32
         for r, (l, h, s) in enumerate(ss.top_heads(2)):
             assert (int(res.top_layer[i, r]), int(res.top_head[i, r])) == (l, h)
-            abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l], heads=[h], progress=False)
+            abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l], heads=[h], options=QUIET)
             assert abs(float(res.mask_first_cost[i, r]) - float(abl.effects[0, 0])) < 1e-6
     assert res.uniform_score[0] > res.uniform_score[-1]  # the uniform baseline H_T / T falls with T
     d = res.to_dict()
@@ -56,15 +57,15 @@ def test_relative_rate_and_fixed_head_equal_direct_calls(tiny_model, long_batch)
     counted by hand from sink_scores; the fixed head is the top head at the shortest length,
     tracked (score and mask_first cost) at every length, even where it is not a top head."""
     res = sinks_vs_length(tiny_model, long_batch, lengths=(4, 16, 32), top_k=1, eps=(0.3,),
-                          uniform_multiples=(1.0, 2.0, 4.0), progress=False)
-    first = sink_scores(tiny_model, truncate(long_batch, 4), progress=False)
+                          uniform_multiples=(1.0, 2.0, 4.0), options=QUIET)
+    first = sink_scores(tiny_model, truncate(long_batch, 4), options=QUIET)
     (l0, h0, _), = first.top_heads(1)
     assert (res.fixed_layer, res.fixed_head, res.fixed_chosen_at) == (l0, h0, 4)
     d = res.to_dict()
     assert d["fixed_head"]["label"] == f"L{l0}.H{h0}" and d["fixed_head"]["chosen_at_length"] == 4
     for i, T in enumerate(res.lengths):
         sub = truncate(long_batch, T)
-        ss = sink_scores(tiny_model, sub, progress=False)
+        ss = sink_scores(tiny_model, sub, options=QUIET)
         u = sum(1 / (t + 1) for t in range(T + 1)) / (T + 1)  # T content tokens + <bos>
         for j, m in enumerate((1.0, 2.0, 4.0)):
             want = 100.0 * sum(float(a) > m * u for a in ss.scores.flatten()) / ss.scores.numel()
@@ -73,7 +74,7 @@ def test_relative_rate_and_fixed_head_equal_direct_calls(tiny_model, long_batch)
             # alpha_0 <= 1: a threshold m x H_T / T >= 1 cannot be passed and is written as null
             assert (d["results"][i]["relative_sink_rate"][repr(m)] is None) == (m * u >= 1)
         assert abs(float(res.fixed_score[i]) - float(ss.mean_scores()[l0, h0])) < 1e-6
-        abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l0], heads=[h0], progress=False)
+        abl = head_ablations(tiny_model, sub, mode="mask_first", layers=[l0], heads=[h0], options=QUIET)
         assert abs(float(res.fixed_cost[i]) - float(abl.effects[0, 0])) < 1e-6
         assert d["results"][i]["fixed_head"]["score_over_uniform"] == pytest.approx(float(res.fixed_score[i]) / u, rel=1e-5)
     assert d["results"][0]["relative_sink_rate"]["4.0"] is None  # 4 x H_5 / 5 = 1.83
@@ -92,13 +93,13 @@ def test_uniform_attention_is_no_sink_at_any_length_against_the_uniform_share(ti
     hooks = [(act_name("attn_scores", l), uniform) for l in range(tiny_model.cfg.n_layers)]
     with tiny_model.hooks(fwd_hooks=hooks):
         res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 32), top_k=1, eps=(0.2,),
-                              uniform_multiples=(1.5,), progress=False)
+                              uniform_multiples=(1.5,), options=QUIET)
     assert (res.relative_rate == 0).all()
     assert res.sink_rate[:, 0].tolist() == [100.0, 0.0]
 
 
 def test_a_named_fixed_head_is_tracked(tiny_model, long_batch):
-    res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 16), top_k=1, fixed_head=(1, 2), progress=False)
+    res = sinks_vs_length(tiny_model, long_batch, lengths=(8, 16), top_k=1, fixed_head=(1, 2), options=QUIET)
     assert (res.fixed_layer, res.fixed_head, res.fixed_chosen_at) == (1, 2, None)
     assert res.to_dict()["fixed_head"]["rule"] == "named by the caller"
     with pytest.raises(ValueError, match="fixed_head"):
@@ -119,7 +120,7 @@ def test_lengths_past_64_content_tokens_run():
     model = HookedTransformer(cfg).eval()
     ids = torch.randint(2, 50, (2, 100), generator=torch.Generator().manual_seed(0))
     batch = tokenize(model, ids, bos="prepend", max_tokens=100, bos_token_id=TINY_BOS)
-    res = sinks_vs_length(model, batch, lengths=(32, 80), top_k=1, progress=False)
+    res = sinks_vs_length(model, batch, lengths=(32, 80), top_k=1, options=QUIET)
     assert res.lengths == (32, 80) and torch.isfinite(res.fixed_cost).all()
     with pytest.raises(ValueError, match="more than max_tokens=64"):  # a max_tokens given is still checked
-        head_ablations(model, truncate(batch, 80), mode="mask_first", max_tokens=64, progress=False)
+        head_ablations(model, truncate(batch, 80), mode="mask_first", max_tokens=64, options=QUIET)

@@ -13,6 +13,7 @@ from sinkmech.prompts import tokenize
 from sinkmech.context.stream import StreamResult, stream_perplexity, window_mask
 from helpers.tiny import TINY_BOS
 from helpers.backends import needs
+from sinkmech.options import QUIET
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_window_mask_by_hand():
 
 
 def test_stream_equals_explicit_mask(tiny_model, seq):
-    res = stream_perplexity(tiny_model, seq, window=6, keep=(0, 1, 3), progress=False)
+    res = stream_perplexity(tiny_model, seq, window=6, keep=(0, 1, 3), options=QUIET)
     assert res.scored_from == 9
     for k, p in zip(res.keep, res.ppl):
         assert math.isclose(p, brute_ppl(tiny_model, seq, 6, k, 9), rel_tol=1e-5)
@@ -69,13 +70,13 @@ def test_stream_equals_explicit_mask(tiny_model, seq):
 
 def test_window_covering_everything_is_full_attention(tiny_model, seq):
     T = int(seq.lengths[0])
-    res = stream_perplexity(tiny_model, seq, window=T, keep=(0, 2), scored_from=5, progress=False)
+    res = stream_perplexity(tiny_model, seq, window=T, keep=(0, 2), scored_from=5, options=QUIET)
     for p in res.ppl:
         assert math.isclose(p, res.full_ppl, rel_tol=1e-6)
 
 
 def test_stream_to_dict_contract(tiny_model, seq):
-    d = stream_perplexity(tiny_model, seq, window=4, keep=(0, 1), progress=False).to_dict()
+    d = stream_perplexity(tiny_model, seq, window=4, keep=(0, 1), options=QUIET).to_dict()
     assert set(d) == {"model", "window", "n_tokens", "scored_from", "full_ppl", "positions", "reindex", "results"}
     assert d["positions"].startswith("original") and d["reindex"] is False
     assert [set(r) for r in d["results"]] == [{"keep", "ppl", "control_window", "control_ppl"}] * 2
@@ -130,11 +131,11 @@ def test_reindex_equals_streaming_llm_token_by_token(tiny_model, seq, keep):
     window, scored_from = 6, 9
     if not CAPABILITIES.can_reindex_cache:  # TL 4: no HookedTransformer rotary tables to re-index with; it says so
         with pytest.raises(ValueError, match="bridge"):
-            stream_perplexity(tiny_model, seq, window=window, keep=(keep,), reindex=True, progress=False)
+            stream_perplexity(tiny_model, seq, window=window, keep=(keep,), reindex=True, options=QUIET)
         return
     re = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, reindex=True,
-                           progress=False)
-    orig = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, progress=False)
+                           options=QUIET)
+    orig = stream_perplexity(tiny_model, seq, window=window, keep=(0, keep), scored_from=scored_from, options=QUIET)
     want = streaming_llm_ppl(tiny_model, seq, window, keep, scored_from)
     assert math.isclose(re.ppl[1], want, rel_tol=1e-4)
     assert not math.isclose(orig.ppl[1], want, rel_tol=1e-3)  # the positions matter on this model
@@ -152,7 +153,7 @@ def test_reindex_needs_rotary_positions(seq):
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=64, d_vocab=50, act_fn="gelu",
                                   positional_embedding_type="standard", device="cpu")
     with pytest.raises(ValueError, match="rotary"):
-        stream_perplexity(HookedTransformer(cfg), seq, window=4, keep=(1,), reindex=True, progress=False)
+        stream_perplexity(HookedTransformer(cfg), seq, window=4, keep=(1,), reindex=True, options=QUIET)
 
 
 def test_smollm2_sink_tokens_rescue_window_attention(smollm2):
@@ -162,7 +163,7 @@ def test_smollm2_sink_tokens_rescue_window_attention(smollm2):
     from sinkmech.context.stream import long_tokens
 
     batch = long_tokens(smollm2, 160, bos="prepend")
-    res = stream_perplexity(smollm2, batch, window=32, keep=(0, 4), progress=False)
+    res = stream_perplexity(smollm2, batch, window=32, keep=(0, 4), options=QUIET)
     print(res.to_dict())
     no_sink, sink = res.ppl
     assert sink < no_sink

@@ -14,14 +14,15 @@ from sinkmech.dormant.bands import band_layout, band_norms
 from sinkmech.dormant.scan import scan_heads
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.noop import noop_check
-from helpers.tiny import TINY_BOS, make_tiny
+from helpers.tiny import TINY_RUN, TINY_BOS, make_tiny
 from helpers.planted import LATE, TRIGGER, planted_corpus, planted_dormant_model as planted_model, trigger_corpus
+from sinkmech.options import QUIET, RunOptions
 
 @pytest.fixture(scope="module")
 def planted():
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus()
-    scan = scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    scan = scan_heads(model, corpus, bos="prepend", max_tokens=20, options=TINY_RUN)
     return model, corpus, scan
 
 
@@ -64,7 +65,7 @@ def test_random_heads_are_never_if_else(planted):
                 block.attn.W_Q.mul_(6.0)
                 block.attn._W_K.mul_(6.0)  # the key/value heads of grouped-query attention
         tokens = torch.randint(2, 50, (48, 16), generator=torch.Generator().manual_seed(seed))
-        random_scan = scan_heads(model, tokens, bos="prepend", bos_token_id=TINY_BOS, max_tokens=16, progress=False)
+        random_scan = scan_heads(model, tokens, bos="prepend", max_tokens=16, options=TINY_RUN)
         assert random_scan.if_else_heads() == []
         assert {m for row in random_scan.modes for m in row} <= {"sink", "active", "mixed"}
 
@@ -76,7 +77,7 @@ def test_trigger_lift_is_position_adjusted():
     corpus = planted_corpus(seed=1)
     corpus[corpus == LATE] = 3
     corpus[:, 14:][torch.rand(corpus[:, 14:].shape, generator=torch.Generator().manual_seed(2)) < 0.3] = LATE
-    scan = scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    scan = scan_heads(model, corpus, bos="prepend", max_tokens=20, options=TINY_RUN)
     late = [t for t in scan.triggers[0][0] if t.token_id == LATE and t.where == "query"]
     raw_lift = 1.0 / float(scan.active_fraction[0, 0])  # what an unadjusted base rate would give
     assert raw_lift > 1.5
@@ -87,8 +88,7 @@ def test_trigger_lift_is_position_adjusted():
 
 def test_noop_check_on_planted_heads(planted):
     model, corpus, scan = planted
-    check = noop_check(model, corpus, scan.if_else_heads(), bos="prepend", bos_token_id=TINY_BOS,
-                       max_tokens=20, progress=False)
+    check = noop_check(model, corpus, scan.if_else_heads(), bos="prepend", max_tokens=20, options=TINY_RUN)
     (r,) = check.results
     assert (r.layer, r.head) == (0, 0)
     assert r.n_dormant + r.n_active == scan.n_queries
@@ -108,8 +108,8 @@ def test_noop_check_on_planted_heads(planted):
     assert r.detectable()["zero_out_dormant"] is False and r.detectable()["move_to_first_dormant"] is False
     assert r.n_prompts_dormant == len(corpus) and 0 < r.n_prompts_active <= len(corpus)
     # streamed in batches of 5 prompts: the same per-prompt bookkeeping
-    again = noop_check(model, corpus, [(0, 0)], bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, batch_size=5,
-                       progress=False).results[0]
+    again = noop_check(model, corpus, [(0, 0)], bos="prepend", max_tokens=20,
+                       options=RunOptions(batch_size=5, progress=False, bos_token_id=TINY_BOS)).results[0]
     assert again.per_query_active_ci == pytest.approx(r.per_query_active_ci, rel=1e-4)
 
 
@@ -127,7 +127,8 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
     prompts = [torch.randint(2, model.cfg.d_vocab, (n,), generator=g).tolist() for n in (12, 7, 10, 12, 4, 9)]
     batch = tokenize(model, prompts, bos="prepend", bos_token_id=TINY_BOS, max_tokens=12)
     heads, high, low = [(1, 2), (2, 0), (0, 3)], 0.3, 0.2
-    check = noop_check(model, batch, heads, high=high, low=low, batch_size=4, progress=False, n_boot=10)
+    check = noop_check(model, batch, heads, thresholds=Thresholds(high=high, low=low),
+                       options=RunOptions(batch_size=4, progress=False))
     _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n.endswith("hook_pattern"))
     clean = token_losses(model, batch.tokens)
     valid = torch.arange(clean.shape[1])[None, :] < (batch.lengths[:, None] - 1)
@@ -147,7 +148,8 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
         assert r.n_dormant == int(dormant.sum()) and r.n_active == int(active.sum())
     assert any(r.n_active and r.n_dormant for r in check.results)  # both modes exercised
     assert check.loss_clean == pytest.approx(float(clean[valid].mean()), abs=1e-6)
-    full = noop_check(model, batch, heads, high=high, low=low, batch_size=4, progress=False, n_boot=10, method="full")
+    full = noop_check(model, batch, heads, thresholds=Thresholds(high=high, low=low), method="full",
+                      options=RunOptions(batch_size=4, progress=False))
     from sinkmech.findings import flatten
 
     for a, b in zip(check.results, full.results):  # every effect, interval and control (p-values follow from them)
@@ -157,7 +159,7 @@ def test_noop_check_equals_full_forward_passes_by_brute_force():
             if isinstance(v, float) and not k.endswith(("p", "p_adjusted")):
                 assert v == pytest.approx(fb[k], abs=1e-5), k
     with pytest.raises(ValueError, match="method"):
-        noop_check(model, batch, heads, method="fast", progress=False)
+        noop_check(model, batch, heads, method="fast", options=QUIET)
 
 
 def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkeypatch):
@@ -188,7 +190,7 @@ def test_stacked_restart_equals_one_pass_per_intervention_and_full_passes(monkey
     assert dormant.any(1).all() and active.any(1).tolist() == [i not in no_trigger for i in range(9)]
 
     monkeypatch.setattr(noop, "UNEMBED_ROWS", 13)  # chunks that straddle passes, heads and batches
-    got = {m: noop_check(model, batch, heads, batch_size=4, method=m, progress=False)
+    got = {m: noop_check(model, batch, heads, method=m, options=RunOptions(batch_size=4, progress=False))
            for m in ("restart", "restart_each", "full")}
     a = got["restart"].results[0]
     assert a.n_prompts_active == 6 and a.n_prompts_dormant == 9
@@ -209,8 +211,8 @@ def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
     from sinkmech.dormant.discover import discover_heads, split_corpus
 
     model, corpus, _ = planted
-    found = discover_heads(model, corpus[:40], noop_prompts=8, n_candidates=1, bos_token_id=TINY_BOS, max_tokens=20,
-                           progress=False, sweep=False, n_boot=0)
+    found = discover_heads(model, corpus[:40], noop_prompts=8, n_candidates=1, max_tokens=20,
+                           options=TINY_RUN)
     assert found.scan_prompts == tuple(range(32)) and found.noop_prompts == tuple(range(32, 40))
     assert found.scan.n_prompts == 32 and found.noop.prompt_indices == found.noop_prompts
     assert [(r.layer, r.head) for r in found.noop.results][0] == (0, 0) and len(found.noop.results) == 2
@@ -231,8 +233,7 @@ def test_a_shared_memo_reuses_a_discovery_only_for_the_same_model_prompts_and_se
     calls = []
     real = discover.scan_heads
     monkeypatch.setattr(discover, "scan_heads", lambda *a, **k: calls.append(1) or real(*a, **k))
-    kw = dict(noop_prompts=4, n_candidates=1, bos_token_id=TINY_BOS, max_tokens=12, progress=False, sweep=False,
-              n_boot=0)
+    kw = dict(noop_prompts=4, n_candidates=1, max_tokens=12, options=TINY_RUN)
     memo: dict = {}
     first = discover.discover_heads(model, corpus[:20], memo=memo, **kw)
     # the same prompts handed as a longer pool: only the first 16 + 4 are used, so the key is the same
@@ -253,8 +254,8 @@ def test_streamed_profile_equals_brute_force():
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (12, 7, 12, 3, 9)]
     high, low = 0.3, 0.12
-    scan = scan_heads(model, prompts, bos="prepend", bos_token_id=TINY_BOS, max_tokens=12, batch_size=2,
-                      high=high, low=low, progress=False)
+    scan = scan_heads(model, prompts, bos="prepend", max_tokens=12, thresholds=Thresholds(high=high, low=low),
+                      options=RunOptions(batch_size=2, progress=False, bos_token_id=TINY_BOS))
     layout = band_layout(model)
     assert scan.rotary and layout.n_bands == model.cfg.d_head // 2
     firsts, dorms, acts, reads, outs, q_act, logit0 = [], [], [], [], [], [], []
@@ -309,15 +310,15 @@ def test_bands_follow_the_rotary_layout():
 def test_bad_input_gets_clear_errors(planted):
     model, corpus, _ = planted
     with pytest.raises(ValueError, match="out of order"):
-        scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, high=0.2, low=0.5, progress=False)
+        Thresholds(high=0.2, low=0.5)
     with pytest.raises(ValueError, match="out of order"):
         Thresholds(active_max_dormant=0.9, sink_min_dormant=0.5)
     with pytest.raises(ValueError, match="empty"):
-        scan_heads(model, [], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+        scan_heads(model, [], bos="prepend", options=TINY_RUN)
     with pytest.raises(ValueError, match="out of range"):
-        noop_check(model, corpus, [(0, 9)], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+        noop_check(model, corpus, [(0, 9)], bos="prepend", options=TINY_RUN)
     with pytest.raises(ValueError, match="1 content token"):
-        scan_heads(model, corpus[:, :1], bos="none", bos_token_id=TINY_BOS, progress=False)
+        scan_heads(model, corpus[:, :1], bos="none", options=TINY_RUN)
 
 
 @pytest.mark.slow
@@ -370,17 +371,17 @@ def test_token_batch_is_the_primary_input(planted):
 
     model, corpus, scan = planted
     batch = tokenize(model, corpus, bos="prepend", max_tokens=20, bos_token_id=TINY_BOS)
-    again = scan_heads(model, batch, progress=False)
+    again = scan_heads(model, batch, options=QUIET)
     assert again.bos == "prepend" and again.max_tokens == 20 and again.n_queries == scan.n_queries
     torch.testing.assert_close(again.if_else_score, scan.if_else_score)
     assert again.modes == scan.modes and again.to_json() == scan.to_json()
-    a = noop_check(model, batch.slice(0, 8), [(0, 0)], progress=False)
-    b = noop_check(model, corpus[:8], [(0, 0)], bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    a = noop_check(model, batch.slice(0, 8), [(0, 0)], options=QUIET)
+    b = noop_check(model, corpus[:8], [(0, 0)], bos="prepend", max_tokens=20, options=TINY_RUN)
     assert a.results == b.results
     with pytest.raises(ValueError, match="does not match"):
-        scan_heads(model, batch, bos="none", progress=False)
+        scan_heads(model, batch, bos="none", options=QUIET)
     with pytest.raises(ValueError, match="max_tokens"):
-        scan_heads(model, batch, max_tokens=5, progress=False)
+        scan_heads(model, batch, max_tokens=5, options=QUIET)
 
 
 def test_mode_counts_and_trigger_text(planted):
@@ -443,8 +444,8 @@ def _modes_over_seeds(kinds: dict, n_prompts: int, seeds, **scan_kw):
     model = planted_model(kinds, cut=13)
     for seed in seeds:
         corpus = planted_corpus(n=n_prompts, seed=100 + seed)
-        yield scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False,
-                         min_queries=0, sweep=False, n_boot=0, **scan_kw)
+        yield scan_heads(model, corpus, bos="prepend", max_tokens=20, thresholds=Thresholds(min_queries=0, **scan_kw),
+                         sweep=False, n_boot=0, options=TINY_RUN)
 
 
 def test_positional_null_is_never_if_else_even_on_small_corpora():
@@ -505,9 +506,9 @@ def test_a_trigger_seen_in_one_prompt_is_not_an_if_else_trigger():
     corpus = planted_corpus(n=16, seed=3)
     corpus[corpus == TRIGGER] = 2
     corpus[4, 2::2] = TRIGGER  # 9 occurrences, all in prompt 4 (a selection prompt)
-    kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+    kw = dict(bos="prepend", max_tokens=20, options=TINY_RUN)
     for min_prompts in (3, 1):  # min_prompts rejects it; without it, validation does (none in the held-out prompts)
-        scan = scan_heads(model, corpus, min_prompts=min_prompts, min_queries=0, **kw)
+        scan = scan_heads(model, corpus, thresholds=Thresholds(min_prompts=min_prompts, min_queries=0), **kw)
         assert float(scan.active_fraction[0, 0]) >= scan.thresholds.if_else_min_active
         assert scan.mode(0, 0) != "if_else" and scan.if_else_heads() == []
     top = scan.top_trigger(0, 0)
@@ -528,8 +529,10 @@ def test_contrast_finds_a_domain_dormant_head_and_nothing_between_like_corpora()
     def corpus(seed: int, trigger_rate: float) -> torch.Tensor:
         return trigger_corpus(32, seed, trigger_rate, g)
 
-    kw = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False, sweep=False, n_boot=0, min_queries=0)
-    prose, code, prose2 = (scan_heads(model, corpus(s, r), **kw) for s, r in ((5, 0.0), (6, 0.5), (7, 0.0)))
+    kw = dict(bos="prepend", max_tokens=20, sweep=False, n_boot=0, options=TINY_RUN)
+    th = Thresholds(min_queries=0)
+    prose, code, prose2 = (scan_heads(model, corpus(s, r),
+                                      thresholds=th, **kw) for s, r in ((5, 0.0), (6, 0.5), (7, 0.0)))
     found = contrast_heads(prose, code, name_a="prose", name_b="code")
     assert [(h.layer, h.head) for h in found.confirmed()] == [(0, 0)]
     h = found.confirmed()[0]
@@ -538,7 +541,7 @@ def test_contrast_finds_a_domain_dormant_head_and_nothing_between_like_corpora()
     assert json.loads(found.to_json())["n_confirmed"] == 1
     assert contrast_heads(prose, prose2).confirmed() == []
     with pytest.raises(ValueError, match="thresholds"):
-        contrast_heads(prose, scan_heads(model, corpus(8, 0.1), high=0.7, **kw))
+        contrast_heads(prose, scan_heads(model, corpus(8, 0.1), thresholds=Thresholds(high=0.7, min_queries=0), **kw))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from sinkmech.dormant.scan import scan_heads
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from helpers.planted import MARKER, TRIGGER, planted_corpus, planted_dormant_model, trigger_corpus
 from helpers.paths import REPO
+from sinkmech.dormant.labels import Thresholds
+from sinkmech.options import QUIET
 
-KW = dict(bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, progress=False)
+KW = dict(bos="prepend", max_tokens=20, options=TINY_RUN)
 
 
 def prompt_corpus(n: int = 64, seed: int = 0) -> torch.Tensor:
@@ -40,7 +42,7 @@ def test_a_head_that_follows_its_prompt_has_no_trigger_at_the_prompt_level():
     excess over the prompt's own activity is nil, and it is not validated.
     Head 1, a planted if-else head on TRIGGER, validates on the same corpus."""
     model = planted_dormant_model({0: "prompt", 1: "if_else"})
-    scan = scan_heads(model, prompt_corpus(), min_queries=0, **KW)
+    scan = scan_heads(model, prompt_corpus(), thresholds=Thresholds(min_queries=0), **KW)
     th = scan.thresholds
     max_p = th.alpha / (scan.n_layers * scan.n_heads)
     assert 0.1 < float(scan.active_fraction[0, 0]) < 0.3 and float(scan.dormant_fraction[0, 0]) > 0.7
@@ -80,7 +82,7 @@ def test_null_contrasts_confirm_nothing_and_the_planted_head_stands_out_from_the
     def corpus(seed: int, trigger_rate: float) -> torch.Tensor:
         return trigger_corpus(48, seed, trigger_rate, g)
 
-    kw = dict(KW, sweep=False, n_boot=0, min_queries=0)
+    kw = dict(KW, sweep=False, n_boot=0, thresholds=Thresholds(min_queries=0))
     prose, code = (scan_heads(model, corpus(s, r), **kw) for s, r in ((5, 0.0), (6, 0.5)))
     found = contrast_heads(prose, code, name_a="prose", name_b="code", n_boot=20_000)
     assert [(h.layer, h.head) for h in found.confirmed()] == [(0, 0)]
@@ -126,7 +128,7 @@ def test_noop_check_reports_totals_controls_mean_ablation_holm_and_where_active_
 
     model = planted_dormant_model({0: "if_else", 1: "sink"})
     batch = tokenize(model, planted_corpus(n=16, seed=4), bos="prepend", bos_token_id=TINY_BOS, max_tokens=20)
-    check = noop_check(model, batch, [(0, 0), (0, 1)], progress=False)
+    check = noop_check(model, batch, [(0, 0), (0, 1)], options=QUIET)
     r = check.results[0]
     c = r.checks
     assert set(c) == {f"{i}_{m}" for i in ("move_to_first", "zero_out", "mean_ablate") for m in ("dormant", "active")}

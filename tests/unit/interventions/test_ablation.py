@@ -6,11 +6,14 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from helpers.tiny import TINY_BOS, make_tiny
+from helpers.tiny import TINY_RUN, TINY_BOS, make_tiny
 from helpers.planted import planted_model
+from helpers.reference import loop_ablations
 from sinkmech.interventions.ablation import MODES, check_mode, head_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
+from sinkmech.interventions.metrics import LogitDiff
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET, RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +27,16 @@ def tokens(tiny_tokens):
 
 
 def test_planted_head_is_a_sink_and_mask_first_finds_it(planted, tokens):
-    scores = sink_scores(planted, tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False).mean_scores()
+    scores = sink_scores(planted, tokens, bos="prepend", options=TINY_RUN).mean_scores()
     assert scores[0, 0] > 0.99
-    r = head_ablations(planted, tokens, mode="mask_first", bos_token_id=TINY_BOS, progress=False)
+    r = head_ablations(planted, tokens, mode="mask_first", options=TINY_RUN)
     assert r.effects.shape == (2, 4)
     assert r.top_heads(1)[0][:2] == (0, 0)
     assert r.effects[0, 0] > 2 * r.effects.flatten()[1:].max()
 
 
 def test_all_to_first_equals_zero_when_the_first_value_is_zero(planted, tokens):
-    kw = dict(bos_token_id=TINY_BOS, progress=False)
+    kw = dict(options=TINY_RUN)
     dormant = head_ablations(planted, tokens, mode="all_to_first", **kw).effects
     zero = head_ablations(planted, tokens, mode="zero", **kw).effects
     assert abs(float(dormant[0, 0] - zero[0, 0])) < 1e-5
@@ -47,31 +50,32 @@ def test_sweep_equals_loop_for_every_mode(kv, tokens):
     rows = tokens[:3, :7].tolist()
     rows[2] = rows[2][:5]
     for mode in MODES:
-        kw = dict(mode=mode, bos=("prepend", "none")[len(mode) % 2], bos_token_id=TINY_BOS, progress=False)
-        fast = head_ablations(model, rows, max_rows=7, **kw)
-        slow = head_ablations(model, rows, method="loop", **kw)
+        kw = dict(mode=mode, bos=("prepend", "none")[len(mode) % 2])
+        fast = head_ablations(model, rows, options=RunOptions(batch_size=7, progress=False, bos_token_id=TINY_BOS),
+                              **kw)  # 7 rows: several passes per layer, a copy split across none
+        slow = loop_ablations(model, rows, options=RunOptions(bos_token_id=TINY_BOS), **kw)
         assert fast.effects.abs().max() > 0
         assert (fast.effects - slow.effects).abs().max() <= 1e-4, mode
 
 
 def test_attribution_tracks_the_exact_sweep(tokens):
     model = make_tiny(2, n_layers=3)
-    kw = dict(bos_token_id=TINY_BOS)
+    kw = dict(options=TINY_RUN)
     for mode in ("mask_first", "mean"):
-        exact = head_ablations(model, tokens, mode=mode, progress=False, **kw)
+        exact = head_ablations(model, tokens, mode=mode, **kw)
         approx = attribute_ablations(model, tokens, mode=mode, samples=32, **kw)
         assert approx.method == "attribution" and approx.effects.shape == exact.effects.shape
         assert pearson(exact.effects, approx.effects) > 0.7
     # First-order for a metric with a gradient: exact for a linear change of z.
-    exact = head_ablations(model, tokens, mode="zero", metric="logit_diff", answers=(3, 4), progress=False, **kw)
-    approx = attribute_ablations(model, tokens, mode="zero", metric="logit_diff", answers=(3, 4), **kw)
+    exact = head_ablations(model, tokens, mode="zero", metric=LogitDiff(3, 4), **kw)
+    approx = attribute_ablations(model, tokens, mode="zero", metric=LogitDiff(3, 4), **kw)
     assert approx.baseline == pytest.approx(exact.baseline, abs=1e-5)
     assert pearson(exact.effects, approx.effects) > 0.7
 
 
 def test_results_and_subgrid(planted, tokens):
-    r = head_ablations(planted, tokens, mode="zero", layers=[1], heads=[0, 3], bos_token_id=TINY_BOS, progress=False)
-    full = head_ablations(planted, tokens, mode="zero", bos_token_id=TINY_BOS, progress=False)
+    r = head_ablations(planted, tokens, mode="zero", layers=[1], heads=[0, 3], options=TINY_RUN)
+    full = head_ablations(planted, tokens, mode="zero", options=TINY_RUN)
     assert torch.allclose(r.effects, full.effects[1:, [0, 3]], atol=1e-6)
     d = r.to_dict()
     assert {"mode", "metric", "n_layers", "n_heads", "effects"} <= set(d) and d["layers"] == [1]
@@ -82,22 +86,24 @@ def test_bad_ablation_inputs(planted, tokens):
     with pytest.raises(ValueError, match="mode must be one of"):
         check_mode("knockout")
     with pytest.raises((ValueError, TypeCheckError)):
-        head_ablations(planted, tokens, mode="knockout", bos_token_id=TINY_BOS)
+        head_ablations(planted, tokens, mode="knockout", options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="layer 2 out of range"):
-        head_ablations(planted, tokens, mode="zero", layers=[2], bos_token_id=TINY_BOS)
+        head_ablations(planted, tokens, mode="zero", layers=[2], options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="head 4 out of range"):
-        attribute_ablations(planted, tokens, mode="zero", heads=[4], bos_token_id=TINY_BOS)
+        head_ablations(planted, tokens, mode="zero", heads=[4], options=RunOptions(bos_token_id=TINY_BOS))
+    with pytest.raises(ValueError, match="needs its answers"):
+        head_ablations(planted, tokens, mode="zero", metric="logit_diff", options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="samples"):
-        attribute_ablations(planted, tokens, mode="zero", samples=0, bos_token_id=TINY_BOS)
+        attribute_ablations(planted, tokens, mode="zero", samples=0, options=RunOptions(bos_token_id=TINY_BOS))
 
 
 @pytest.mark.slow
 def test_ablation_sweep_equals_loop_on_smollm2(smollm2):
     from sinkmech.prompts import default_corpus
 
-    kw = dict(mode="mask_first", max_tokens=8, layers=[1, 29], heads=[8], progress=False)
-    fast = head_ablations(smollm2, default_corpus(2), **kw)
-    slow = head_ablations(smollm2, default_corpus(2), method="loop", **kw)
+    kw = dict(mode="mask_first", max_tokens=8, layers=[1, 29], heads=[8])
+    fast = head_ablations(smollm2, default_corpus(2), options=QUIET, **kw)
+    slow = loop_ablations(smollm2, default_corpus(2), **kw)
     assert fast.effects.abs().max() > 0
     assert (fast.effects - slow.effects).abs().max() <= 1e-4
 
@@ -115,7 +121,8 @@ def test_one_prompt_groups_equal_the_whole_batch_and_merge_bitwise(tokens, metri
     model = make_tiny(4, n_layers=2)
     rows = tokens[:3, :9].tolist()
     rows[1] = rows[1][:4]
-    kw = dict(mode="zero", bos="prepend", bos_token_id=TINY_BOS, metric=metric, answers=answers, progress=False)
+    kw = dict(mode="zero", bos="prepend", metric="kl" if answers is None else LogitDiff(*answers),
+              options=TINY_RUN)
     whole = head_ablations(model, rows, **kw)
     grouped = head_ablations(model, rows, prompt_batch=1, **kw)
     assert whole.effects.abs().max() > 1e-3
@@ -130,7 +137,8 @@ def test_one_prompt_groups_equal_the_whole_batch_and_merge_bitwise(tokens, metri
     for s in (slice(0, 1), slice(1, 3)):
         ans = None if answers is None else (cut(answers[0], s), cut(answers[1], s))
         part = batch.slice(s.start, s.stop)
-        parts.append((head_ablations(model, part, prompt_batch=1, **{**kw, "answers": ans}), ablation_weight(metric, part)))
+        part_kw = {**kw, "metric": "kl" if ans is None else LogitDiff(*ans)}
+        parts.append((head_ablations(model, part, prompt_batch=1, **part_kw), ablation_weight(metric, part)))
     merged = sum(r.effects.double() * w for r, w in parts) / sum(w for _, w in parts)
     if metric == "kl":  # the prompts differ in length: a plain mean of the parts is another number
         plain = (parts[0][0].effects.double() + parts[1][0].effects.double()) / 2
@@ -139,7 +147,7 @@ def test_one_prompt_groups_equal_the_whole_batch_and_merge_bitwise(tokens, metri
 
 
 def test_prompt_batch_refuses_what_it_cannot_combine(planted, tokens):
-    kw = dict(bos_token_id=TINY_BOS, prompt_batch=1, progress=False)
+    kw = dict(prompt_batch=1, options=TINY_RUN)
     with pytest.raises(ValueError, match="mean ablation needs every prompt"):
         head_ablations(planted, tokens, mode="mean", **kw)
     with pytest.raises(ValueError, match="callable metric"):

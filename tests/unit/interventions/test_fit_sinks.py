@@ -12,13 +12,12 @@ import pytest
 import torch
 
 from helpers.planted import sampled_corpus
-from helpers.tiny import TINY_BOS, make_tiny, serve_tiny
+from helpers.tiny import TINY_BOS, TINY_RUN, make_tiny, serve_tiny
 from sinkmech.interventions.fit_sinks import (
     FitSettings, _batch_loss, bos_mass, evaluate_sinks, fit_sinks,
 )
 from sinkmech.interventions.phantom import PhantomSink, phantom_hooks
 from sinkmech.interventions.sink_file import read_sink_file
-from sinkmech.options import QUIET
 from sinkmech.prompts import tokenize
 
 
@@ -73,8 +72,8 @@ def test_fitted_sinks_recover_part_of_a_planted_bos_cost(model, corpus):
     fitted on 40 prompts give part of it back on 24 others (interval above zero; a
     random model's <bos> writes a large value, so logits alone need not)."""
     fit, held = batches(model, corpus)
-    fitted = fit_sinks(model, fit, FitSettings(steps=40, lr=0.2, value=True), bos_token_id=TINY_BOS, options=QUIET)
-    e = evaluate_sinks(model, held, fitted, bos_token_id=TINY_BOS, options=QUIET)
+    fitted = fit_sinks(model, fit, FitSettings(steps=40, lr=0.2, value=True), options=TINY_RUN)
+    e = evaluate_sinks(model, held, fitted, options=TINY_RUN)
     assert e["vs_bos"]["none"][1] > 0  # the planted cost
     assert e["recovery"][1] > 0 and e["recovery"][0] < 1.5
     assert len(e["learned_mass"]) == model.cfg.n_layers and len(e["bos_mass"][0]) == model.cfg.n_heads
@@ -83,21 +82,21 @@ def test_fitted_sinks_recover_part_of_a_planted_bos_cost(model, corpus):
 def test_the_fit_is_seeded_and_keeps_its_settings(model, corpus):
     fit, _ = batches(model, corpus)
     s = FitSettings(steps=5, seed=3)
-    a = fit_sinks(model, fit, s, bos_token_id=TINY_BOS, options=QUIET)
-    b = fit_sinks(model, fit, s, bos_token_id=TINY_BOS, options=QUIET)
-    c = fit_sinks(model, fit, FitSettings(steps=5, seed=4), bos_token_id=TINY_BOS, options=QUIET)
+    a = fit_sinks(model, fit, s, options=TINY_RUN)
+    b = fit_sinks(model, fit, s, options=TINY_RUN)
+    c = fit_sinks(model, fit, FitSettings(steps=5, seed=4), options=TINY_RUN)
     assert torch.equal(a.logits, b.logits) and a.loss_trace == b.loss_trace
     assert not torch.equal(a.logits, c.logits)
-    layer = fit_sinks(model, fit, FitSettings(steps=5, per="layer"), bos_token_id=TINY_BOS, options=QUIET)
+    layer = fit_sinks(model, fit, FitSettings(steps=5, per="layer"), options=TINY_RUN)
     assert torch.equal(layer.logits, layer.logits[:, :1].expand_as(layer.logits))  # one logit per layer
-    valued = fit_sinks(model, fit, FitSettings(steps=5, value=True), bos_token_id=TINY_BOS, options=QUIET)
+    valued = fit_sinks(model, fit, FitSettings(steps=5, value=True), options=TINY_RUN)
     assert valued.values.shape == (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
 
 
 def test_top_k_fits_the_heads_with_the_most_attention_on_bos(model, corpus):
     fit, _ = batches(model, corpus)
-    fitted = fit_sinks(model, fit, FitSettings(steps=3, top_k=3), bos_token_id=TINY_BOS, options=QUIET)
-    mass = bos_mass(model, fit, TINY_BOS, QUIET).mean(0)
+    fitted = fit_sinks(model, fit, FitSettings(steps=3, top_k=3), options=TINY_RUN)
+    mass = bos_mass(model, fit, TINY_BOS, TINY_RUN).mean(0)
     want = mass.flatten().topk(3).indices.tolist()
     H = model.cfg.n_heads
     assert sorted(fitted.heads) == sorted((i // H, i % H) for i in want)
@@ -107,8 +106,8 @@ def test_top_k_fits_the_heads_with_the_most_attention_on_bos(model, corpus):
 
 def test_the_file_round_trips_and_refuses_its_fitting_prompts(model, corpus, tmp_path):
     fit, held = batches(model, corpus)
-    fitted = fit_sinks(model, fit, FitSettings(steps=3, top_k=2, value=True), bos_token_id=TINY_BOS,
-                       fit_prompts=tuple(corpus[:40]), options=QUIET)
+    fitted = fit_sinks(model, fit, FitSettings(steps=3, top_k=2, value=True),
+                       fit_prompts=tuple(corpus[:40]), options=TINY_RUN)
     path = tmp_path / "f.json"
     path.write_text(json.dumps(fitted.to_dict()))
     f = read_sink_file(path)
@@ -121,7 +120,7 @@ def test_the_file_round_trips_and_refuses_its_fitting_prompts(model, corpus, tmp
     with pytest.raises(ValueError, match="same tokens"):
         f.refuse_fitted_tokens(fit.content()[:2])
     with pytest.raises(ValueError, match="fitting prompts"):
-        evaluate_sinks(model, fit, fitted, bos_token_id=TINY_BOS, options=QUIET)
+        evaluate_sinks(model, fit, fitted, options=TINY_RUN)
 
 
 def test_settings_refuse_what_cannot_be_fitted(model, corpus):
@@ -133,9 +132,9 @@ def test_settings_refuse_what_cannot_be_fitted(model, corpus):
         FitSettings(lr=float("nan"))
     fit, _ = batches(model, corpus)
     with pytest.raises(ValueError, match="more than"):
-        fit_sinks(model, fit, FitSettings(top_k=99), bos_token_id=TINY_BOS, options=QUIET)
+        fit_sinks(model, fit, FitSettings(top_k=99), options=TINY_RUN)
     with pytest.raises(ValueError, match="bos='none'"):
-        fit_sinks(model, tokenize(model, corpus[:4], bos="prepend", bos_token_id=TINY_BOS), bos_token_id=TINY_BOS)
+        fit_sinks(model, tokenize(model, corpus[:4], bos="prepend", bos_token_id=TINY_BOS), options=TINY_RUN)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -7,6 +7,7 @@ import torch
 
 from sinkmech.interventions import metrics
 from sinkmech.interventions.metrics import KL
+from sinkmech.options import QUIET
 
 
 def brute_force_kl(reference, mask, logits):
@@ -94,6 +95,7 @@ def test_unembedded_logits_score_as_whole_logits(tiny_model, monkeypatch, chunk_
 
 def test_sweep_holds_no_whole_logits(tiny_model, monkeypatch):
     """The engine hands the metric `Unembedded` logits, and its values equal the loop's (whole logits)."""
+    from helpers.reference import loop_ablations
     from sinkmech.interventions.ablation import head_ablations
     from sinkmech.interventions.metrics import Unembedded
 
@@ -110,10 +112,9 @@ def test_sweep_holds_no_whole_logits(tiny_model, monkeypatch):
 
     monkeypatch.setattr(KL, "bind", spy)
     tokens = torch.randint(1, tiny_model.cfg.d_vocab, (2, 7), generator=torch.Generator().manual_seed(3))
-    kw = dict(mode="mask_first", bos="none", progress=False)
-    fast = head_ablations(tiny_model, tokens, method="sweep", **kw)
+    fast = head_ablations(tiny_model, tokens, mode="mask_first", bos="none", options=QUIET)
     assert seen and all(t is Unembedded for t in seen)
-    ref = head_ablations(tiny_model, tokens, method="loop", **kw)
+    ref = loop_ablations(tiny_model, tokens, mode="mask_first", bos="none")
     torch.testing.assert_close(fast.effects, ref.effects, rtol=1e-4, atol=1e-6)
     assert float(ref.effects.abs().max()) > 1e-4  # the heads do something: not 0 == 0
 

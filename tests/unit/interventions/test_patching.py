@@ -8,6 +8,7 @@ from transformer_lens.patching import generic_activation_patch
 
 from jaxtyping import TypeCheckError
 
+from helpers.reference import loop_patch
 from helpers.tiny import TINY_BOS, make_tiny
 from sinkmech.hooks import act_name
 from sinkmech.interventions.metrics import KL, LogitDiff, resolve_metric
@@ -16,6 +17,7 @@ from sinkmech.interventions.patching import (
     bos_pair, patch, patch_attn_out, patch_head_k, patch_head_out, patch_head_q, patch_head_v, patch_mlp_out, patch_resid_mid,
     patch_resid_post, patch_resid_pre,
 )
+from sinkmech.options import QUIET, RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def test_bos_pair_maps_content_positions(pair):
 
 def test_patching_a_run_into_itself_changes_nothing(tiny_model, pair):
     for bos in ("prepend", "none"):
-        r = patch_resid_pre(tiny_model, pair, per_position=False, source=bos, target=bos, progress=False)
+        r = patch_resid_pre(tiny_model, pair, per_position=False, source=bos, target=bos, options=QUIET)
         assert r.baseline == 0.0
         assert r.values.abs().max() < 1e-6
 
@@ -46,7 +48,7 @@ def test_layer0_patch_at_mapped_positions_reproduces_the_target_run(tiny_model, 
     # With rotary embeddings resid_pre 0 is the token embedding alone, the same in
     # both runs at mapped positions: patching it must leave the target's output.
     for source in ("prepend", "none"):
-        r = patch_resid_pre(tiny_model, pair, per_position=False, source=source, layers=[0], progress=False)
+        r = patch_resid_pre(tiny_model, pair, per_position=False, source=source, layers=[0], options=QUIET)
         assert r.baseline > 1e-3
         assert abs(float(r.values[0]) - r.baseline) < 1e-6
     # An off-by-one map would patch the wrong tokens and change the output.
@@ -66,7 +68,7 @@ def test_layer0_patch_at_mapped_positions_reproduces_the_target_run(tiny_model, 
 def test_last_layer_patch_reproduces_the_source_run(tiny_model, pair):
     last = tiny_model.cfg.n_layers - 1
     for source in ("prepend", "none"):
-        r = patch_resid_post(tiny_model, pair, per_position=False, source=source, layers=[last], progress=False)
+        r = patch_resid_post(tiny_model, pair, per_position=False, source=source, layers=[last], options=QUIET)
         assert r.baseline > 1e-3
         assert float(r.values[0]) < 1e-6
         assert float(r.restored()[0]) == pytest.approx(1.0, abs=1e-5)
@@ -87,14 +89,14 @@ def test_sweep_equals_one_run_with_hooks_per_cell(kv, tiny_tokens):
     pair = bos_pair(model, rows, bos_token_id=TINY_BOS)
     for i, (act, by, *layers) in enumerate(CASES[kv]):
         source = ("prepend", "none")[i % 2]
-        kw = dict(act=act, by=by, source=source, layers=layers[0] if layers else None, progress=False)
-        fast = patch(model, pair, max_rows=7, **kw)  # several passes per layer
-        slow = patch(model, pair, method="loop", **kw)
+        kw = dict(act=act, by=by, source=source, layers=layers[0] if layers else None)
+        fast = patch(model, pair, options=RunOptions(batch_size=7, progress=False), **kw)  # several passes per layer
+        slow = loop_patch(model, pair, **kw)
         assert fast.values.shape == slow.values.shape
         assert fast.values.abs().max() > 0
         assert (fast.values - slow.values).abs().max() <= 1e-4, (act, by, source)
     if kv:
-        k = patch(model, pair, act="k", by="head", progress=False)
+        k = patch(model, pair, act="k", by="head", options=QUIET)
         assert k.values.shape == (2, kv)
 
 
@@ -112,26 +114,26 @@ def test_sweep_equals_transformer_lens_generic_activation_patch(tiny_model, pair
         tiny_model, tgt.tokens, clean_cache, lambda logits: bound(logits[None])[0], setter, "resid_pre",
         index_axis_names=("layer", "pos"),
     )
-    ours = patch_resid_pre(tiny_model, pair, source="prepend", progress=False)
+    ours = patch_resid_pre(tiny_model, pair, source="prepend", options=QUIET)
     assert (ours.values - theirs).abs().max() <= 1e-4
 
 
 def test_logit_diff_and_callable_metrics(tiny_model, pair):
-    ld = patch_head_out(tiny_model, pair, metric="logit_diff", answers=(3, 4), layers=[1], progress=False)
-    loop = patch_head_out(tiny_model, pair, metric=LogitDiff(3, 4), layers=[1], method="loop", progress=False)
+    ld = patch_head_out(tiny_model, pair, metric=LogitDiff(3, 4), layers=[1], options=QUIET)
+    loop = loop_patch(tiny_model, pair, act="z", by="head", metric=resolve_metric("logit_diff", (3, 4)), layers=[1])
     assert (ld.values - loop.values).abs().max() <= 1e-4
     assert ld.source_value != ld.baseline
 
     def last_logit(logits, reference, mask):
         return logits[..., 5].mean()
 
-    c = patch_head_out(tiny_model, pair, metric=last_logit, layers=[0], progress=False)
-    c2 = patch_head_out(tiny_model, pair, metric=last_logit, layers=[0], method="loop", progress=False)
+    c = patch_head_out(tiny_model, pair, metric=last_logit, layers=[0], options=QUIET)
+    c2 = loop_patch(tiny_model, pair, act="z", by="head", metric=last_logit, layers=[0])
     assert c.metric == "last_logit" and (c.values - c2.values).abs().max() <= 1e-4
 
 
 def test_result_tables(tiny_model, pair):
-    r = patch_head_out(tiny_model, pair, per_position=True, layers=[1], progress=False)
+    r = patch_head_out(tiny_model, pair, per_position=True, layers=[1], options=QUIET)
     assert r.values.shape == (1, 4, pair.n_content) and r.axes == ("layer", "head_index", "pos")
     df = r.to_dataframe()
     assert len(df) == r.values.numel() and set(df["layer"]) == {1}
@@ -163,8 +165,8 @@ def test_sweep_equals_loop_on_smollm2(smollm2):
 
     pair = bos_pair(smollm2, default_corpus(2), max_tokens=6)
     for kw in (dict(act="v", by="head", source="none", layers=[28]),):
-        fast = patch(smollm2, pair, progress=False, **kw)
-        slow = patch(smollm2, pair, method="loop", progress=False, **kw)
+        fast = patch(smollm2, pair, options=QUIET, **kw)
+        slow = loop_patch(smollm2, pair, **kw)
         assert fast.values.abs().max() > 0
         assert (fast.values - slow.values).abs().max() <= 1e-4, kw
 
@@ -188,7 +190,7 @@ FRONT_ENDS = [
 
 @pytest.mark.parametrize("front, extra, act, by", FRONT_ENDS, ids=[f"{f.__name__}-{b}" for f, _, _, b in FRONT_ENDS])
 def test_each_front_end_is_patch_with_its_act_and_by(front, extra, act, by, tiny_model, pair):
-    kw = dict(source="none", layers=[1], progress=False)
+    kw = dict(source="none", layers=[1], options=QUIET)
     named = front(tiny_model, pair, **extra, **kw)
     generic = patch(tiny_model, pair, act=act, by=by, **kw)
     assert (named.act, named.axes) == (act, generic.axes)
@@ -201,7 +203,7 @@ def test_layer0_attn_out_patch_equals_resid_mid_patch(tiny_model, pair):
     # rotary adds no positional vector) is the same in both runs at mapped positions,
     # so patching attn_out 0 sets resid_mid 0 to the source's: both patches agree.
     for source in ("prepend", "none"):
-        kw = dict(source=source, layers=[0], progress=False)
+        kw = dict(source=source, layers=[0], options=QUIET)
         attn = patch_attn_out(tiny_model, pair, **kw)
         mid = patch_resid_mid(tiny_model, pair, **kw)
         assert attn.values.abs().max() > 1e-4
@@ -212,11 +214,12 @@ def test_layer0_q_k_v_are_the_same_at_mapped_positions(tiny_model, pair):
     # Before rotary, layer-0 queries, keys and values depend on the token alone:
     # patching any head's q, k or v at layer 0 leaves the target run as it was.
     for front in (patch_head_q, patch_head_k, patch_head_v):
-        r = front(tiny_model, pair, source="prepend", layers=[0], progress=False)
+        r = front(tiny_model, pair, source="prepend", layers=[0], options=QUIET)
         assert r.baseline > 1e-3
         assert (r.values - r.baseline).abs().max() < 1e-5, front.__name__
     # ...while at layer 1 they carry the runs' difference.
-    assert (patch_head_v(tiny_model, pair, source="prepend", layers=[1], progress=False).values - r.baseline).abs().max() > 1e-4
+    assert (patch_head_v(tiny_model, pair, source="prepend", layers=[1],
+                         options=QUIET).values - r.baseline).abs().max() > 1e-4
 
 
 def test_bos_pair_tokenizes_once_and_prepends_to_the_same_ids(tiny_model, tiny_tokens):
@@ -229,10 +232,11 @@ def test_patch_only_some_content_positions(tiny_model, pair):
     """positions=: only those content positions are patched (together), and the
     metric is taken from the first of them on; sweep equals loop equals a hand hook."""
     n = pair.n_content
-    kw = dict(per_position=False, source="prepend", progress=False, positions=range(1, n))
+    kw = dict(per_position=False, source="prepend", options=QUIET, positions=range(1, n))
     r = patch_resid_pre(tiny_model, pair, **kw)
     assert r.positions == tuple(range(1, n)) and r.to_json()
-    assert torch.allclose(r.values, patch_resid_pre(tiny_model, pair, method="loop", **kw).values, atol=1e-6)
+    loop = loop_patch(tiny_model, pair, act="resid_pre", by="layer", source="prepend", positions=range(1, n))
+    assert torch.allclose(r.values, loop.values, atol=1e-6)
     # by hand at layer 1: the <bos> run's content positions 1.. written into the no-<bos> run at 1..
     name = act_name("resid_pre", 1)
     _, cache = tiny_model.run_with_cache(pair.with_bos.tokens, names_filter=name)
@@ -254,6 +258,6 @@ def test_patch_only_some_content_positions(tiny_model, pair):
     post = patch_resid_post(tiny_model, pair, layers=[last], **kw)
     assert float(post.restored()[0]) == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(ValueError, match="positions"):
-        patch_resid_pre(tiny_model, pair, per_position=True, positions=[1], progress=False)
+        patch_resid_pre(tiny_model, pair, per_position=True, positions=[1], options=QUIET)
     with pytest.raises(ValueError, match="content positions"):
-        patch_resid_pre(tiny_model, pair, per_position=False, positions=[n], progress=False)
+        patch_resid_pre(tiny_model, pair, per_position=False, positions=[n], options=QUIET)

@@ -8,6 +8,7 @@ import torch
 from helpers.tiny import TINY_BOS
 from sinkmech.hooks import act_name
 from sinkmech.interventions.perturb import EmbeddingNoise, TokenSwap, perturbation_spread
+from sinkmech.options import RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,8 @@ def rows(tiny_tokens):
 
 
 def spread(model, rows, pert, **kw):
-    return perturbation_spread(model, rows, perturbation=pert, bos_token_id=TINY_BOS, progress=False, batch_size=3, **kw)
+    return perturbation_spread(model, rows, perturbation=pert,
+                               options=RunOptions(batch_size=3, progress=False, bos_token_id=TINY_BOS), **kw)
 
 
 def test_zero_perturbation_gives_zero_change(tiny_model, rows):

@@ -26,6 +26,8 @@ from sinkmech.loading.models import load_model
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny_hf import BOS, MATRIX, save_tiny
+from sinkmech.options import QUIET, RunOptions
+from helpers.reference import loop_ablations
 
 LAYER, HEAD = 1, 1  # the head ablated against transformers (layer 1: after a window or a full layer)
 
@@ -66,7 +68,7 @@ def _mean_kl(clean: torch.Tensor, ablated: torch.Tensor, offset: int) -> float:
 def test_alpha_0_sink_mass_readout_and_loss_match_transformers(arch_model, bos):
     arch, folder, model = arch_model
     batch = tokenize(model, _rows(), bos=bos, bos_token_id=BOS)
-    ours = sink_scores(model, batch, loss=True, progress=False)
+    ours = sink_scores(model, batch, loss=True, options=QUIET)
     with torch.no_grad():
         out = _hf(folder)(batch.tokens, output_attentions=True)
         last = forward(model, batch.tokens, stop_at_layer=model.cfg.n_layers)
@@ -118,7 +120,7 @@ def test_mask_first_kl_matches_transformers(arch_model):
 
     arch, folder, model = arch_model
     batch = tokenize(model, _rows(1, batch=3, n=10), bos="prepend", bos_token_id=BOS)
-    ours = head_ablations(model, batch, mode="mask_first", layers=[LAYER], heads=[HEAD], progress=False)
+    ours = head_ablations(model, batch, mode="mask_first", layers=[LAYER], heads=[HEAD], options=QUIET)
     AttentionInterface.register("sinkmech_mask_first", _masked_first_attention(LAYER, HEAD))
     AttentionMaskInterface.register("sinkmech_mask_first", eager_mask)  # eager's masks (windows included)
     with torch.no_grad():
@@ -136,8 +138,8 @@ def test_drop_sink_kl_matches_transformers_with_the_sink_logit_removed(folders):
     folder = folders["gpt_oss"]
     model = load_model(str(folder), device="cpu")
     batch = tokenize(model, _rows(2, batch=3, n=10), bos="prepend", bos_token_id=BOS)
-    ours = head_ablations(model, batch, mode="drop_sink", progress=False)
-    loop = head_ablations(model, batch, mode="drop_sink", method="loop", progress=False)
+    ours = head_ablations(model, batch, mode="drop_sink", options=QUIET)
+    loop = loop_ablations(model, batch, mode="drop_sink")
     assert (ours.effects - loop.effects).abs().max() < 1e-6
     assert (ours.effects > 0).all()
     hf = _hf(folder)
@@ -158,7 +160,7 @@ def _prompt_file(tmp_path, rows: list[list[int]]):
 def test_drop_sink_is_refused_for_a_model_without_learned_sinks(folders, tmp_path, capsys):
     model = load_model(str(folders["llama"]), device="cpu")
     with pytest.raises(ValueError, match="has no learned sink logits"):
-        head_ablations(model, _rows(), mode="drop_sink", bos_token_id=BOS, progress=False)
+        head_ablations(model, _rows(), mode="drop_sink", options=RunOptions(progress=False, bos_token_id=BOS))
     prompts = _prompt_file(tmp_path, _rows(batch=2))
     # from the CLI before the model loads: the folder's weights hold no `sinks` tensor
     from sinkmech.loading import models
@@ -183,7 +185,7 @@ def test_gpt_oss_through_the_cli(folders, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     model = load_model(folder, device="cpu")
     for bos in ("prepend", "none"):
-        ours = sink_scores(model, rows, bos=bos, bos_token_id=BOS, progress=False)
+        ours = sink_scores(model, rows, bos=bos, options=RunOptions(progress=False, bos_token_id=BOS))
         cli = torch.tensor(out["conditions"][bos]["learned_sink_scores"])
         assert cli.shape == (2, 4) and torch.allclose(cli, ours.learned_sink_scores.mean(0), atol=1e-6)
     assert main(["ablate", "--model", folder, "--prompts", prompts, "--mode", "drop_sink", "--json", "-"]) == 0
@@ -211,7 +213,7 @@ def test_heads_counts_key_0_plus_the_learned_sink_as_dormant(folders):
     folder = folders["gpt_oss"]
     model = load_model(str(folder), device="cpu")
     batch = tokenize(model, _rows(4, batch=4, n=12), bos="prepend", bos_token_id=BOS)
-    scan = scan_heads(model, batch, sweep=False, n_boot=0, progress=False)
+    scan = scan_heads(model, batch, sweep=False, n_boot=0, options=QUIET)
     with torch.no_grad():
         attns = _hf(folder)(batch.tokens, output_attentions=True).attentions
     mass = torch.stack([a[..., 0] + 1.0 - a.sum(-1) for a in attns], dim=1)[..., 1:]  # [prompt layer head query]
@@ -249,7 +251,7 @@ def test_a_nan_sink_logit_is_caught_not_reported(folders):
     with torch.no_grad():
         sinks[1][2] = float("nan")
     with pytest.raises(FloatingPointError, match="layer 1"):
-        sink_scores(model, _rows(), bos_token_id=BOS, progress=False)
+        sink_scores(model, _rows(), options=RunOptions(progress=False, bos_token_id=BOS))
 
 
 @needs("any_architecture", why="the Bridge's load-time readout check")
@@ -317,9 +319,10 @@ def test_attribution_s_ablated_output_is_the_hooked_run_s_on_gpt_oss(folders, mo
 
 @loads_folder("gpt_oss")
 def test_learned_sink_mass_in_the_long_table(folders):
-    r = sink_scores(load_model(str(folders["gpt_oss"]), device="cpu"), _rows(), bos_token_id=BOS, progress=False)
+    r = sink_scores(load_model(str(folders["gpt_oss"]), device="cpu"), _rows(),
+                    options=RunOptions(progress=False, bos_token_id=BOS))
     df = r.to_dataframe()
     row = df[(df["prompt"] == 2) & (df["layer"] == 1) & (df["head"] == 3)].iloc[0]
     assert row.learned_sink_score == pytest.approx(float(r.learned_sink_scores[2, 1, 3]))
     assert "learned_sink_score" not in sink_scores(load_model(str(folders["llama"]), device="cpu"), _rows(),
-                                                   bos_token_id=BOS, progress=False).to_dataframe()
+                                                   options=RunOptions(progress=False, bos_token_id=BOS)).to_dataframe()

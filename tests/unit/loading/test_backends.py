@@ -17,6 +17,7 @@ from sinkmech.loading.models import check_dtype, load_model
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny_hf import ARCHS, BOS, eager_reference, save_tiny
+from sinkmech.options import QUIET, RunOptions
 
 
 def _tokens(seed: int = 0, batch: int = 5, n: int = 12) -> list[list[int]]:
@@ -35,7 +36,7 @@ def test_sink_scores_and_loss_match_transformers_eager_attention(tiny_folder, bo
     arch, folder = tiny_folder
     model = load_model(str(folder), device="cpu")
     batch = tokenize(model, _tokens(), bos=bos, bos_token_id=BOS)
-    ours = sink_scores(model, batch, loss=True, progress=False)
+    ours = sink_scores(model, batch, loss=True, options=QUIET)
     attns, logprobs = eager_reference(folder, batch.tokens)
     # alpha_0: mean over real queries of the attention on key 0 (no padding here).
     ref = torch.stack([a[:, :, :, 0].mean(-1) for a in attns], dim=1)  # [prompt layer head]
@@ -80,10 +81,11 @@ def test_weights_keep_key_value_heads_unexpanded(tiny_folder):
 def test_bfloat16_holds_alpha_0_within_1e_2(tmp_path):
     folder = save_tiny(tmp_path / "llama", "llama", seed=5)
     prompts = _tokens(2, batch=6, n=16)
-    f32 = sink_scores(load_model(str(folder), device="cpu"), prompts, bos_token_id=BOS, progress=False)
+    f32 = sink_scores(load_model(str(folder), device="cpu"), prompts,
+                      options=RunOptions(progress=False, bos_token_id=BOS))
     bf16_model = load_model(str(folder), device="cpu", dtype="bfloat16")
     assert next(bf16_model.parameters()).dtype == torch.bfloat16
-    bf16 = sink_scores(bf16_model, prompts, bos_token_id=BOS, progress=False)
+    bf16 = sink_scores(bf16_model, prompts, options=RunOptions(progress=False, bos_token_id=BOS))
     assert bf16.scores.dtype == torch.float32  # reductions accumulate in float32
     assert (bf16.scores - f32.scores).abs().max() < 1e-2
 
@@ -101,8 +103,8 @@ def test_bfloat16_loss_and_perturbation_stay_near_float32(tmp_path):
     batch = tokenize(f32, rows, bos="prepend", bos_token_id=BOS)
     assert abs(content_loss(bf16, batch) - content_loss(f32, batch)) < 2e-2
     noise = EmbeddingNoise(scale=0.5, position=4)
-    a = perturbation_spread(f32, rows, perturbation=noise, bos_token_id=BOS, progress=False)
-    b = perturbation_spread(bf16, rows, perturbation=noise, bos_token_id=BOS, progress=False)
+    a = perturbation_spread(f32, rows, perturbation=noise, options=RunOptions(progress=False, bos_token_id=BOS))
+    b = perturbation_spread(bf16, rows, perturbation=noise, options=RunOptions(progress=False, bos_token_id=BOS))
     assert b.change.dtype == b.normalized_entropy.dtype == torch.float32
     assert (b.normalized_entropy - a.normalized_entropy).abs().max() < 1e-2
     reached = a.change[..., 4:]  # the noised position and later: changes of order 0.1-1
@@ -154,7 +156,7 @@ def test_gemma_matches_transformers_eager_attention_on_unchosen_prompts(gemma, g
 
     prompts = default_corpus()[100:112]
     batch = tokenize(gemma, prompts, bos=bos, max_tokens=48)
-    ours = sink_scores(gemma, batch, loss=True, batch_size=4, progress=False)
+    ours = sink_scores(gemma, batch, loss=True, options=RunOptions(batch_size=4, progress=False))
     hf = gemma_eager
     ref = torch.zeros_like(ours.scores)
     nll, n = 0.0, 0
@@ -179,9 +181,9 @@ def test_gemma_bfloat16_holds_sink_rates_within_2_points(gemma):
     from sinkmech.prompts import default_corpus
 
     prompts = default_corpus()[100:112]
-    f32 = sink_scores(gemma, prompts, max_tokens=48, batch_size=4, progress=False)
-    bf16 = sink_scores(load("gemma3-270m", device="cpu", dtype="bfloat16"), prompts, max_tokens=48, batch_size=4,
-                       progress=False)
+    f32 = sink_scores(gemma, prompts, max_tokens=48, options=RunOptions(batch_size=4, progress=False))
+    bf16 = sink_scores(load("gemma3-270m", device="cpu", dtype="bfloat16"), prompts, max_tokens=48,
+                       options=RunOptions(batch_size=4, progress=False))
     assert (bf16.scores - f32.scores).abs().mean() < 1e-2
     for eps in (0.3, 0.8):
         assert abs(bf16.sink_rate(eps) - f32.sink_rate(eps)) < 2.0, eps

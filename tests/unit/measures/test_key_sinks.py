@@ -11,6 +11,7 @@ from sinkmech.hooks import act_name, cached_run
 from sinkmech.measures.key_sinks import key_sink_scores
 from sinkmech.prompts import tokenize
 from helpers.tiny import TINY_BOS
+from sinkmech.options import QUIET, RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def brute_alpha(model, batch, min_queries):
 
 
 def test_key_sinks_equal_brute_force(tiny_model, ragged):
-    res = key_sink_scores(tiny_model, ragged, top_k=4, min_queries=3, batch_size=4, progress=False)
+    res = key_sink_scores(tiny_model, ragged, top_k=4, min_queries=3, options=RunOptions(batch_size=4, progress=False))
     brute = brute_alpha(tiny_model, ragged, 3)
     for (l, h), d in brute.items():
         want = sorted(d.values(), reverse=True)[:4]
@@ -59,8 +60,8 @@ def test_key_sinks_equal_brute_force(tiny_model, ragged):
 
 
 def test_key_sinks_batching_does_not_matter(tiny_model, ragged):
-    a = key_sink_scores(tiny_model, ragged, top_k=3, min_queries=2, batch_size=1, progress=False)
-    b = key_sink_scores(tiny_model, ragged, top_k=3, min_queries=2, batch_size=6, progress=False)
+    a = key_sink_scores(tiny_model, ragged, top_k=3, min_queries=2, options=RunOptions(batch_size=1, progress=False))
+    b = key_sink_scores(tiny_model, ragged, top_k=3, min_queries=2, options=RunOptions(batch_size=6, progress=False))
     assert torch.allclose(a.top_scores, b.top_scores, atol=1e-6)
     assert torch.allclose(a.by_position, b.by_position, atol=1e-6, equal_nan=True)
 
@@ -74,7 +75,7 @@ def test_planted_secondary_sink_is_flagged(tiny_model, ragged):
         return out
 
     with tiny_model.hooks(fwd_hooks=[(act_name("attn_scores", 0), plant)]):
-        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, progress=False)
+        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, options=QUIET)
     assert int(res.strongest_position[0, 1]) == 3
     assert (0, 1, 3) in res.flagged_heads()
     assert (res.top_position[0, 1] == 3).all()
@@ -93,7 +94,7 @@ def test_key_sinks_bad_options(tiny_model, ragged):
 
 
 def test_key_sinks_dataframe_and_json(tiny_model, ragged):
-    res = key_sink_scores(tiny_model, ragged, top_k=2, progress=False)
+    res = key_sink_scores(tiny_model, ragged, top_k=2, options=QUIET)
     df = res.to_dataframe()
     assert len(df) == tiny_model.cfg.n_layers * tiny_model.cfg.n_heads * 2
     assert '"key_scores"' in res.to_json()
@@ -127,7 +128,7 @@ def test_uniform_attention_is_no_sink_against_the_uniform_share(tiny_model, ragg
     (the earliest key gets the largest uniform share), but no key of any head exceeds its
     uniform share: excess 0, ratio 1, nothing flagged, no prompt off position 0."""
     with tiny_model.hooks(fwd_hooks=[(act_name("attn_scores", l), _uniform) for l in range(tiny_model.cfg.n_layers)]):
-        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, progress=False)
+        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, options=QUIET)
     assert (res.strongest_position == 0).all()  # the raw score's bias
     scored = ~torch.isnan(res.uniform_by_position)
     assert res.excess_by_position[..., scored].abs().max() < 1e-5
@@ -148,7 +149,7 @@ def test_planted_secondary_sink_is_flagged_against_the_uniform_share(tiny_model,
         return out
 
     with tiny_model.hooks(fwd_hooks=[(act_name("attn_scores", 0), plant)]):
-        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, progress=False)
+        res = key_sink_scores(tiny_model, ragged, top_k=2, min_queries=3, options=QUIET)
     assert (0, 1, 3) in res.relative_flagged_heads()
     assert math.isclose(float(res.max_excess[0, 1]), 1 - float(res.uniform_by_position[3]), abs_tol=1e-3)
     assert int(res.strongest_relative_position[0, 0]) == 0 and not bool(res.relative_flagged[0, 0])

@@ -8,6 +8,7 @@ import torch
 from helpers.tiny import TINY_BOS
 from sinkmech.measures.loss import content_loss, target_mask
 from sinkmech.prompts import tokenize
+from sinkmech.options import QUIET, RunOptions
 
 
 def brute_force_loss(model, rows: list[list[int]], bos: bool) -> float:
@@ -28,7 +29,7 @@ def test_content_loss_equals_brute_force_and_scores_the_same_targets(tiny_model)
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=12, bos_token_id=TINY_BOS)
         assert int(target_mask(batch).sum()) == sum(len(r) - 1 for r in rows)
-        got = content_loss(tiny_model, batch, batch_size=3)
+        got = content_loss(tiny_model, batch, options=RunOptions(batch_size=3))
         assert got == pytest.approx(brute_force_loss(tiny_model, rows, bos == "prepend"), abs=1e-4)
 
 
@@ -37,7 +38,7 @@ def test_content_loss_rejects_prompts_without_targets(tiny_model):
     with pytest.raises(ValueError, match="at least 2 content tokens"):
         content_loss(tiny_model, batch)
     with pytest.raises(ValueError, match="batch_size"):
-        content_loss(tiny_model, batch, batch_size=0)
+        content_loss(tiny_model, batch, options=RunOptions(batch_size=0))
 
 
 def test_sink_scores_loss_in_the_same_pass_equals_content_loss(tiny_model):
@@ -47,10 +48,10 @@ def test_sink_scores_loss_in_the_same_pass_equals_content_loss(tiny_model):
     rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (10, 4, 7)]
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=10, bos_token_id=TINY_BOS)
-        scores = sink_scores(tiny_model, batch, batch_size=2, loss=True, progress=False)
+        scores = sink_scores(tiny_model, batch, loss=True, options=RunOptions(batch_size=2, progress=False))
         assert scores.loss == pytest.approx(content_loss(tiny_model, batch), abs=1e-5)
         assert scores.summary()["loss"] == scores.loss
-        assert sink_scores(tiny_model, batch, progress=False).loss is None  # not asked: not computed
+        assert sink_scores(tiny_model, batch, options=QUIET).loss is None  # not asked: not computed
 
 
 def test_token_losses_equal_transformer_lens_per_token_loss(tiny_model):
@@ -72,7 +73,7 @@ def test_per_prompt_losses_and_their_intervals(tiny_model):
     rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (9, 5, 12, 3, 12, 7)]
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=12, bos_token_id=TINY_BOS)
-        s = sink_scores(tiny_model, batch, loss=True, batch_size=4, progress=False)
+        s = sink_scores(tiny_model, batch, loss=True, options=RunOptions(batch_size=4, progress=False))
         for p, r in enumerate(rows):
             assert float(s.prompt_loss[p]) / (len(r) - 1) == pytest.approx(
                 brute_force_loss(tiny_model, [r], bos == "prepend"), abs=1e-4)
@@ -82,7 +83,7 @@ def test_per_prompt_losses_and_their_intervals(tiny_model):
         rate, rlo, rhi = s.sink_rate_ci(0.3)
         assert rate == pytest.approx(s.sink_rate(0.3)) and rlo <= rate <= rhi
         assert float(s.prompt_sink_rate(0.3).mean()) == pytest.approx(s.sink_rate(0.3))
-    assert sink_scores(tiny_model, batch, progress=False).loss_ci() is None  # no loss asked, no interval
+    assert sink_scores(tiny_model, batch, options=QUIET).loss_ci() is None  # no loss asked, no interval
 
 
 def test_next_token_nll_in_a_reused_buffer_equals_a_float64_log_softmax(tiny_model):

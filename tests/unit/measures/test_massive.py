@@ -12,6 +12,7 @@ from sinkmech.measures.massive import massive_dims, reset_massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
 from helpers.tiny import TINY_BOS
+from sinkmech.options import QUIET, RunOptions
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def ragged(tiny_model, tiny_tokens):
 
 
 def test_massive_dims_equal_per_dimension_loop(tiny_model, ragged):
-    res = massive_dims(tiny_model, ragged, top_k=3, threshold=1.0, batch_size=4, progress=False)
+    res = massive_dims(tiny_model, ragged, top_k=3, threshold=1.0, options=RunOptions(batch_size=4, progress=False))
     stack = residual_stack(tiny_model, ragged.tokens)  # [batch, resid_layer, pos, d_model]
     P, R, _, D = stack.shape
     for r in range(R):
@@ -50,7 +51,7 @@ def test_planted_massive_dim_is_found(tiny_model, ragged):
         return out
 
     with tiny_model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
-        res = massive_dims(tiny_model, ragged, top_k=2, threshold=10.0, progress=False)
+        res = massive_dims(tiny_model, ragged, top_k=2, threshold=10.0, options=QUIET)
     assert res.onset_layer == 1
     assert float(res.hidden_median[1]) < 4.0 and 150 / float(res.hidden_median[1]) < 1000 < 5000 / 4.0
     assert res.massive_dims == (5,)
@@ -67,14 +68,14 @@ def test_reset_undoes_a_planted_dim(tiny_model, ragged):
         out[:, 0, 5] += 500.0
         return out
 
-    clean = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, progress=False)
+    clean = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, options=QUIET)
     # the clean arm equals sinks.py and loss.py
-    ss = sink_scores(tiny_model, ragged, progress=False)
+    ss = sink_scores(tiny_model, ragged, options=QUIET)
     assert torch.allclose(clean.scores_clean, ss.scores, atol=1e-5)
     assert abs(clean.loss_clean - content_loss(tiny_model, ragged)) < 1e-5
     assert clean.loss_reset != clean.loss_clean
     with tiny_model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
-        planted = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, progress=False)
+        planted = reset_massive_dims(tiny_model, ragged, dims=[5], from_layer=1, options=QUIET)
     # the plant runs before the reset hook at resid_pre 1, so resetting removes it exactly
     assert abs(planted.loss_reset - clean.loss_reset) < 1e-4
     assert torch.allclose(planted.scores_reset, clean.scores_reset, atol=1e-5)
@@ -96,11 +97,11 @@ def test_massive_bad_input(tiny_model, ragged):
 def test_sun_mean_reset_is_a_no_op_when_the_first_token_is_fixed(tiny_model, ragged):
     """Position 0 sees only itself: with <bos> always first its residual is the same in every prompt, so
     Sun et al.'s set-to-mean changes nothing, while removing the dims (others_mean) does."""
-    md = massive_dims(tiny_model, ragged, top_k=2, threshold=1.0, progress=False)
+    md = massive_dims(tiny_model, ragged, top_k=2, threshold=1.0, options=QUIET)
     dims = tuple(int(d) for d in md.top_dims[1])
     sun = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="sun_mean", first_mean=md.first_mean,
-                             progress=False)
-    others = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, progress=False)
+                             options=QUIET)
+    others = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, options=QUIET)
     assert abs(sun.loss_reset - sun.loss_clean) < 1e-5 and torch.allclose(sun.scores_reset, sun.scores_clean, atol=1e-5)
     assert abs(others.loss_reset - others.loss_clean) > 1e-4
     assert sun.to_dict()["mode"] == "sun_mean" and others.mode == "others_mean"

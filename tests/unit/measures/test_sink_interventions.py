@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_BOS, TINY_RUN
 from sinkmech.hooks import act_name
 from sinkmech.interventions.phantom import PhantomSink, ValuelessBos, paired_mass
 from sinkmech.measures.loss import masked_row_losses, target_mask
@@ -23,7 +23,7 @@ def rows(tiny_tokens):
 
 
 def scored(model, rows, bos, **kw):
-    return sink_scores(model, rows, bos=bos, bos_token_id=TINY_BOS, loss=True, batch_size=2, progress=False, **kw)
+    return sink_scores(model, rows, bos=bos, loss=True, options=TINY_RUN.replace(batch_size=2), **kw)
 
 
 def test_paired_phantom_with_bos_value_scores_the_with_bos_loss(tiny_model, rows):

@@ -12,8 +12,9 @@ from sinkmech.loading.backend import Model
 
 from sinkmech.prompts import default_corpus, load_prompts, tokenize
 from sinkmech.measures.sinks import sink_scores
-from helpers.tiny import TINY_BOS, toy_tokenizer
+from helpers.tiny import TINY_RUN, TINY_BOS, toy_tokenizer
 from helpers.backends import require
+from sinkmech.options import QUIET, RunOptions
 
 
 def planted_model() -> Model:
@@ -56,7 +57,7 @@ def brute_force_scores(model, batch) -> torch.Tensor:
 
 def test_planted_sink_head_scores_one_and_uniform_head_scores_harmonic(tiny_tokens):
     model = planted_model()
-    res = sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    res = sink_scores(model, tiny_tokens, bos="prepend", options=TINY_RUN)
     T = tiny_tokens.shape[1] + 1
     assert torch.allclose(res.scores[:, 0, 0], torch.ones(len(tiny_tokens)), atol=1e-4)
     harmonic = sum(1.0 / (t + 1) for t in range(T)) / T  # uniform causal attention
@@ -70,12 +71,13 @@ def test_planted_sink_head_scores_one_and_uniform_head_scores_harmonic(tiny_toke
 def test_streaming_equals_brute_force_tiny(tiny_model, tiny_tokens):
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, tiny_tokens, bos=bos, bos_token_id=TINY_BOS)
-        res = sink_scores(tiny_model, tiny_tokens, bos=bos, bos_token_id=TINY_BOS, batch_size=4, progress=False)
+        res = sink_scores(tiny_model, tiny_tokens, bos=bos,
+                          options=RunOptions(batch_size=4, progress=False, bos_token_id=TINY_BOS))
         assert torch.allclose(res.scores, brute_force_scores(tiny_model, batch), atol=1e-6)
 
 
 def test_value_and_residual_norms_match_cache(tiny_model, tiny_tokens):
-    res = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    res = sink_scores(tiny_model, tiny_tokens, bos="prepend", options=TINY_RUN)
     batch = tokenize(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS)
     _, cache = tiny_model.run_with_cache(batch.tokens)
     for l in range(tiny_model.cfg.n_layers):
@@ -92,7 +94,7 @@ def test_grouped_query_value_norms_follow_kv_heads():
 
     model = make_tiny(3, n_heads=4, n_kv=2)
     tokens = torch.randint(2, 50, (3, 9), generator=torch.Generator().manual_seed(3))
-    res = sink_scores(model, tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    res = sink_scores(model, tokens, bos="prepend", options=TINY_RUN)
     # heads 0,1 read kv head 0; heads 2,3 read kv head 1
     assert torch.equal(res.value_norm_first[..., 0], res.value_norm_first[..., 1])
     assert torch.equal(res.value_norm_first[..., 2], res.value_norm_first[..., 3])
@@ -102,9 +104,10 @@ def test_grouped_query_value_norms_follow_kv_heads():
 def test_padding_never_enters_the_means(tiny_model):
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (3, 11, 7, 2, 15)]
-    together = sink_scores(tiny_model, prompts, bos="prepend", bos_token_id=TINY_BOS, batch_size=5, progress=False)
+    together = sink_scores(tiny_model, prompts, bos="prepend",
+                           options=RunOptions(batch_size=5, progress=False, bos_token_id=TINY_BOS))
     for i, p in enumerate(prompts):
-        alone = sink_scores(tiny_model, [p], bos="prepend", bos_token_id=TINY_BOS, progress=False)
+        alone = sink_scores(tiny_model, [p], bos="prepend", options=TINY_RUN)
         for field in ("scores", "value_norm_first", "value_norm_rest", "resid_norm_rest"):
             assert torch.allclose(getattr(together, field)[i], getattr(alone, field)[0], atol=1e-5), field
 
@@ -125,7 +128,7 @@ def test_bos_and_no_bos_score_the_same_content_tokens(smollm2):
 def test_smollm2_streaming_equals_brute_force(smollm2):
     prompts = default_corpus()[:3]
     for bos in ("prepend", "none"):
-        res = sink_scores(smollm2, prompts, bos=bos, max_tokens=16, batch_size=2, progress=False)
+        res = sink_scores(smollm2, prompts, bos=bos, max_tokens=16, options=RunOptions(batch_size=2, progress=False))
         batch = tokenize(smollm2, prompts, bos=bos, max_tokens=16)
         assert torch.allclose(res.scores, brute_force_scores(smollm2, batch), atol=1e-5)
         assert res.scores.min() >= 1.0 / 17 - 1e-6 and res.scores.max() <= 1.0 + 1e-6
@@ -164,22 +167,29 @@ def test_prompt_files(tmp_path):
         (dict(prompts=["ok", "   "]), "prompt 1 is empty"),
         (dict(prompts=[[3, 4]], max_tokens=0), "max_tokens"),
         (dict(prompts=[[3, 400]]), "token ids"),
-        (dict(prompts=[[3, 4]], batch_size=0), "batch_size"),
         (dict(prompts="just one string"), "ambiguous"),
     ],
 )
 def test_bad_input_raises_specific_errors(tiny_model, kwargs, match):
-    kwargs = {"bos": "prepend", "bos_token_id": TINY_BOS, "progress": False, **kwargs}
+    kwargs = {"bos": "prepend", "options": TINY_RUN, **kwargs}
     prompts = kwargs.pop("prompts")
     with pytest.raises(ValueError, match=match):
         sink_scores(tiny_model, prompts, **kwargs)
+
+
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("batch_size", True),
+                                          ("dtype", "float64"), ("bos_token_id", -1)])
+def test_run_options_refuse_a_bad_setting_when_made(field, value):
+    with pytest.raises(ValueError, match=field):
+        RunOptions(**{field: value})
+    assert RunOptions(batch_size=3).batch(16) == 3 and RunOptions().batch(16) == 16
 
 
 def test_a_prompt_beyond_the_context_is_cut_and_recorded(tiny_model):
     """No error: the prompt keeps n_ctx - 1 content tokens in both conditions, and says so."""
     long = list(range(2, 40)) * 2  # 76 content tokens; the tiny model holds 64 positions
     for bos in ("prepend", "none"):
-        r = sink_scores(tiny_model, [long], bos=bos, bos_token_id=TINY_BOS, max_tokens=70, progress=False)
+        r = sink_scores(tiny_model, [long], bos=bos, max_tokens=70, options=TINY_RUN)
         assert (r.max_tokens, r.max_tokens_requested, r.context_limit) == (63, 70, 64)
         assert r.content_lengths.tolist() == [63] and "context of 64" in r.token_count()
 
@@ -195,23 +205,23 @@ def test_unknown_bos_choice_is_a_value_error():
 
 def test_bad_eps_and_nan_model(tiny_tokens):
     model = planted_model()
-    res = sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+    res = sink_scores(model, tiny_tokens, bos="prepend", options=TINY_RUN)
     with pytest.raises(ValueError, match="epsilon"):
         res.sink_rate(1.5)
     with torch.no_grad():
         model.blocks[0].attn.W_Q[2, 0, 0] = math.nan
     with pytest.raises(FloatingPointError, match="NaN"):
-        sink_scores(model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, progress=False)
+        sink_scores(model, tiny_tokens, bos="prepend", options=TINY_RUN)
 
 
 def test_model_without_bos_needs_explicit_id(tiny_model, tiny_tokens, monkeypatch):
     toy_tokenizer(monkeypatch, tiny_model, None)  # no tokenizer, so no <bos> (the Bridge's tiny model has one)
     with pytest.raises(ValueError, match="no <bos>"):
-        sink_scores(tiny_model, tiny_tokens, bos="prepend", progress=False)
+        sink_scores(tiny_model, tiny_tokens, bos="prepend", options=QUIET)
 
 
 def test_result_exports(tiny_model, tiny_tokens):
-    res = sink_scores(tiny_model, tiny_tokens, bos="none", progress=False)
+    res = sink_scores(tiny_model, tiny_tokens, bos="none", options=QUIET)
     df = res.to_dataframe()
     assert len(df) == res.n_prompts * res.n_layers * res.n_heads
     assert df.loc[(df.prompt == 2) & (df.layer == 1) & (df["head"] == 3), "score"].item() == pytest.approx(
@@ -236,8 +246,8 @@ def test_bos_position_equals_brute_force_on_hand_built_ids(tiny_model):
     g = torch.Generator().manual_seed(3)
     rows = [torch.randint(2, 50, (n,), generator=g).tolist() for n in (12, 7, 10)]
     for K in (1, 3, 6):
-        res = sink_scores(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, bos_position=K, loss=True,
-                          batch_size=2, progress=False)
+        res = sink_scores(tiny_model, rows, bos="prepend", bos_position=K, loss=True,
+                          options=RunOptions(batch_size=2, progress=False, bos_token_id=TINY_BOS))
         assert res.bos_position == K
         for p, row in enumerate(rows):
             ids = torch.tensor([moved_by_hand(row, K)])
@@ -283,19 +293,18 @@ def test_bos_position_scores_the_same_content_targets_token_by_token(tiny_model,
 def test_bos_position_json_keys_and_bad_positions(tiny_model, tiny_tokens):
     """The summary carries bos_position and bos_scores [layer][head]; K past the
     content is refused; the moved batch's key 0 is no longer <bos>."""
-    res = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, bos_position=4, loss=True,
-                      progress=False)
+    res = sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_position=4, loss=True,
+                      options=TINY_RUN)
     d = res.summary()
     assert d["bos_position"] == 4
     assert torch.allclose(torch.tensor(d["bos_scores"]), res.bos_scores.mean(0))
     assert len(d["bos_scores"]) == res.n_layers and len(d["bos_scores"][0]) == res.n_heads
-    assert "bos_position" not in sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS,
-                                             progress=False).summary()
+    assert "bos_position" not in sink_scores(tiny_model, tiny_tokens, bos="prepend", options=TINY_RUN).summary()
     for K, match in ((12, "at or beyond the content length"), (0, ">= 1")):
         with pytest.raises(ValueError, match=match):
-            sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS, bos_position=K, progress=False)
+            sink_scores(tiny_model, tiny_tokens, bos="prepend", bos_position=K, options=TINY_RUN)
     with pytest.raises(ValueError, match="bos='prepend'"):
-        sink_scores(tiny_model, tiny_tokens, bos="none", bos_position=2, progress=False)
+        sink_scores(tiny_model, tiny_tokens, bos="none", bos_position=2, options=QUIET)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -326,7 +335,7 @@ def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypa
                  "--findings", str(findings)]) == 0
     d = json.loads(out.read_text())["conditions"]
     assert d["prepend"]["bos_position"] == 3 and "bos_position" not in d["none"]
-    want = sink_scores(model, str(prompts), bos="prepend", bos_position=3, progress=False)
+    want = sink_scores(model, str(prompts), bos="prepend", bos_position=3, options=QUIET)
     assert torch.allclose(torch.tensor(d["prepend"]["bos_scores"]), want.bos_scores.mean(0), atol=1e-6)
     f = json.loads(findings.read_text())
     assert any(k.endswith("sinks.bos_default_at_3.prepend.bos_position") and v == 3 for k, v in f.items())

@@ -10,6 +10,7 @@ from sinkmech.hooks import act_name, cached_run, kv_head_index
 from sinkmech.prompts import tokenize
 from sinkmech.measures.value_weighted import value_weighted_first
 from helpers.tiny import TINY_BOS, make_tiny
+from sinkmech.options import QUIET, RunOptions
 
 
 def brute(model, batch, vector):
@@ -40,7 +41,7 @@ def test_value_weighted_equals_brute_force(tiny_tokens, n_kv, vector):
     model = make_tiny(n_kv=n_kv)
     rows = [tiny_tokens[i, : 12 - i].tolist() for i in range(4)]
     batch = tokenize(model, rows, bos="prepend", max_tokens=12, bos_token_id=TINY_BOS)
-    res = value_weighted_first(model, batch, vector=vector, batch_size=3, progress=False)
+    res = value_weighted_first(model, batch, vector=vector, options=RunOptions(batch_size=3, progress=False))
     attn, share = brute(model, batch, vector)
     assert torch.allclose(res.attn_first, attn, atol=1e-5)
     assert torch.allclose(res.output_first, share, atol=1e-5)
@@ -56,9 +57,9 @@ def test_small_sink_value_lowers_output_share(tiny_model, tiny_tokens):
         out[:, 0] *= 0.01
         return out
 
-    clean = value_weighted_first(tiny_model, batch, progress=False)
+    clean = value_weighted_first(tiny_model, batch, options=QUIET)
     with tiny_model.hooks(fwd_hooks=[(act_name("v", 0), shrink)]):
-        small = value_weighted_first(tiny_model, batch, progress=False)
+        small = value_weighted_first(tiny_model, batch, options=QUIET)
     assert torch.allclose(clean.attn_first[:, 0], small.attn_first[:, 0])
     assert (small.output_first[:, 0] < clean.output_first[:, 0]).all()
 
@@ -67,5 +68,5 @@ def test_value_weighted_bad_vector(tiny_model, tiny_tokens):
     batch = tokenize(tiny_model, tiny_tokens, bos="none")
     with pytest.raises((ValueError, TypeCheckError)):  # beartype checks the Literal first under pytest
         value_weighted_first(tiny_model, batch, vector="weights")
-    d = value_weighted_first(tiny_model, batch, progress=False).to_dict()
+    d = value_weighted_first(tiny_model, batch, options=QUIET).to_dict()
     assert set(d) == {"model", "bos", "vector", "n_prompts", "attn_first", "output_first"}

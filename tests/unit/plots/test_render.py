@@ -16,6 +16,7 @@ from sinkmech.loading.backend import IS_BRIDGE
 from sinkmech import render
 from sinkmech.measures.attention import head_attention
 from sinkmech.hooks import act_name
+from sinkmech.options import RunOptions
 
 # Token strings an attacker (or just Python source) can put in a prompt.
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
@@ -23,7 +24,8 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 
 @pytest.fixture(scope="module")
 def att(tiny_model):
-    return head_attention(tiny_model, PROMPT, ["0.1", (1, 2)], bos_token_id=TINY_BOS, token_str=planted_str)
+    return head_attention(tiny_model, PROMPT, ["0.1", (1, 2)],
+                          options=RunOptions(bos_token_id=TINY_BOS), token_str=planted_str)
 
 
 def test_head_attention_equals_the_cache_in_both_conditions(tiny_model, att):
@@ -49,7 +51,7 @@ def test_first_token_of_a_uniform_head_is_one_over_t_plus_one():
         else:
             model.blocks[1].attn.W_Q[2].zero_()
             model.blocks[1].attn.b_Q[2].zero_()
-    att = head_attention(model, PROMPT, ["1.2"], bos_token_id=TINY_BOS)
+    att = head_attention(model, PROMPT, ["1.2"], options=RunOptions(bos_token_id=TINY_BOS))
     for bos, n in (("prepend", len(PROMPT) + 1), ("none", len(PROMPT))):
         expected = 1.0 / torch.arange(1, n + 1, dtype=torch.float32)
         torch.testing.assert_close(att.first_token(bos)[0], expected)
@@ -112,13 +114,13 @@ def test_unexpected_circuitsvis_layout_is_a_clear_error():
 
 def test_bad_heads_are_clear_errors(tiny_model, att):
     with pytest.raises(ValueError, match="layer 5 out of range"):
-        head_attention(tiny_model, PROMPT, ["5.0"], bos_token_id=TINY_BOS)
+        head_attention(tiny_model, PROMPT, ["5.0"], options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="head 9 out of range"):
-        head_attention(tiny_model, PROMPT, [(0, 9)], bos_token_id=TINY_BOS)
+        head_attention(tiny_model, PROMPT, [(0, 9)], options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="LAYER.HEAD"):
-        head_attention(tiny_model, PROMPT, ["L0H1"], bos_token_id=TINY_BOS)
+        head_attention(tiny_model, PROMPT, ["L0H1"], options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="no heads"):
-        head_attention(tiny_model, PROMPT, [], bos_token_id=TINY_BOS)
+        head_attention(tiny_model, PROMPT, [], options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="was not computed"):
         render.activity_view([att], "1.3")
     with pytest.raises(ValueError, match="no prompts"):

@@ -12,7 +12,7 @@ import torch
 from circuitsvis.tokens import colored_tokens
 
 from helpers.browser import Dom, dump_dom, screenshot
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from sinkmech import cli, render, report
 from sinkmech.plots import core as figures
 from sinkmech.measures.attention import head_attention
@@ -23,6 +23,7 @@ from sinkmech.interventions.patching import bos_pair, patch_resid_pre
 from sinkmech.interventions.perturb import TokenSwap, perturbation_spread
 from sinkmech.measures.sinks import sink_scores
 from helpers.markup import PLANTED, planted_str
+from sinkmech.options import QUIET, RunOptions
 
 TITLE = "sinkmech report: tiny"
 
@@ -41,7 +42,8 @@ def built(tiny_model, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     rep = report.build_report(
         tiny_model, out, model_label="tiny", prompts=prompts, n_prompts=12, max_tokens=16,
-        bos_token_id=TINY_BOS, token_str=planted_str, n_heads=2, view_tokens=12, view_prompts=2, progress=False,
+        token_str=planted_str, n_heads=2, view_tokens=12, view_prompts=2,
+        options=TINY_RUN,
     )
     return rep
 
@@ -58,7 +60,7 @@ def copied(built, tmp_path_factory):
 def test_summary_matches_the_analysis(built, tiny_model, prompts):
     s = json.loads(built.summary_json.read_text())
     assert s == json.loads(json.dumps(built.summary))
-    direct = sink_scores(tiny_model, prompts, bos="prepend", max_tokens=16, bos_token_id=TINY_BOS, progress=False)
+    direct = sink_scores(tiny_model, prompts, bos="prepend", max_tokens=16, options=TINY_RUN)
     sinks = s["sections"]["sinks"]
     assert sinks["sink_rate"]["prepend"]["0.3"] == pytest.approx(direct.sink_rate(0.3))
     rate, lo, hi = sinks["sink_rate_ci"]["prepend"]["0.3"]
@@ -82,7 +84,7 @@ def test_summary_matches_the_analysis(built, tiny_model, prompts):
 @pytest.mark.slow
 def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     s = built.summary["sections"]
-    kw = dict(max_tokens=16, bos_token_id=TINY_BOS, progress=False)
+    kw = dict(max_tokens=16, options=TINY_RUN)
     # perturbation: prompt 0 with the report's own swap, run alone
     p = s["perturbation"]
     assert p["n_prompts"] == 8 and p["position"] == 4
@@ -110,7 +112,7 @@ def test_intervention_sections_match_direct_calls(built, tiny_model, prompts):
     np.testing.assert_allclose(a["effects"], abl.effects.numpy(), rtol=1e-5, atol=1e-7)
     assert a["top_heads"][0][0] == "L{}.H{}".format(*abl.top_heads(1)[0][:2])
     pr = patch_resid_pre(tiny_model, bos_pair(tiny_model, prompts[:4], max_tokens=16, bos_token_id=TINY_BOS),
-                         per_position=False, progress=False, positions=range(1, 16))
+                         per_position=False, options=QUIET, positions=range(1, 16))
     np.testing.assert_allclose(a["patch_resid_pre"]["values"], pr.values.numpy(), rtol=1e-5, atol=1e-7)
     # rotary model: the content tokens' embeddings are the same in both runs, so
     # patching resid_pre of layer 0 changes nothing
@@ -183,14 +185,15 @@ def test_checks_would_catch_raw_circuitsvis_output(tmp_path):
 
 def test_custom_sections_join_the_page(tiny_model, prompts, tmp_path):
     def extra(ctx: report.ReportContext) -> report.Section:
-        att = head_attention(ctx.model, ctx.prompt_list()[0], ["1.3"], max_tokens=8, bos_token_id=TINY_BOS)
+        att = head_attention(ctx.model, ctx.prompt_list()[0], ["1.3"], max_tokens=8,
+                             options=RunOptions(bos_token_id=TINY_BOS))
         figs = ctx.figure("extra", lambda p: figures.layer_lines({"a": [1.0, 2.0]}, p, title="t", ylabel="y"))
         body = "<p>extra body</p>" + report.figure_html(figs, "a line")
         return report.Section("extra", "Extra", body, tuple(figs), {"answer": 42},
                               (render.first_token_view(att),))
 
     rep = report.build_report(tiny_model, tmp_path, sections=[extra], prompts=prompts, n_prompts=2,
-                              bos_token_id=TINY_BOS, progress=False)
+                              options=TINY_RUN)
     page = rep.index.read_text()
     assert rep.summary["sections"] == {"extra": {"answer": 42}}
     assert "extra body" in page and 'src="figures/extra.png"' in page
@@ -201,9 +204,11 @@ def test_bad_settings_and_folders_are_clear_errors(tiny_model, tmp_path, capsys)
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     with pytest.raises(OSError, match="cannot create the report folder"):
-        report.build_report(tiny_model, blocker / "out", bos_token_id=TINY_BOS)
+        report.build_report(tiny_model, blocker / "out", options=RunOptions(bos_token_id=TINY_BOS))
     with pytest.raises(ValueError, match="unknown report settings"):
         report.build_report(tiny_model, tmp_path / "r", n_prompt=3)
+    with pytest.raises(ValueError, match="unknown report settings"):  # the report's own memo is not a setting
+        report.build_report(tiny_model, tmp_path / "r", cache={"sinks": {}})
     # The CLI says so before loading any model (a runtime error: exit 1).
     assert cli.main(["report", "--model", "smollm2", "--out", str(blocker / "out")]) == 1
     assert "cannot create the report folder" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from sinkmech import report
 from sinkmech.plots import mechanisms
 from sinkmech.context.length import LengthSweep, long_prompts, sinks_vs_length
@@ -23,9 +23,10 @@ from sinkmech.report.sections import (
 )
 from sinkmech.context.stream import long_tokens, stream_perplexity
 from sinkmech.measures.value_weighted import value_weighted_first
+from sinkmech.options import QUIET
 
 BEYOND = [key_sinks_section, massive_section, value_weighted_section, stream_section, length_section]
-KW = dict(bos_token_id=TINY_BOS, progress=False)
+KW = dict(options=TINY_RUN)
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +52,20 @@ def test_beyond_sections_close_the_default_report():
 def test_sections_match_direct_calls(built, tiny_model, prompts):
     s = json.loads(built.summary_json.read_text())["sections"]
     assert list(s) == ["key_sinks", "massive", "value_weighted", "streaming", "length"]
-    batch = {c: tokenize(tiny_model, prompts[:6], bos=c, max_tokens=20, bos_token_id=TINY_BOS) for c in ("prepend", "none")}
+    batch = {c: tokenize(tiny_model, prompts[:6], bos=c, max_tokens=20,
+                         bos_token_id=TINY_BOS) for c in ("prepend", "none")}
     for c in ("prepend", "none"):
-        direct = key_sink_scores(tiny_model, batch[c], progress=False)
+        direct = key_sink_scores(tiny_model, batch[c], options=QUIET)
         assert s["key_sinks"][c]["strongest_position"] == direct.strongest_position.tolist()
         assert {f["head"] for f in s["key_sinks"][c]["flagged"]} == {f"L{l}.H{h}" for l, h, _ in direct.flagged_heads()}
         assert s["key_sinks"][c]["off_first_rate"] == pytest.approx(float(direct.off_first_rate.mean()))
         assert [(f["head"], f["position"]) for f in s["key_sinks"][c]["relative_flagged"]] == [
             (f"L{l}.H{h}", pos) for l, h, pos in direct.relative_flagged_heads()]
         assert s["key_sinks"][c]["n_relative_flagged"] == len(direct.relative_flagged_heads())
-    md = massive_dims(tiny_model, batch["prepend"], progress=False)
+    md = massive_dims(tiny_model, batch["prepend"], options=QUIET)
     assert s["massive"]["norm_ratio"] == pytest.approx(md.norm_ratio.tolist())
     assert s["massive"]["onset_layer"] == md.onset_layer and ("reset" in s["massive"]) == (md.onset_layer is not None)
-    vw = value_weighted_first(tiny_model, batch["prepend"], progress=False)
+    vw = value_weighted_first(tiny_model, batch["prepend"], options=QUIET)
     assert s["value_weighted"]["output_first_per_layer"] == pytest.approx(vw.mean_output_first().mean(-1).tolist())
     # streaming: one long text cut to the context (64 positions = <bos> + 63): the Python docs through the
     # tokenizer (the Bridge's tiny model has one), else the prompts laid end to end (the HookedTransformer's)
@@ -71,7 +73,7 @@ def test_sections_match_direct_calls(built, tiny_model, prompts):
         seq = long_tokens(tiny_model, 63, bos="prepend", bos_token_id=TINY_BOS)
     else:
         seq = tokenize(tiny_model, [prompts.flatten().tolist()], bos="prepend", max_tokens=63, bos_token_id=TINY_BOS)
-    st = stream_perplexity(tiny_model, seq, window=12, keep=STREAM_KEEP, progress=False)
+    st = stream_perplexity(tiny_model, seq, window=12, keep=STREAM_KEEP, options=QUIET)
     assert (s["streaming"]["n_tokens"], s["streaming"]["window"]) == (64, 12)
     assert s["streaming"]["full_ppl"] == pytest.approx(st.full_ppl)
     assert [r["ppl"] for r in s["streaming"]["results"]] == pytest.approx(list(st.ppl))
@@ -80,7 +82,7 @@ def test_sections_match_direct_calls(built, tiny_model, prompts):
         texts = long_prompts(tiny_model, 3, 16, bos="prepend", bos_token_id=TINY_BOS)
     else:
         texts = tokenize(tiny_model, prompts[:3], bos="prepend", max_tokens=16, bos_token_id=TINY_BOS)
-    sweep = sinks_vs_length(tiny_model, texts, lengths=[4, 8, 16], progress=False)
+    sweep = sinks_vs_length(tiny_model, texts, lengths=[4, 8, 16], options=QUIET)
     assert [r["length"] for r in s["length"]["results"]] == [4, 8, 16]
     assert [r["mean_score"] for r in s["length"]["results"]] == pytest.approx(sweep.mean_score.tolist())
     assert s["length"]["results"][2]["top_heads"][0]["mask_first_cost"] == pytest.approx(

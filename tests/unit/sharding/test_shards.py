@@ -27,6 +27,7 @@ from sinkmech.sharding.format import (
 from sinkmech.prompts import tokenize
 from sinkmech.sharding.measures import SINK_ROWS, sinks_partial, sinks_result
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET, RunOptions
 
 N_PROMPTS = 10
 
@@ -47,7 +48,8 @@ def run_sinks(model, prompts, idx, batch_size):
     out = {}
     for bos in ("prepend", "none"):
         batch = tokenize(model, [prompts[i] for i in idx], bos=bos, max_tokens=16, bos_token_id=1)
-        out[bos] = sink_scores(model, batch, batch_size=batch_size, max_tokens=16, loss=True, progress=False)
+        out[bos] = sink_scores(model, batch, max_tokens=16, loss=True,
+                               options=RunOptions(batch_size=batch_size, progress=False))
     return out
 
 
@@ -218,7 +220,8 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
 
     model = planted_model({0: "if_else", 1: "sink", 2: "prev"})
     corpus = planted_corpus(n=45).tolist()  # shard 2 of 3 starts at prompt 15: an odd one
-    one = scan_heads(model, corpus, bos="prepend", bos_token_id=TINY_BOS, max_tokens=20, batch_size=5, progress=False)
+    one = scan_heads(model, corpus, bos="prepend", max_tokens=20,
+                     options=RunOptions(batch_size=5, progress=False, bos_token_id=TINY_BOS))
     assert one.mode(0, 0) == "if_else" and one.triggers[0][0][0].token_id == TRIGGER
     want = json.loads(one.to_json(profiles=True))
     for n in (1, 2, 3):
@@ -226,7 +229,8 @@ def test_head_scan_shards_equal_the_one_pass_scan_on_planted_heads():
         for i in range(1, n + 1):
             span = shard_span(len(corpus), i, n)
             batch = tokenize(model, [corpus[j] for j in span], bos="prepend", max_tokens=20, bos_token_id=TINY_BOS)
-            acc = accumulate(model, batch, Thresholds(), batch_size=5, progress=False, first_prompt=span.start, n_pos=21)
+            acc = accumulate(model, batch, Thresholds(),
+                             options=RunOptions(batch_size=5, progress=False), first_prompt=span.start, n_pos=21)
             parts.append(heads_partial(acc, batch, {}, prompt_index=span, shard=(i, n), n_prompts_total=len(corpus)))
         for perm in itertools.permutations(parts):
             got = heads_result(merge(perm), model)
@@ -244,13 +248,14 @@ def test_ablation_shards_merged_in_any_order_equal_the_one_pass_result(model, ra
     prompts (logit difference): weighted back into sums, the parts merge to the
     one-pass effects to float32 rounding."""
     from sinkmech.interventions.ablation import head_ablations
+    from sinkmech.interventions.metrics import LogitDiff
     from sinkmech.sharding.interventions import ablate_partial, ablate_result
 
-    kw = {"mode": "zero", "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None}
+    kw = {"mode": "zero", "metric": LogitDiff(3, 4) if metric == "logit_diff" else metric}
 
     def run(idx):
         batch = tokenize(model, [ragged[i] for i in idx], bos="prepend", max_tokens=16, bos_token_id=1)
-        return head_ablations(model, batch, progress=False, **kw), batch
+        return head_ablations(model, batch, options=QUIET, **kw), batch
 
     one = run(range(N_PROMPTS))[0]
     assert one.effects.abs().max() > 1e-3

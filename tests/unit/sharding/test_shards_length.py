@@ -18,10 +18,12 @@ from sinkmech.context.length import (
 )
 from sinkmech.sharding.context import (
     costs_partial, length_heads, length_result, prompt_rows, row_key, scores_partial, scores_result, scores_shard,
+    sweep_settings,
 )
 from sinkmech.sharding.measures import SINK_ROWS
 from sinkmech.prompts import tokenize
 from sinkmech.sharding.format import PartialError, detach, merge, shard_span
+from sinkmech.options import QUIET, RunOptions
 
 N_PROMPTS = 7
 LENGTHS = (4, 16, 24, 32, 64)  # 32: beyond the shortest prompt (30), which only shard 3 of 3 holds; 64: the context
@@ -50,10 +52,11 @@ def stage1(model, corpus, span, shard, batch_size, options):
     lengths, eps, multiples = check_sweep(model.cfg.n_layers, model.cfg.n_heads, lengths=LENGTHS, **options)
     batch = batch_of(model, corpus, span)
     done, _ = plan_lengths(lengths, model.cfg.n_ctx, int(batch.lengths.min()) - batch.offset)
-    scores = length_scores(model, batch, done, batch_size=batch_size, progress=False)
-    return scores_partial(scores, batch, {"run": "test"}, cfg=model.cfg, lengths=lengths, top_k=options["top_k"],
-                          eps=eps, uniform_multiples=multiples, fixed_head=options["fixed_head"], prompt_index=span,
-                          shard=shard, n_prompts_total=N_PROMPTS)
+    scores = length_scores(model, batch, done, options=RunOptions(batch_size=batch_size, progress=False))
+    sweep = sweep_settings(lengths=lengths, top_k=options["top_k"], eps=eps, uniform_multiples=multiples,
+                           fixed_head=options["fixed_head"])
+    return scores_partial(scores, batch, {"run": "test", **sweep}, cfg=model.cfg, prompt_index=span, shard=shard,
+                          n_prompts_total=N_PROMPTS)
 
 
 def stage2(model, corpus, merged_scores, span, shard):
@@ -63,7 +66,7 @@ def stage2(model, corpus, merged_scores, span, shard):
     scores = scores_shard(merged_scores.settings, [rows[i] for i in span], prompt_index=span, shard=shard,
                           n_prompts_total=N_PROMPTS)
     batch = batch_of(model, corpus, span)
-    return costs_partial(length_costs(model, batch, heads, progress=False), heads, batch, {"run": "test"},
+    return costs_partial(length_costs(model, batch, heads, options=QUIET), heads, batch, {"run": "test"},
                          scores=scores, prompt_index=span, shard=shard, n_prompts_total=N_PROMPTS)
 
 
@@ -88,10 +91,10 @@ def same_sweep(got, one, cost_rtol):
 def test_two_stage_shards_merged_in_any_order_equal_the_one_pass_sweep(model, corpus, n):
     # batch_size 1: every prompt is its own forward pass in both runs, so the rows are bitwise equal
     whole = batch_of(model, corpus, range(N_PROMPTS))
-    one = sinks_vs_length(model, whole, lengths=LENGTHS, batch_size=1, progress=False, **OPTIONS)
+    one = sinks_vs_length(model, whole, lengths=LENGTHS, options=RunOptions(batch_size=1, progress=False), **OPTIONS)
     assert one.lengths == (4, 16, 24) and dict(one.skipped)[32] == "the shortest prompt has 30 content tokens"
     assert float(one.mask_first_cost.min()) > 1e-4  # the ablations do something to compare
-    direct = length_scores(model, whole, one.lengths, batch_size=1, progress=False)
+    direct = length_scores(model, whole, one.lengths, options=RunOptions(batch_size=1, progress=False))
     parts, spans = run_sharded(model, corpus, n)
     merged = None
     for perm in itertools.permutations(parts):
@@ -127,7 +130,7 @@ def test_a_shard_too_short_for_a_length_stores_it_as_nan(model, corpus):
 
 def test_batched_shards_agree_with_the_batched_one_pass_sweep(model, corpus):
     """Batches of 8 (the default): no prompt is padded at any length, so the rows agree to float32 rounding."""
-    one = sinks_vs_length(model, batch_of(model, corpus, range(N_PROMPTS)), lengths=LENGTHS, progress=False, **OPTIONS)
+    one = sinks_vs_length(model, batch_of(model, corpus, range(N_PROMPTS)), lengths=LENGTHS, options=QUIET, **OPTIONS)
     parts, spans = run_sharded(model, corpus, 2, batch_size=8)
     merged = merge(parts)
     got = length_result(merge([stage2(model, corpus, merged, s, (i, 2)) for i, s in enumerate(spans, 1)]))
@@ -139,8 +142,8 @@ def test_batched_shards_agree_with_the_batched_one_pass_sweep(model, corpus):
 def test_a_named_fixed_head_and_a_stage2_split_other_than_stage1s(model, corpus):
     """The fixed head named by the caller; stage 1 in 3 shards, stage 2 in 2."""
     options = {**OPTIONS, "top_k": 1, "fixed_head": (1, 2)}
-    one = sinks_vs_length(model, batch_of(model, corpus, range(N_PROMPTS)), lengths=LENGTHS, batch_size=1,
-                          progress=False, **options)
+    one = sinks_vs_length(model, batch_of(model, corpus, range(N_PROMPTS)), lengths=LENGTHS,
+                          options=RunOptions(batch_size=1, progress=False), **options)
     parts, _ = run_sharded(model, corpus, 3, options=options)
     merged = merge(parts)
     spans = [shard_span(N_PROMPTS, i, 2) for i in (1, 2)]

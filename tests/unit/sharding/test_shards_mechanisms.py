@@ -14,6 +14,7 @@ from helpers.tiny import make_tiny
 
 from sinkmech.sharding.format import merge, shard_span
 from sinkmech.prompts import tokenize
+from sinkmech.options import QUIET, RunOptions
 
 N_PROMPTS = 10
 MAX_TOKENS = 16
@@ -57,7 +58,8 @@ def test_value_weighted_shards_equal_the_one_pass_result(model, ragged, n):
     from sinkmech.measures.value_weighted import value_weighted_first
 
     def run(idx):
-        return value_weighted_first(model, batch_of(model, ragged, idx), batch_size=1, progress=False)
+        return value_weighted_first(model, batch_of(model, ragged, idx),
+                                    options=RunOptions(batch_size=1, progress=False))
 
     one = run(range(N_PROMPTS))
     for m in merged_shards(lambda span, sh: value_weighted_partial(run(span), {}, prompt_index=span, shard=sh,
@@ -85,11 +87,13 @@ def test_massive_shards_equal_the_one_pass_result(model, ragged, n):
 
     def part(idx, sh):
         batch = batch_of(model, ragged, idx)
-        return massive_partial(massive_sums(model, batch, batch_size=1, progress=False), batch, {**opts},
+        return massive_partial(massive_sums(model, batch,
+                                            options=RunOptions(batch_size=1, progress=False)), batch, {**opts},
                                prompt_index=idx, shard=sh, n_prompts_total=N_PROMPTS)
 
     with model.hooks(fwd_hooks=[(act_name("resid_pre", 1), plant)]):
-        one = massive_dims(model, batch_of(model, ragged, range(N_PROMPTS)), batch_size=1, progress=False, **opts)
+        one = massive_dims(model, batch_of(model, ragged, range(N_PROMPTS)),
+                           options=RunOptions(batch_size=1, progress=False), **opts)
         one_part = part(range(N_PROMPTS), (1, 1))
         merged = list(merged_shards(part, n))
     assert one.massive_dims == (5,) and one.onset_layer == 1
@@ -114,7 +118,7 @@ def test_perturbation_spread_shards_equal_the_one_pass_result(model, ragged, n, 
 
     def run(idx, **kw):
         return perturbation_spread(model, [prompts[i] for i in idx], perturbation=pert, max_tokens=MAX_TOKENS,
-                                   bos_token_id=1, batch_size=1, progress=False, **kw)
+                                   options=RunOptions(batch_size=1, progress=False, bos_token_id=1), **kw)
 
     one = run(range(N_PROMPTS))
     want = spread_partial(one, {}, width=MAX_TOKENS, prompt_index=range(N_PROMPTS))
@@ -136,8 +140,8 @@ def test_a_shard_draws_the_corpus_noise_not_its_own(model, ragged):
     and its spread differs from the one-pass rows."""
     from sinkmech.interventions.perturb import EmbeddingNoise, perturbation_spread
 
-    kw = dict(perturbation=EmbeddingNoise(0.5, 2, seed=3), max_tokens=MAX_TOKENS, bos_token_id=1, batch_size=1,
-              progress=False)
+    kw = dict(perturbation=EmbeddingNoise(0.5, 2, seed=3), max_tokens=MAX_TOKENS,
+              options=RunOptions(batch_size=1, progress=False, bos_token_id=1))
     one = perturbation_spread(model, ragged, **kw)
     span = shard_span(N_PROMPTS, 2, 2)
     placed = perturbation_spread(model, ragged[span.start:], first_prompt=span.start, n_prompts_total=N_PROMPTS, **kw)
@@ -154,11 +158,11 @@ def test_patch_shards_merged_in_any_order_equal_the_one_pass_result(model, ragge
     prompts: weighted back into sums, the parts merge to the one-pass values
     to float32 rounding. The shards' prompts are shorter than the corpus'
     longest in some shards: their missing positions count as unpatched."""
+    from sinkmech.interventions.metrics import LogitDiff
     from sinkmech.interventions.patching import bos_pair, patch
     from sinkmech.sharding.interventions import patch_partial, patch_result
 
-    kw = {"act": act, "by": by, "metric": metric, "answers": (3, 4) if metric == "logit_diff" else None,
-          "progress": False}
+    kw = {"act": act, "by": by, "metric": LogitDiff(3, 4) if metric == "logit_diff" else metric, "options": QUIET}
 
     def run(idx):
         pair = bos_pair(model, [ragged[i] for i in idx], max_tokens=24, bos_token_id=1)
@@ -188,12 +192,13 @@ def test_key_sinks_shards_equal_the_one_pass_result(model, ragged, n, bos):
 
     def part(idx, sh):
         batch = batch_of(model, ragged, idx, bos)
-        rows, sums = key_sink_sums(model, batch, top_k=3, min_queries=2, batch_size=1, progress=False)
+        rows, sums = key_sink_sums(model, batch, top_k=3, min_queries=2,
+                                   options=RunOptions(batch_size=1, progress=False))
         return key_sinks_partial(rows, sums, batch, {}, width=MAX_TOKENS + 1, decode=token_text(model),
                                  prompt_index=idx, shard=sh, n_prompts_total=N_PROMPTS)
 
     one = key_sink_scores(model, batch_of(model, ragged, range(N_PROMPTS), bos), top_k=3, min_queries=2,
-                          batch_size=1, progress=False)
+                          options=RunOptions(batch_size=1, progress=False))
     want = part(range(N_PROMPTS), (1, 1))
     assert one.top_prompt.unique().numel() > 1  # the top keys come from several prompts (and shards)
     for m in merged_shards(part, n):

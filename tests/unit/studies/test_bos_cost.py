@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from helpers.backends import needs
 from sinkmech.studies.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
+from sinkmech.options import QUIET, RunOptions
 
 
 def summed_nll(tokens, offset, lengths):
@@ -31,9 +32,9 @@ def summed_nll(tokens, offset, lengths):
 
 def test_head_loss_changes_equal_the_sweep_with_a_loss_metric(tiny_model, tiny_tokens):
     batch = tokenize(tiny_model, tiny_tokens[:3, :8].tolist(), bos="prepend", bos_token_id=TINY_BOS)
-    res = head_loss_changes(tiny_model, batch, progress=False)
+    res = head_loss_changes(tiny_model, batch, options=QUIET)
     ref = head_ablations(tiny_model, batch, mode="mask_first",
-                         metric=summed_nll(batch.tokens, batch.offset, batch.lengths), progress=False)
+                         metric=summed_nll(batch.tokens, batch.offset, batch.lengths), options=QUIET)
     assert torch.allclose(res.changes.sum(0).float(), ref.effects - ref.baseline, atol=1e-3)
     assert res.clean.sum() == pytest.approx(ref.baseline, rel=1e-5)
     assert res.targets.tolist() == [7, 7, 7]
@@ -49,15 +50,14 @@ def test_a_head_that_writes_nothing_costs_nothing(tiny_tokens):
     model = make_tiny(seed=3)
     with torch.no_grad():
         model.blocks[1].attn.W_O[2] = 0.0
-    res = head_loss_changes(model, tiny_tokens[:2, :8].tolist(), bos_token_id=TINY_BOS, progress=False)
+    res = head_loss_changes(model, tiny_tokens[:2, :8].tolist(), options=TINY_RUN)
     assert res.changes[:, 1, 2].abs().max() < 1e-6
     assert res.changes.abs().flatten(1).max(1).values.min() > 1e-4
 
 
 def test_bos_cost_ranks_on_one_set_and_measures_on_another(tiny_model, tiny_tokens):
     rows = tiny_tokens[:, :8].tolist()
-    out = bos_cost(tiny_model, rows, select_prompts=2, eval_prompts=4, ks=[1, 8], bos_token_id=TINY_BOS,
-                   progress=False)
+    out = bos_cost(tiny_model, rows, select_prompts=2, eval_prompts=4, ks=[1, 8], options=TINY_RUN)
     assert out["select"]["n_prompts"] == 2 and out["eval"]["n_prompts"] == 4
     held = tokenize(tiny_model, rows[2:6], bos="prepend", bos_token_id=TINY_BOS)
     none = tokenize(tiny_model, rows[2:6], bos="none")
@@ -68,9 +68,9 @@ def test_bos_cost_ranks_on_one_set_and_measures_on_another(tiny_model, tiny_toke
     assert len(eight["heads"]) == 8 and eight["heads"][0] == out["select"]["top"][0]["head"]
     assert eight["share"][0] == pytest.approx(eight["loss_change"][0] / out["eval"]["no_bos"][0])
     with pytest.raises(ValueError, match="fewer than"):
-        bos_cost(tiny_model, rows, select_prompts=4, eval_prompts=4, ks=[1], bos_token_id=TINY_BOS, progress=False)
+        bos_cost(tiny_model, rows, select_prompts=4, eval_prompts=4, ks=[1], options=TINY_RUN)
     with pytest.raises(ValueError, match="ks must be"):
-        bos_cost(tiny_model, rows, select_prompts=2, eval_prompts=2, ks=[9], bos_token_id=TINY_BOS, progress=False)
+        bos_cost(tiny_model, rows, select_prompts=2, eval_prompts=2, ks=[9], options=TINY_RUN)
 
 
 def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
@@ -85,7 +85,7 @@ def test_ablate_metric_loss_cli(monkeypatch, tmp_path, capsys):
     out = tmp_path / "loss.json"
     assert main(["ablate", "--metric", "loss", "--prompts", str(prompts), "--json", str(out)]) == 0
     d = json.loads(out.read_text())
-    want = head_loss_changes(model, [p for p in prompts.read_text().splitlines()], progress=False)
+    want = head_loss_changes(model, [p for p in prompts.read_text().splitlines()], options=QUIET)
     assert d["metric"] == "loss" and d["mode"] == "mask_first"
     assert torch.allclose(torch.tensor(d["effects"]), want.mean_changes().float(), atol=1e-6)
     assert "nats per target" in capsys.readouterr().out
@@ -133,7 +133,7 @@ def test_masking_key_0_in_every_head_is_removing_bos_in_a_rotary_model():
     cfg = TrainConfig(**TEXT_CFG, seed=3)
     model = build_model(cfg, "cpu")
     pick, held = text_windows(cfg, n_select=2, n_eval=4)
-    out = bos_cost_batches(model, pick, held, ks=[8], progress=False)["eval"]
+    out = bos_cost_batches(model, pick, held, ks=[8], options=QUIET)["eval"]
     assert out["top_k"]["8"]["loss_change"][0] == pytest.approx(out["no_bos"][0], abs=1e-5)
 
 
@@ -186,8 +186,8 @@ def test_a_planted_sink_head_ranks_first_and_carries_the_whole_cost(tmp_path):
     save_checkpoint(planted_bos_reader(cfg, held), cfg, tmp_path / "planted")
     scores = [[0.1] * 4, [0.1, 0.1, 0.9, 0.1]]  # the run's log: L1.H2 is its strongest sink head
     (tmp_path / "planted" / "log.json").write_text(json.dumps({"evals": [{"conditions": {"prepend": {"head_scores": scores}}}]}))
-    out = checkpoint_bos_cost(tmp_path / "planted", n_select=4, n_eval=16, ks=[1, 8], device="cpu",
-                              progress=False)
+    out = checkpoint_bos_cost(tmp_path / "planted", n_select=4, n_eval=16, ks=[1, 8],
+                              options=RunOptions(progress=False, device="cpu"))
     assert out["run"] == "planted" and out["content_tokens"] == 31 and out["n_layers"] == 2
     assert out["select"]["top"][0]["head"] == "L1.H2"
     assert abs(out["select"]["top"][1]["loss_change"][0]) < 1e-6  # the other heads write nothing
@@ -230,7 +230,7 @@ def test_a_bos_cost_that_no_head_carries_has_a_share_of_zero():
         model.unembed.W_U[torch.arange(m), torch.arange(m)] = 3.0
     windows = (torch.arange(31) % m).repeat(6, 1)  # content token j is j mod 8
     out = bos_cost_batches(model, with_fixed_bos(windows[:2], cfg.bos_id), with_fixed_bos(windows[2:], cfg.bos_id),
-                           ks=[1, 8], progress=False)["eval"]
+                           ks=[1, 8], options=QUIET)["eval"]
     assert out["no_bos"][0] > 1.0
     for k in ("1", "8"):
         share = out["top_k"][k]["share"]

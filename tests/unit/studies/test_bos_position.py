@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_BOS, TINY_RUN
 from sinkmech.measures.sinks import sink_scores
 from sinkmech.studies.bos_position import bos_position_study
 
@@ -22,7 +22,7 @@ def rows(tiny_tokens):
 
 @pytest.fixture(scope="module")
 def study(tiny_model, rows):
-    return bos_position_study(tiny_model, rows, [1, 4], bos_token_id=TINY_BOS, batch_size=2, progress=False)
+    return bos_position_study(tiny_model, rows, [1, 4], options=TINY_RUN.replace(batch_size=2))
 
 
 def nll_by_hand(model, ids: list[int], targets: dict[int, int]) -> float:
@@ -47,8 +47,7 @@ def test_moved_loss_pairs_on_the_same_targets(tiny_model, rows, study):
         e = study[str(K)]
         assert e["vs_bos"]["loss"][0] == pytest.approx(num / den, rel=1e-5)
         assert e["loss"][0] == pytest.approx(moved_sum / den, rel=1e-5)
-        ref = sink_scores(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, bos_position=K, loss=True,
-                          progress=False)
+        ref = sink_scores(tiny_model, rows, bos="prepend", bos_position=K, loss=True, options=TINY_RUN)
         assert ref.loss == pytest.approx(moved_sum / den, rel=1e-5)  # sink_scores scores the same targets
 
 
@@ -68,13 +67,13 @@ def test_the_dropped_target_and_the_old_definition(tiny_model, rows, study):
 
 
 def test_sink_rates_and_references(tiny_model, rows, study):
-    moved = sink_scores(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, bos_position=4, progress=False)
+    moved = sink_scores(tiny_model, rows, bos="prepend", bos_position=4, options=TINY_RUN)
     assert study["4"]["bos_score"] == pytest.approx(float(moved.bos_scores.mean()))
-    first = sink_scores(tiny_model, rows, bos="prepend", bos_token_id=TINY_BOS, loss=True, progress=False)
+    first = sink_scores(tiny_model, rows, bos="prepend", loss=True, options=TINY_RUN)
     assert study["bos"]["loss"][0] == pytest.approx(first.loss, rel=1e-5)
     assert set(study) == {"bos", "none", "1", "4"}
     with pytest.raises(ValueError, match="at or beyond"):
-        bos_position_study(tiny_model, rows, [9], bos_token_id=TINY_BOS, progress=False)
+        bos_position_study(tiny_model, rows, [9], options=TINY_RUN)
 
 
 def test_the_study_runs_from_its_config(tiny_model, monkeypatch):

@@ -7,38 +7,39 @@ import json
 import pytest
 import torch
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from sinkmech.studies.compare import compare_model
+from sinkmech.studies.configs import CompareConfig
 from sinkmech.measures.loss import content_loss
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
 from sinkmech.prompts import tokenize
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET, RunOptions
 
 
 def test_compare_model_equals_the_analyses_it_runs(tiny_model):
     g = torch.Generator().manual_seed(3)
     rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
-    res = compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12,
-                        spread_position=2, dormant_prompts=4, noop_prompts=2, noop_heads=2, bos_token_id=TINY_BOS,
-                        progress=False)
+    config = CompareConfig(n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12, spread_position=2,
+                           dormant_prompts=4, noop_prompts=2, noop_heads=2)
+    res = compare_model(tiny_model, rows, config=config, options=TINY_RUN)
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
-        direct = sink_scores(tiny_model, batch, progress=False)
+        direct = sink_scores(tiny_model, batch, options=QUIET)
         row = res.conditions[bos]
         assert row.sink_rate["0.3"] == pytest.approx(direct.sink_rate(0.3))
         assert row.per_layer_score == pytest.approx(direct.per_layer().tolist())
         assert row.loss == pytest.approx(content_loss(tiny_model, batch), abs=1e-5)
     content = [r[:12] for r in rows[:3]]
-    spread = perturbation_spread(tiny_model, content, perturbation=corpus_swaps(content, 2), bos_token_id=TINY_BOS,
-                                 progress=False).per_layer()["mean_change"]
+    spread = perturbation_spread(tiny_model, content, perturbation=corpus_swaps(content, 2),
+                                 options=TINY_RUN).per_layer()["mean_change"]
     assert res.conditions["none"].per_layer_spread == pytest.approx(spread[1].tolist(), abs=1e-6)
     assert res.conditions["prepend"].spread == pytest.approx(float(spread[0].mean()), abs=1e-6)
     assert res.dormant is not None and len(res.dormant.noop) == 2
     # the no-op check ran on prompts the scan did not see
     assert res.dormant.noop_prompts == [4, 5] and res.dormant.n_prompts == 4
     # reach and spread curves over fractional depth: per-prompt means, brute force
-    full = perturbation_spread(tiny_model, content, perturbation=corpus_swaps(content, 2), bos_token_id=TINY_BOS,
-                               progress=False)
+    full = perturbation_spread(tiny_model, content, perturbation=corpus_swaps(content, 2), options=TINY_RUN)
     later = full.later()
     row = res.conditions["none"]
     assert row.depth == pytest.approx([l / tiny_model.cfg.n_layers for l in range(tiny_model.cfg.n_layers + 1)])
@@ -66,7 +67,7 @@ def test_compare_model_equals_the_analyses_it_runs(tiny_model):
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
         per[bos] = [content_loss(tiny_model, batch.slice(p, p + 1)) for p in range(6)]
-        rate = [100 * float((sink_scores(tiny_model, batch.slice(p, p + 1), progress=False).scores > 0.3).float().mean())
+        rate = [100 * float((sink_scores(tiny_model, batch.slice(p, p + 1), options=QUIET).scores > 0.3).float().mean())
                 for p in range(6)]
         assert res.conditions[bos].sink_rate_ci["0.3"][0] == pytest.approx(sum(rate) / 6)
         per[bos + "_rate"] = rate
@@ -81,7 +82,7 @@ def test_compare_model_equals_the_analyses_it_runs(tiny_model):
     assert rgap[0] == pytest.approx(sum(a - b for a, b in zip(per["none_rate"], per["prepend_rate"])) / 6)
     json.loads(res.to_json())
     with pytest.raises(ValueError, match="spread_position"):
-        compare_model(tiny_model, rows, spread_tokens=4, spread_position=3, bos_token_id=TINY_BOS)
+        CompareConfig(spread_tokens=4, spread_position=3)
 
 
 @pytest.mark.slow
@@ -170,27 +171,21 @@ def test_a_report_reuses_compares_sink_passes(tiny_model, tmp_path):
 
     g = torch.Generator().manual_seed(4)
     rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
-    res = compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12,
-                        spread_position=2, dormant_prompts=0, bos_token_id=TINY_BOS, batch_size=4, progress=False)
+    config = CompareConfig(n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12, spread_position=2,
+                           dormant_prompts=0)
+    res = compare_model(tiny_model, rows, config=config,
+                        options=RunOptions(batch_size=4, progress=False, bos_token_id=TINY_BOS))
     kept = res.shared.sinks
     assert set(kept) == {"prepend", "none"} and (res.shared.n_prompts, res.shared.max_tokens) == (6, 16)
     assert "shared" not in res.to_dict()
-    kw = dict(sections=[sink_section, norms_section], prompts=rows, n_prompts=6, max_tokens=16, batch_size=4,
-              bos_token_id=TINY_BOS, progress=False)
+    kw = dict(sections=[sink_section, norms_section], prompts=rows, n_prompts=6, max_tokens=16,
+              options=RunOptions(batch_size=4, progress=False, bos_token_id=TINY_BOS))
     fresh = build_report(tiny_model, tmp_path / "fresh", **kw)
     reused = build_report(tiny_model, tmp_path / "reused", shared=res.shared, **kw)
     assert res.shared.sinks_for(6, 8) is None  # other settings: the report runs its own passes
-    with pytest.warns(DeprecationWarning, match="keep_sinks"):
-        old: dict = {}
-        compare_model(tiny_model, rows, n_prompts=6, max_tokens=16, spread_prompts=3, spread_tokens=12,
-                      spread_position=2, dormant_prompts=0, bos_token_id=TINY_BOS, batch_size=4, progress=False,
-                      keep_sinks=old)
-    assert torch.equal(old["prepend"].scores, kept["prepend"].scores)
-    with pytest.warns(DeprecationWarning, match="cache"):
-        build_report(tiny_model, tmp_path / "old", cache={"sinks": old}, **kw)
     for bos in ("prepend", "none"):
         batch = tokenize(tiny_model, rows, bos=bos, max_tokens=16, bos_token_id=TINY_BOS)
-        direct = sink_scores(tiny_model, batch, batch_size=4, progress=False)
+        direct = sink_scores(tiny_model, batch, options=RunOptions(batch_size=4, progress=False))
         assert torch.allclose(kept[bos].scores, direct.scores, atol=1e-6)
     a, b = fresh.summary["sections"], reused.summary["sections"]
     for bos in ("prepend", "none"):
@@ -211,13 +206,14 @@ def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
 
     g = torch.Generator().manual_seed(5)
     rows = torch.randint(2, 50, (12, 20), generator=g).tolist()
-    res = compare_model(tiny_model, rows, n_prompts=12, max_tokens=16, spread_prompts=2, spread_tokens=12,
-                        spread_position=2, dormant_prompts=8, noop_prompts=4, noop_heads=2, bos_token_id=TINY_BOS,
-                        batch_size=4, progress=False)
+    config = CompareConfig(n_prompts=12, max_tokens=16, spread_prompts=2, spread_tokens=12, spread_position=2,
+                           dormant_prompts=8, noop_prompts=4, noop_heads=2)
+    res = compare_model(tiny_model, rows, config=config,
+                        options=RunOptions(batch_size=4, progress=False, bos_token_id=TINY_BOS))
     memo = res.shared.discoveries
     assert len(memo) == 1
-    kw = dict(sections=[dormant_section], prompts=rows, n_prompts=12, max_tokens=16, batch_size=4, scan_prompts=8,
-              noop_prompts=4, n_heads=2, bos_token_id=TINY_BOS, progress=False)
+    kw = dict(sections=[dormant_section], prompts=rows, n_prompts=12, max_tokens=16, scan_prompts=8,
+              noop_prompts=4, n_heads=2, options=RunOptions(batch_size=4, progress=False, bos_token_id=TINY_BOS))
     reused = build_report(tiny_model, tmp_path / "reused", shared=res.shared, **kw)
     assert len(memo) == 1  # nothing new was run
     fresh = build_report(tiny_model, tmp_path / "fresh", **kw)

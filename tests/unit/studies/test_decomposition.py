@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers.planted import sampled_corpus
-from helpers.tiny import TINY_BOS, make_tiny
+from helpers.tiny import TINY_BOS, TINY_RUN, make_tiny
 from sinkmech.interventions.fit_sinks import bos_mass
 from sinkmech.measures.sinks import sink_scores
 from sinkmech.options import QUIET
@@ -40,8 +40,8 @@ def corpus(model):
 
 @pytest.fixture(scope="module")
 def study(model, corpus):
-    return decompose(model, corpus[12:], corpus[:12], CONFIG, bos_token_id=TINY_BOS,
-                     options=QUIET.replace(batch_size=5))
+    result = decompose(model, corpus[12:], corpus[:12], CONFIG, name="tiny", options=TINY_RUN.replace(batch_size=5))
+    return {**result.to_dict()["models"]["tiny"], "_runs": result.runs["tiny"]}
 
 
 def test_the_paired_phantom_with_bos_value_is_bos_first(study):
@@ -79,12 +79,12 @@ def test_bos_first_is_the_first_token_study(model, corpus, study):
     mass against `bos_mass`."""
     runs = study["_runs"]
     prompts = corpus[12:]
-    ft = first_token_study(model, prompts, {"bos": [TINY_BOS]}, max_tokens=14, swap_position=4, progress=False)
+    ft = first_token_study(model, prompts, {"bos": [TINY_BOS]}, max_tokens=14, swap_position=4, options=TINY_RUN)
     nll = runs.nll["bos"]
     assert torch.allclose(torch.where(nll.isnan(), 0.0, nll).sum(1), ft.prompt_loss["bos"], rtol=1e-5)
     assert torch.allclose(runs.spread["bos"].mean(1).double(), ft.spread["bos"], atol=1e-5)
     none = tokenize(model, prompts, bos="none", max_tokens=14)
-    assert torch.allclose(runs.sink_mass["bos"], bos_mass(model, none, TINY_BOS, QUIET), atol=1e-6)
+    assert torch.allclose(runs.sink_mass["bos"], bos_mass(model, none, TINY_BOS, TINY_RUN), atol=1e-6)
 
 
 def test_moved_bos_scores_its_targets_and_pairs_on_them(model, corpus, study):
@@ -93,8 +93,8 @@ def test_moved_bos_scores_its_targets_and_pairs_on_them(model, corpus, study):
     runs = study["_runs"]
     for K in (1, 3):
         got = runs.nll[f"bos_at_{K}"]
-        ref = sink_scores(model, corpus[12:], bos="prepend", bos_token_id=TINY_BOS, bos_position=K, loss=True,
-                          max_tokens=14, progress=False)
+        ref = sink_scores(model, corpus[12:], bos="prepend", bos_position=K, loss=True, max_tokens=14,
+                          options=TINY_RUN)
         assert torch.allclose(torch.where(got.isnan(), 0.0, got).sum(1), ref.prompt_loss, rtol=1e-5)
         assert got[:, K].isnan().all()
         e = study["conditions"][f"bos_at_{K}"]

@@ -10,6 +10,7 @@ import torch
 from helpers.tiny import TINY_BOS
 from sinkmech.studies.first_token import first_token_study
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
+from sinkmech.options import QUIET, RunOptions
 
 PREFIXES = {"bos": [TINY_BOS], "other": [7], "bos_bos": [TINY_BOS, TINY_BOS], "none": []}
 
@@ -23,7 +24,8 @@ def rows(tiny_tokens):
 
 @pytest.fixture(scope="module")
 def runs(tiny_model, rows):
-    return first_token_study(tiny_model, rows, PREFIXES, swap_position=3, batch_size=2, progress=False)
+    return first_token_study(tiny_model, rows, PREFIXES, swap_position=3,
+                             options=RunOptions(batch_size=2, progress=False))
 
 
 def test_each_prefix_equals_the_hand_built_sequence(tiny_model, rows, runs):
@@ -45,7 +47,8 @@ def test_spread_equals_perturbation_spread(tiny_model, rows, runs):
     """With one first token (or none) the spread is `perturbation_spread`'s per-prompt mean change over layers."""
     swaps = corpus_swaps(rows, 3)
     for name, bos_id in (("bos", TINY_BOS), ("other", 7)):
-        ref = perturbation_spread(tiny_model, rows, perturbation=swaps, bos_token_id=bos_id, progress=False)
+        ref = perturbation_spread(tiny_model, rows, perturbation=swaps,
+                                  options=RunOptions(progress=False, bos_token_id=bos_id))
         per = ref.per_prompt()["mean_change"].mean(-1)  # [bos, prompt]
         assert torch.allclose(runs.spread[name].float(), per[0], atol=1e-5)
         assert torch.allclose(runs.spread["none"].float(), per[1], atol=1e-5)
@@ -62,16 +65,16 @@ def test_contrasts_are_paired_against_bos(tiny_model, rows, runs):
     assert "vs_bos" not in runs.entry("bos")
     # the same first token twice under two names: every paired difference is exactly 0
     same = first_token_study(tiny_model, rows, {"bos": [TINY_BOS], "again": [TINY_BOS]}, swap_position=3,
-                             progress=False).entry("again")["vs_bos"]
+                             options=QUIET).entry("again")["vs_bos"]
     assert same["loss"] == [0.0, 0.0, 0.0] and same["spread"] == [0.0, 0.0, 0.0]
     assert set(runs.to_dict()["first_tokens"]) == set(PREFIXES)
 
 
 def test_bad_first_tokens_are_refused(tiny_model, rows):
     with pytest.raises(ValueError, match="must lie in"):
-        first_token_study(tiny_model, rows, {"bos": [999]}, progress=False)
+        first_token_study(tiny_model, rows, {"bos": [999]}, options=QUIET)
     with pytest.raises(ValueError, match="swap_position"):
-        first_token_study(tiny_model, rows, PREFIXES, swap_position=8, progress=False)
+        first_token_study(tiny_model, rows, PREFIXES, swap_position=8, options=QUIET)
 
 
 @pytest.mark.slow
@@ -88,7 +91,7 @@ def test_gemma_first_tokens_match_transformers(gemma):
 
     prefixes, _ = first_tokens(gemma)
     prompts = default_corpus()[120:122]
-    runs = first_token_study(gemma, prompts, prefixes, max_tokens=24, progress=False)
+    runs = first_token_study(gemma, prompts, prefixes, max_tokens=24, options=QUIET)
     path = packaged_gguf_path("gemma3-270m")
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                               attn_implementation="eager").eval()

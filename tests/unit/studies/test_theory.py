@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.tiny import TINY_BOS
+from helpers.tiny import TINY_RUN, TINY_BOS
 from sinkmech.studies.theory import (
     bound_ranking,
     distance_shuffled_spearman,
@@ -17,6 +17,7 @@ from sinkmech.studies.theory import (
 )
 from sinkmech.stats import t_quantile
 from sinkmech.theory.sensitivity import jacobian_norms, jacobian_norms_hutchinson, spearman
+from sinkmech.options import QUIET
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +92,10 @@ def test_pair_sets():
 
 def test_bound_ranking_estimators_agree_and_report(tiny_model, tiny_tokens):
     rows = tiny_tokens[:2, :5].tolist()
-    exact = bound_ranking(tiny_model, rows, estimator="exact", bos_token_id=TINY_BOS, n_shuffles=2, chunk_size=1024,
-                          progress=False)
-    est = bound_ranking(tiny_model, rows, estimator="hutchinson", n_probes=128, bos_token_id=TINY_BOS, n_shuffles=2,
-                        chunk_size=1024, progress=False)
+    exact = bound_ranking(tiny_model, rows, estimator="exact", n_shuffles=2, chunk_size=1024,
+                          options=TINY_RUN)
+    est = bound_ranking(tiny_model, rows, estimator="hutchinson", n_probes=128, n_shuffles=2,
+                        chunk_size=1024, options=TINY_RUN)
     for c in ("prepend", "none"):
         for s in ("all", "content", "off_diagonal"):
             assert torch.allclose(exact.rho[c][s], est.rho[c][s], atol=0.08)
@@ -104,8 +105,7 @@ def test_bound_ranking_estimators_agree_and_report(tiny_model, tiny_tokens):
     cell = d["content"]["none_minus_prepend"]
     assert cell["mean"] == pytest.approx(float((est.rho["none"]["content"] - est.rho["prepend"]["content"]).mean()))
     assert 0 < cell["sign_flip_p"] <= 1 and len(cell["ci"]) == 2
-    check = validate_estimator(tiny_model, rows[:1], max_tokens=5, n_probes=64, bos_token_id=TINY_BOS,
-                               chunk_size=1024, progress=False)
+    check = validate_estimator(tiny_model, rows[:1], max_tokens=5, n_probes=64, chunk_size=1024, options=TINY_RUN)
     assert check["n_entries"] == 15 + 21 and check["relative_error"]["median"] < 0.1
 
 
@@ -113,7 +113,7 @@ def test_smollm2_hutchinson_matches_exact(smollm2):
     """A few SmolLM2 prompts: per-entry relative error and the ranking it yields."""
     from sinkmech.prompts import default_corpus
 
-    check = validate_estimator(smollm2, default_corpus()[130:132], max_tokens=4, n_probes=32, progress=False)
+    check = validate_estimator(smollm2, default_corpus()[130:132], max_tokens=4, n_probes=32, options=QUIET)
     assert check["relative_error"]["median"] < 0.15
     assert check["spearman_estimate_vs_exact"]["min"] > 0.9
     assert check["bound_spearman_abs_difference_max"] < 0.1

@@ -14,6 +14,7 @@ from sinkmech.theory.sensitivity import (
     attention_patterns, jacobian_norms, mixing_matrices, path_weights, rank_collapse, repeat_collapse,
     representational_collapse, sensitivity, spearman,
 )
+from sinkmech.options import RunOptions
 
 
 def test_jacobian_matches_finite_differences(tiny_model, tiny_tokens):
@@ -58,7 +59,7 @@ def test_path_weights_equal_brute_force_path_enumeration(tiny_tokens):
 
 
 def test_sensitivity_side_by_side(tiny_model, tiny_tokens):
-    s = sensitivity(tiny_model, tiny_tokens[:1], bos="prepend", max_tokens=4, bos_token_id=TINY_BOS)
+    s = sensitivity(tiny_model, tiny_tokens[:1], bos="prepend", max_tokens=4, options=RunOptions(bos_token_id=TINY_BOS))
     assert s.jacobian.shape == s.path_weight.shape == (5, 5)
     assert len(s.to_dataframe()) == 15
     with pytest.raises(ValueError, match="n_layers"):
@@ -84,8 +85,8 @@ def test_rank_collapse_is_not_decided_by_a_huge_first_token():
     with torch.no_grad():
         model.W_E[TINY_BOS] *= 1000.0
     rows = [[5] * 6, [7] * 4]
-    rc_all = rank_collapse(model, rows, bos="prepend", bos_token_id=TINY_BOS, exclude_first=False)
-    rc = rank_collapse(model, rows, bos="prepend", bos_token_id=TINY_BOS)
+    rc_all = rank_collapse(model, rows, bos="prepend", options=RunOptions(bos_token_id=TINY_BOS), exclude_first=False)
+    rc = rank_collapse(model, rows, bos="prepend", options=RunOptions(bos_token_id=TINY_BOS))
     for p, T in enumerate((7, 5)):
         # exact at the embeddings; after a layer the content rows (norm ~5 against
         # ~800) add a term of order (T-1) b.c / (T |b|^2): below 1e-2 here.
@@ -98,7 +99,7 @@ def test_repeat_collapse_matches_brute_force(tiny_model, tiny_tokens):
     rows = [tiny_tokens[0, :5].tolist(), tiny_tokens[1, :3].tolist()]
     repeats = [0, 2, 5]
     for bos in ("prepend", "none"):
-        got = repeat_collapse(tiny_model, rows, repeats=repeats, bos=bos, bos_token_id=TINY_BOS)
+        got = repeat_collapse(tiny_model, rows, repeats=repeats, bos=bos, options=RunOptions(bos_token_id=TINY_BOS))
         assert got.shape == (2, 3, 3)
         for p, row in enumerate(rows):
             for r, k in enumerate(repeats):
@@ -128,6 +129,7 @@ def test_repeated_tokens_collapse_fully_without_bos(tiny_model):
     # Identical tokens carry identical values: without <bos> every position holds
     # the same vector, so n and n+1 repeats give the same last representation.
     none = representational_collapse(tiny_model, token=5, lengths=[2, 4], bos="none")
-    with_bos = representational_collapse(tiny_model, token=5, lengths=[2, 4], bos="prepend", bos_token_id=TINY_BOS)
+    with_bos = representational_collapse(tiny_model, token=5, lengths=[2, 4], bos="prepend",
+                                         options=RunOptions(bos_token_id=TINY_BOS))
     assert none.shape == (2, 3)
     assert none.max() < 1e-4 and with_bos[:, 1:].min() > 1e-3

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from sinkmech.options import QUIET
 import torch
 from jaxtyping import TypeCheckError
 
@@ -64,7 +66,7 @@ def study(argv: list[str]) -> int:
 @pytest.mark.slow
 def test_short_run_loss_falls_and_log_is_written(tmp_path):
     cfg = TrainConfig(data="text", steps=60, lr=3e-3, **TINY)
-    result = train(cfg, tmp_path, progress=False)
+    result = train(cfg, tmp_path, options=QUIET)
     losses = result.log["train_loss"]
     assert len(losses) == 60
     # Byte-level text starts near ln(258) = 5.55 nats; 60 steps learn byte frequencies at least.
@@ -177,7 +179,7 @@ def test_bigram_backcopy_generator_obeys_its_rule():
 
 def test_checkpoint_reload_gives_identical_logits(tmp_path):
     cfg = TrainConfig(data="bigram_backcopy", steps=3, **TINY)
-    result = train(cfg, tmp_path, progress=False)
+    result = train(cfg, tmp_path, options=QUIET)
     assert (tmp_path / "model.safetensors").exists() and (tmp_path / "config.json").exists()
     assert not list(tmp_path.glob("*.pt")) and not list(tmp_path.glob("*.bin"))
     model, cfg2 = load_checkpoint(tmp_path, device="cpu")
@@ -320,7 +322,7 @@ def test_run_names_match_the_committed_logs():
 
 def test_typed_evals_match_the_log(tmp_path):
     cfg = TrainConfig(data="bigram_backcopy", steps=2, eval_every=1, **{k: v for k, v in TINY.items() if k != "eval_every"})
-    result = train(cfg, tmp_path, progress=False)
+    result = train(cfg, tmp_path, options=QUIET)
     assert len(result.evals) == 2
     log = json.loads((tmp_path / "log.json").read_text())
     for ev, entry in zip(result.evals, log["evals"]):

@@ -8,6 +8,8 @@ import json
 import math
 
 import pytest
+
+from sinkmech.options import QUIET
 import torch
 from jaxtyping import TypeCheckError
 
@@ -168,7 +170,7 @@ def test_the_larger_text_corpus_adds_the_stdlib_sources():
 
 def test_eval_record_has_layer_rates_and_attention_per_class(tmp_path):
     cfg = TrainConfig(steps=2, eval_every=2, mask_self=True, **TINY)
-    ev = train(cfg, progress=False).final()["conditions"]
+    ev = train(cfg, options=QUIET).final()["conditions"]
     for cond in ("prepend", "none"):
         c = ev[cond]
         assert set(c["layer_sink_rate"]) == {"0.3", "0.8"} and len(c["layer_sink_rate"]["0.3"]) == 2
@@ -178,7 +180,7 @@ def test_eval_record_has_layer_rates_and_attention_per_class(tmp_path):
         assert c["attention"]["other"]["self"] == [[0.0, 0.0], [0.0, 0.0]]
     text = TrainConfig(data="text", text_limit_bytes=300_000, context_length=32, tokens_per_step=128, n_layers=1,
                        d_model=16, n_heads=2, steps=1, eval_every=1, eval_prompts=2, val_windows=2, threads=1)
-    att = train(text, progress=False).final()["conditions"]["prepend"]["attention"]
+    att = train(text, options=QUIET).final()["conditions"]["prepend"]["attention"]
     assert set(att) == {"all", "counts"}
 
 

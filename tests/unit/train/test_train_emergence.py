@@ -21,6 +21,7 @@ from sinkmech.train.emergence import emergence, first_crossing, stable_crossing
 from sinkmech.train.evaluate import evaluate
 from sinkmech.train.model import packed_token_losses
 from sinkmech.train.run import TrainConfig, TrainData, build_model, train
+from sinkmech.options import QUIET, RunOptions
 
 pytestmark = needs("can_train")  # sinkmech.train builds its models from a config
 
@@ -44,7 +45,7 @@ def test_positional_none_has_no_position_information(tmp_path):
     perm = torch.cat([torch.randperm(11), torch.tensor([11])])
     assert not torch.equal(tokens[0, perm], tokens[0])
     cfg = TrainConfig(positional="none", steps=3, eval_every=3, **TINY)
-    result = train(cfg, tmp_path, progress=False)  # W_pos must stay zero while training
+    result = train(cfg, tmp_path, options=QUIET)  # W_pos must stay zero while training
     model = result.model
     assert not model.pos_embed.W_pos.requires_grad and model.pos_embed.W_pos.abs().max() == 0
     with torch.no_grad():
@@ -97,8 +98,8 @@ def test_logged_norms_are_the_sink_scores_norms():
     data = TrainData(cfg)
     model = build_model(cfg, "cpu")
     ev = evaluate(model, data)
-    s = sink_scores(model, data.prompts, bos="prepend", max_tokens=sink_tokens(cfg), bos_token_id=cfg.bos_id,
-                    progress=False)
+    s = sink_scores(model, data.prompts, bos="prepend", max_tokens=sink_tokens(cfg),
+                    options=RunOptions(progress=False, bos_token_id=cfg.bos_id))
     c = ev.conditions["prepend"]
     assert torch.allclose(torch.tensor(c.value_norm_first), s.value_norm_first.mean(0))
     assert torch.allclose(torch.tensor(c.resid_norm_rest), s.resid_norm_rest.mean(0))
@@ -131,7 +132,7 @@ def test_emergence_follows_the_strongest_head_and_marks_the_crossing():
 
 def test_emergence_of_a_real_log_has_every_series(tmp_path):
     cfg = TrainConfig(steps=4, eval_every=2, **TINY)
-    em = emergence(train(cfg, tmp_path, progress=False).log, run=cfg.run_name).to_dict()
+    em = emergence(train(cfg, tmp_path, options=QUIET).log, run=cfg.run_name).to_dict()
     assert em["steps"] == [2, 4]
     for k in ("first_token_score", "bos_value_norm", "other_value_norm", "bos_resid_norm", "loss_post_trigger"):
         assert len(em[k]) == 2 and all(math.isfinite(v) for v in em[k])
