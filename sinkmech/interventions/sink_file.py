@@ -67,8 +67,9 @@ def _key(prompt) -> str:
 
 
 def token_hash(row: Sequence[int]) -> str:
-    """The record of one fitting prompt's content tokens (sha256 of the ids, comma-separated)."""
-    return hashlib.sha256(",".join(str(int(t)) for t in row).encode()).hexdigest()
+    """The record of one fitting prompt's content tokens: sha256 of the ids written
+    as a JSON list ("[2, 651, 9]")."""
+    return hashlib.sha256(("[" + ", ".join(str(int(t)) for t in row) + "]").encode()).hexdigest()
 
 
 def read_sink_file(path: str | Path) -> SinkFile:
