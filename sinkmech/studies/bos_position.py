@@ -59,8 +59,9 @@ def bos_position_study(
         those targets, and the sink rates against `<bos>` first's on key 0),
         "vs_none" (loss), "dropped_target" (content token K: its loss predicted
         from the `<bos>` position, with `<bos>` first, and their paired
-        difference, nats), "vs_bos_all_targets" (the loss difference over every
-        content target, K's predicted from `<bos>`)}}. `options`: batch size,
+        difference, nats), "vs_bos_all_targets" and "vs_none_all_targets" (the
+        loss differences over every content target, K's predicted from `<bos>`:
+        the earlier definition)}}. `options`: batch size,
         progress bars, the `<bos>` id to move.
     """
     if not positions or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in positions):
@@ -103,6 +104,7 @@ def bos_position_study(
             "dropped_target": {"from_bos": _mean_ci(moved[:, K]), "bos_first": _mean_ci(nll["bos"][:, K]),
                                "difference": _mean_ci(moved[:, K] - nll["bos"][:, K])},
             "vs_bos_all_targets": {"loss": ratio_with_ci(everything - _sums(nll["bos"])[0], n_all)},
+            "vs_none_all_targets": {"loss": ratio_with_ci(everything - _sums(nll["none"])[0], n_all)},
         }
     return out
 
