@@ -457,17 +457,23 @@ class Decomposition(Result):
 
     def findings(self) -> dict[str, dict]:
         """Findings prefix -> the values written under it (`sinkmech.findings.record`)."""
-        from sinkmech.findings import flatten
+        return findings_of(self.to_dict())
 
-        out = {}
-        for name, section in self.models.items():
-            keep = {k: v for k, v in section.items() if k != "conditions"}
-            for cond, e in section["conditions"].items():
-                keep[cond] = {k: v for k, v in e.items() if k not in ("spread_by_layer", "collapse_by_layer")}
-                if "vs_bos" in e:
-                    keep[cond]["vs_bos"] = {k: v for k, v in e["vs_bos"].items() if k != "collapse_by_layer"}
-            out[f"{name}.decomposition"] = flatten(f"{name}.decomposition", keep)
-        return out
+
+def findings_of(study: Mapping) -> dict[str, dict]:
+    """The findings of a decomposition JSON (one run, or pieces `merge`d): per model,
+    every section under `<model>.decomposition`, the by-layer curves left in the JSON."""
+    from sinkmech.findings import flatten
+
+    out = {}
+    for name, section in study["models"].items():
+        keep = {k: v for k, v in section.items() if k != "conditions"}
+        for cond, e in section["conditions"].items():
+            keep[cond] = {k: v for k, v in e.items() if k not in ("spread_by_layer", "collapse_by_layer")}
+            if "vs_bos" in e:
+                keep[cond]["vs_bos"] = {k: v for k, v in e["vs_bos"].items() if k != "collapse_by_layer"}
+        out[f"{name}.decomposition"] = flatten(f"{name}.decomposition", keep)
+    return out
 
 
 def run(model_or_models, config: DecompositionConfig = DecompositionConfig()) -> Decomposition:
