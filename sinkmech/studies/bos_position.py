@@ -21,11 +21,11 @@ import torch
 from torch import Tensor
 
 from sinkmech.loading.backend import Model
+from sinkmech.measures.loss import target_nll
 from sinkmech.measures.sinks import format_eps, sink_scores
 from sinkmech.options import RunOptions
 from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
 from sinkmech.stats import prompt_curve, ratio_with_ci
-from sinkmech.studies.decomposition import target_nll
 
 
 def _mean_ci(x: Tensor) -> list[float] | None:
