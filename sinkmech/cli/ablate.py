@@ -8,6 +8,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
+    add_attention,
     BOS_HELP,
     FlagValueError,
     UsageError,
@@ -46,6 +47,7 @@ def add_ablate_parser(sub) -> None:
                         "at once")
     add_metric(p, loss=True)
     add_shard_flags(p, ray=True)
+    add_attention(p, needs_pattern="edits each head's attention pattern (mask_first, all_to_first, drop_sink)")
     p.set_defaults(func=cmd_ablate)
 
 

@@ -116,12 +116,54 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda when present)")
 
 
-def load_model_arg(args, spec: str | None = None):
-    """The model named by --model (or `spec`), in --dtype on --device."""
+def load_model_arg(args, spec: str | None = None, *, n_ctx: int = 2048):
+    """The model named by --model (or `spec`), in --dtype on --device, with a
+    context of `n_ctx` positions (capped at the model's own)."""
     from sinkmech.loading import models
 
     return models.load_model(spec or args.model, device=getattr(args, "device", None),
-                             dtype=getattr(args, "dtype", "float32"))
+                             dtype=getattr(args, "dtype", "float32"), n_ctx=n_ctx)
+
+
+# --attention: how attention is read (sinkmech.measures.fused; its modes are read
+# from there without importing it)
+ATTENTION_HELP = ("how attention is read: pattern (each layer's T x T pattern in turn), fused (never the pattern: "
+                  "the head's output from a fused kernel or query chunks, memory O(T) per head, the same numbers), "
+                  "auto (fused from {fused_from} positions on)")
+
+
+def add_attention(p: argparse.ArgumentParser, needs_pattern: str | None = None) -> None:
+    """--attention fused|pattern|auto. A command whose analysis reads the whole
+    pattern says why in `needs_pattern`: it keeps the pattern, and `fused` is
+    refused before the model loads (`check_attention_arg`)."""
+    modes = source_constant("sinkmech.measures.fused", "ATTENTION_MODES")
+    fused_from = source_constant("sinkmech.measures.fused", "FUSED_FROM")
+    help_ = ATTENTION_HELP.format(fused_from=fused_from)
+    if needs_pattern:
+        help_ += f"; this command {needs_pattern}, so it keeps the pattern (fused is refused, auto reads it)"
+    p.add_argument("--attention", choices=modes, default="pattern" if needs_pattern else "auto", help=help_)
+    p.set_defaults(needs_pattern=needs_pattern)
+
+
+def check_attention_arg(args) -> str:
+    """The --attention to run: `fused` refused (a UsageError) where the command
+    needs the whole pattern, `auto` read as `pattern` there."""
+    needs = getattr(args, "needs_pattern", None)
+    if needs and args.attention == "fused":
+        raise UsageError(f"--attention fused: {args.command} {needs}, which the fused path never holds: "
+                         "run it with --attention pattern (or auto)")
+    return "pattern" if needs else args.attention
+
+
+def check_context(spec: str, n_positions: int) -> None:
+    """Refuse `n_positions` (content tokens and <bos>) past the model's trained
+    context, where it is known without loading the model (`loading.names.known_context`)."""
+    from sinkmech.loading.names import known_context, resolve_source
+
+    limit = known_context(resolve_source(spec))
+    if limit is not None and n_positions > limit:
+        raise UsageError(f"--max-tokens asks for {n_positions} positions (with <bos>) but {spec} was trained for "
+                         f"{limit}: give --max-tokens {limit - 1} or less")
 
 
 def run_options(args, *, bos_token_id: int | None = None, progress: bool = True, batch_size: int | None = None):

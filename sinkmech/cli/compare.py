@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinkmech.cli.common import (
+    add_attention,
     Distinct, FlagValueError, UsageError, model_name, non_negative_int, output_file, output_folder, positive_int,
     prompts_arg, run_options,
 )
@@ -50,6 +51,7 @@ def add_compare_parser(sub) -> None:
                         "and dormant-head discovery; --overwrite and --findings apply to it too")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
+    add_attention(p, needs_pattern="runs the dormant-head scan and the ablations, which read and edit whole attention patterns")
     p.set_defaults(func=cmd_compare)
 
 

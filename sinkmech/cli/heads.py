@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
+    add_attention,
     BOS_HELP, UsageError, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
     load_model_arg, non_negative_int, output_file, positive_int, run_options, write_results,
 )
@@ -48,6 +49,7 @@ def add_heads_parser(sub) -> None:
                    "if_else heads with their validated lifts, the threshold sweep, no-op effects with intervals) or, "
                    "with --contrast, <model>.contrast")
     add_shard_flags(p, ray=True)
+    add_attention(p, needs_pattern="reads every query's whole attention row (the keys a head attends when active, its trigger tokens)")
     p.set_defaults(func=cmd_heads)
 
 

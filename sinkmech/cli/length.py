@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech.cli.common import (
+    add_attention,
     MODEL_HELP, PNG_HELP, Distinct, UsageError, at_least, head_spec, image_file, load_model_arg, model_name,
     output_file, positive_float, positive_int, prompts_arg, run_options, source_constant, write_results,
 )
@@ -57,6 +58,7 @@ def add_length_parser(sub) -> None:
                         "without --scores); the heads are chosen on all of them and shard I's mask_first costs "
                         "written, which `sinkmech merge` joins")
     add_shard_flags(p, ray=True)
+    add_attention(p, needs_pattern="measures mask_first, an edit of the attention scores of every query")
     p.set_defaults(func=cmd_length)
 
 

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from sinkmech.cli.ablate import add_ablate_parser
-from sinkmech.cli.common import Parser, UsageError, add_model_options, json_only_stdout
+from sinkmech.cli.common import Parser, UsageError, add_model_options, check_attention_arg, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
 from sinkmech.cli.fit_sinks import add_fit_sinks_parser
 from sinkmech.cli.heads import add_heads_parser
@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     try:
         with json_only_stdout(str(getattr(args, "json", None)) == "-"):
+            if hasattr(args, "attention"):
+                check_attention_arg(args)  # from the flags alone, before torch
             if hasattr(args, "shard"):
                 check_shard_flags(args)  # before the prompts are read (which imports torch)
             args.func(args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
+    add_attention,
     add_intervention_common, add_metric, answers, conditions, load_model_arg, non_negative_int, prompts_arg,
     run_options,
     source_constant, warn_short, write_results,
@@ -26,6 +27,7 @@ def add_patch_parser(sub) -> None:
     p.add_argument("--layers", type=non_negative_int, nargs="+", default=None, help="patch only these layers (default: all)")
     add_metric(p)
     add_shard_flags(p, ray=True)
+    add_attention(p, needs_pattern="patches activations between two runs, the attention pattern among them")
     p.set_defaults(func=cmd_patch)
 
 

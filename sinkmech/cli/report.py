@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
+    add_attention,
     BATCH_HELP, MODEL_HELP, dataclass_defaults, load_model_arg, model_name, output_file, output_folder, positive_int,
     run_options,
 )
@@ -40,6 +41,7 @@ def add_report_parser(sub) -> None:
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier report in --out (as a whole); without it an earlier report is kept")
+    add_attention(p, needs_pattern="draws circuitsvis views of whole attention patterns and edits them in its ablations")
     p.set_defaults(func=cmd_report)
 
 

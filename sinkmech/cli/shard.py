@@ -71,7 +71,8 @@ class ModelTask:
     def load_model(self):
         from sinkmech.loading import models
 
-        return models.load_model(self.model, device=self.device, dtype=self.dtype)
+        return models.load_model(self.model, device=self.device, dtype=self.dtype,
+                                 n_ctx=max(2048, self.max_tokens + 1))
 
     def load(self):
         return self.load_model()

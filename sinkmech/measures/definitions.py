@@ -31,6 +31,23 @@ def sink_rate(scores: Float[Tensor, "..."], eps: float | str) -> float:
     return 100.0 * (scores > check_eps(eps)).float().mean().item()
 
 
+def query_mean(
+    column: Float[Tensor, "batch head_index query_pos"], lengths: Int[Tensor, " batch"], start: int = 0,
+    stop: int | None = None,
+) -> Float[Tensor, "batch head_index"]:
+    """The one mean over queries behind every score here: per prompt and head,
+    the mean of `column` (one value per query: its attention on a key, a
+    learned sink's share) over the real queries t = start .. T-1 (and t < stop
+    when given); padding queries never count. Float32 sums, as the pattern's
+    own dtype gives them; NaN for a prompt with no such query."""
+    pos = torch.arange(column.shape[-1], device=column.device)
+    n = lengths.to(column.device)
+    end = n if stop is None else n.clamp(max=stop)
+    valid = ((pos[None, :] >= start) & (pos[None, :] < end[:, None])).float()  # [batch, query_pos]
+    total = einops.einsum(column.float(), valid, "b h q, b q -> b h")
+    return total / (end - start)[:, None].float()
+
+
 def first_key_score(
     pattern: Float[Tensor, "batch head_index query_pos key_pos"], lengths: Int[Tensor, " batch"]
 ) -> Float[Tensor, "batch head_index"]:
@@ -39,17 +56,15 @@ def first_key_score(
     Query 0 counts (it can only attend to key 0); padding queries never do.
 
     Args:
-        pattern: a layer's attention pattern over right-padded prompts.
+        pattern: a layer's attention pattern over right-padded prompts (or the
+            column of key 0 alone, [batch head_index query_pos 1]: the fused path).
         lengths: real positions per prompt (`<bos>` included when prepended).
 
     Returns:
         alpha_0 in float32, in [1/T, 1] for a prompt of T positions (in (0, 1]
         for a model with learned sink logits: the sink takes its share of query 0 too).
     """
-    pos = torch.arange(pattern.shape[-2], device=pattern.device)
-    valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()  # [batch, query_pos]
-    first = einops.einsum(pattern[..., 0].float(), valid, "b h q, b q -> b h")
-    return first / lengths.to(pattern.device)[:, None].float()
+    return query_mean(pattern[..., 0], lengths)
 
 
 def check_rows(pattern: Float[Tensor, "batch head_index query_pos key_pos"], valid: Float[Tensor, "batch query_pos"],
@@ -81,10 +96,7 @@ def learned_sink_score(
     """The learned sink's mass (gpt-oss): per prompt and head, the mean over all
     real queries of 1 - the row's sum over the real keys, the share the softmax
     gave the learned sink logit. In [0, 1); alpha_0 + this mass <= 1 per query."""
-    pos = torch.arange(pattern.shape[-2], device=pattern.device)
-    valid = (pos[None, :] < lengths.to(pattern.device)[:, None]).float()
-    sink = 1.0 - pattern.float().sum(-1)  # [batch, head, query]
-    return einops.einsum(sink, valid, "b h q, b q -> b h") / lengths.to(pattern.device)[:, None].float()
+    return query_mean(1.0 - pattern.float().sum(-1), lengths)
 
 
 # `<bos>` moved into the sequence (`sink_scores(..., bos_position=K)`)
@@ -132,8 +144,4 @@ def moved_key_score(
 ) -> Float[Tensor, "batch head_index"]:
     """Per prompt and head: the mean over the real queries t = K .. T-1 (those
     that can see key K) of the attention A[t, K] on key `position` K."""
-    pos = torch.arange(pattern.shape[-2], device=pattern.device)
-    n = lengths.to(pattern.device)
-    valid = ((pos[None, :] >= position) & (pos[None, :] < n[:, None])).float()  # [batch, query_pos]
-    total = einops.einsum(pattern[..., position].float(), valid, "b h q, b q -> b h")
-    return total / (n - position)[:, None].float()
+    return query_mean(pattern[..., position], lengths, start=position)

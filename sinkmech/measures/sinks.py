@@ -26,6 +26,8 @@ from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.interventions.phantom import (
     PhantomSink, ValuelessBos, bos_state, paired_mass, phantom_hooks, valueless_bos_hooks,
 )
+from sinkmech.measures.columns import attention_columns
+from sinkmech.measures.fused import Attention, resolve_attention
 from sinkmech.measures.loss import masked_row_losses, target_mask
 from sinkmech.options import RunOptions
 from sinkmech.prompts import DEFAULT_EPS, Bos, PromptSource, TokenBatch, as_batch
@@ -38,6 +40,7 @@ from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmec
     move_bos,
     moved_bos_targets,
     moved_key_score,
+    query_mean,
     sink_rate,
     skip_target_mask,
 )
@@ -71,6 +74,8 @@ class SinkScores(Result):
     # models with learned sink logits (gpt-oss): per (prompt, layer, head) the mean over
     # real queries of the learned sink's share (1 - the row's sum over real keys); None otherwise
     learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
+    # how attention was read: "pattern" (each layer's T x T in its hook) or "fused" (never held); None: not recorded
+    attention: str | None = None
     # a sink intervention (`sink=`): what it was (`ValuelessBos.describe()` or
     # `PhantomSink.describe()`), and for a phantom sink per (prompt, layer, head)
     # the mass it took, mean over the prompt's real queries
@@ -247,6 +252,7 @@ class SinkScores(Result):
             "max_tokens_requested": self.max_tokens_requested,
             "context_limit": self.context_limit,
             "n_prompts": self.n_prompts,
+            "attention": self.attention,
             **self.summary(eps),
         }
 
@@ -280,6 +286,7 @@ def sink_scores(
     loss: bool = False,
     bos_position: int | None = None,
     options: RunOptions = RunOptions(),
+    attention: Attention = "pattern",
     sink: ValuelessBos | PhantomSink | None = None,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
@@ -309,13 +316,18 @@ def sink_scores(
             the `<bos>` position would predict (`moved_bos_targets`).
         options: batch size (default 16 prompts per forward pass), progress bar,
             and the `<bos>` id for prompts of a model whose tokenizer lacks one.
+        attention: "pattern" reads each layer's pattern in its hook (one layer's
+            batch x heads x T x T at a time); "fused" never holds it
+            (`sinkmech.measures.fused`: the same numbers, memory O(T) per head);
+            "auto" takes the fused path from `FUSED_FROM` positions on.
         sink: a sink intervention (`sinkmech.interventions.phantom`) in every pass:
             `ValuelessBos` (bos="prepend": `<bos>`'s value zeroed in the chosen
             heads) or `PhantomSink` (bos="none": a sink without a token; its
             mass per head is `phantom_mass`, the paired form's m comes from the
             same content with `<bos>` first: the batch's `<bos>` id, the
             options', or the tokenizer's). `scores` stay alpha_0 on key 0 as the
-            intervened pattern has it.
+            intervened pattern has it (the
+            pattern path only: `attention` "auto" reads the pattern with one).
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -328,6 +340,9 @@ def sink_scores(
         batch = move_bos(batch, bos_position)
     phantom, bos_id, bos_values = _check_sink(model, batch, sink, bos_position, options.bos_token_id)
     chunks = batch.batches(options.batch(16))
+    if sink is not None and attention == "fused":
+        raise ValueError("the sink interventions act on the attention pattern: use attention='pattern' (or 'auto')")
+    path = "pattern" if sink is not None else resolve_attention(attention, int(batch.tokens.shape[1]))
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -346,6 +361,19 @@ def sink_scores(
         n_rest = (n_real - 1).clamp(min=1)
         rest = valid.clone()
         rest[:, 0] = 0.0
+        if path == "fused":  # the same numbers from the per-query columns, no T x T pattern
+            mask = None if not loss else target_mask(part) if bos_position is None else moved_bos_targets(part, bos_position)
+            cols = attention_columns(model, part.tokens, keys=(0,) if bos_position is None else (0, bos_position),
+                                     loss_mask=mask)
+            for name, v in cols.first_key_stats(part.lengths, bos_position).items():
+                target = {"resid_norm_first": resid_first, "resid_norm_rest": resid_rest, "bos_scores": bos_scores,
+                          "learned_sink_scores": learned}.get(name, out.get(name))
+                if target is not None:
+                    target[rows] = v
+            if loss:
+                prompt_loss[rows] = cols.row_loss
+                loss_sum, loss_n = loss_sum + float(cols.row_loss.sum()), loss_n + int(mask[:, :-1].sum())
+            continue
 
         def pattern_hook(pattern, hook):
             check_rows(pattern, valid, hook.layer(), learned=learned is not None, phantom=phantom)
@@ -403,6 +431,7 @@ def sink_scores(
         bos_position=bos_position,
         bos_scores=bos_scores,
         learned_sink_scores=learned,
+        attention=path,
         sink=None if sink is None else sink.describe(),
         phantom_mass=phantom_mass,
     )

@@ -75,6 +75,55 @@ class CompareConfig(StudyConfig):
 
 @register
 @dataclass(frozen=True)
+class LongContextConfig(StudyConfig):
+    """The paper's length claims at thousands of tokens (`sinkmech.studies.long_context`):
+    loss and sink rate by position with and without `<bos>`, StreamingLLM's
+    window with the first key kept or dropped, representational collapse in length.
+
+    Attributes:
+        lengths: content tokens per prompt, one run each (the same texts cut to each).
+        n_prompts: long texts (`sinkmech.context.long_text`), from the topics in turn.
+        topics: the long-text topics the prompts come from.
+        buckets: upper edges of the position buckets (1-64, 65-512, ...), content positions from 1.
+        eps: sink-rate thresholds (strict >).
+        stream_length: content tokens of the StreamingLLM runs (with `<bos>`); 0 skips them.
+        stream_window: W, the last keys every query sees.
+        stream_keep: first keys kept beside the window (0: dropped), one run each, with the W + k control.
+        collapse_repeats: k, the times a prefix's last token is repeated (`repeat_collapse`).
+        collapse_prefix: content tokens of the prefix.
+        attention: how the passes read attention (`sinkmech.measures.fused`).
+    """
+
+    study: ClassVar[str] = "long_context"
+    runner: ClassVar[str] = "sinkmech.studies.long_context:run"
+
+    lengths: tuple[int, ...] = (512, 2048, 8192)
+    n_prompts: int = 4
+    topics: tuple[str, ...] = ("python-docs", "licenses", "python-source")
+    buckets: tuple[int, ...] = (64, 512, 2048, 8192)
+    eps: tuple[float, ...] = (0.3, 0.8)
+    stream_length: int = 8192
+    stream_window: int = 1024
+    stream_keep: tuple[int, ...] = (0, 1)
+    collapse_repeats: tuple[int, ...] = (16, 128, 1024, 4096)
+    collapse_prefix: int = 32
+    attention: Literal["fused", "pattern", "auto"] = "fused"
+
+    def check(self) -> None:
+        if not self.lengths or min(self.lengths) < 2:
+            raise ConfigError(f"lengths must be >= 2, got {list(self.lengths)}")
+        if self.n_prompts < 2:
+            raise ConfigError(f"n_prompts must be >= 2 (intervals over prompts), got {self.n_prompts}")
+        if list(self.buckets) != sorted(set(self.buckets)) or not self.buckets or self.buckets[0] < 1:
+            raise ConfigError(f"buckets must be increasing positive edges, got {list(self.buckets)}")
+        if self.stream_length and not self.stream_window + max(self.stream_keep, default=0) < self.stream_length - 1:
+            raise ConfigError(f"stream_window {self.stream_window} leaves no token to score in {self.stream_length}")
+        if any(k < 0 for k in self.collapse_repeats) or any(k < 0 for k in self.stream_keep):
+            raise ConfigError("collapse_repeats and stream_keep must be >= 0")
+
+
+@register
+@dataclass(frozen=True)
 class FirstTokenConfig(StudyConfig):
     """Sink or token? Other first tokens in `<bos>`'s place (`sinkmech.studies.first_token`):
     `<bos>`, `<eos>`, `<pad>` (where it differs from `<eos>`), a newline, " the", a rare

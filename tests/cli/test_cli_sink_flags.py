@@ -61,6 +61,7 @@ def refused(monkeypatch, capsys, argv) -> str:
     (["--sink-value", "zero", "--sink-heads", "1"], "LAYER.HEAD"),
     (["--sink-value", "zero", "--sink-layers", "-1"], "must be >= 0"),
     (["--sink-logits", "missing.json"], "not found"),
+    (["--sink-value", "zero", "--attention", "fused"], "--attention pattern"),
 ])
 def test_bad_sink_flags_are_refused_before_the_model_loads(argv, message, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)

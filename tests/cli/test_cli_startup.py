@@ -61,6 +61,12 @@ def test_help_and_bad_flags_import_nothing_heavy(tmp_path):
         (["sinks", "--phantom-sink", "logits"], 2, "error: --phantom-sink logits needs --sink-logits"),
         (["sinks", "--sink-logits", str(tmp_path / "none.json")], 2, "error: sink-logit file not found"),
         (["fit-sinks", "--n-fit", "0", "--json", str(tmp_path / "f.json")], 2, "error: --n-fit must be >= 1"),
+        # what needs the whole pattern refuses the fused path; a length past the model's context is refused
+        *((["heads", "patch", "ablate", "length", "stream"][i:i + 1] + ["--attention", "fused"], 2,
+           "which the fused path never holds") for i in range(5)),
+        (["sinks", "--keys", "all", "--attention", "fused"], 2, "error: --keys all reads every key's column"),
+        (["sinks", "--model", "gemma3-270m", "--max-tokens", "40000"], 2, "gemma3-270m was trained for 32768"),
+        (["sinks", "--max-tokens", "8192"], 2, "smollm2 was trained for 8192: give --max-tokens 8191 or less"),
         # the last: `--version` prints torch's version, so it imports torch (the probe can see it), not TransformerLens
         (["--version"], 0, "torch"),
     ]

@@ -234,6 +234,18 @@ def _summary_row(m, rows, batch):
     return summary_rows(json.loads(log.read_text()))[0]  # a committed training log
 
 
+def _long_context(m, rows, batch):
+    from helpers.tiny import WordTokenizer, toy_tokenizer
+    from sinkmech.studies.configs import LongContextConfig
+    from sinkmech.studies.long_context import run
+
+    config = LongContextConfig(lengths=(10, 20), n_prompts=2, buckets=(4, 16, 32), stream_length=20, stream_window=4,
+                               collapse_repeats=(1, 3), collapse_prefix=4)
+    with pytest.MonkeyPatch.context() as mp:
+        toy_tokenizer(mp, m, WordTokenizer())
+        return run(m, config, QUIET.replace(bos_token_id=TINY_BOS))
+
+
 TRAIN_RESULTS = {"TrainResult", "SummaryRow"}  # built by training a model (sinkmech.train)
 FACTORIES = {
     "SinkScores": _sink_scores, "MassiveDims": _massive_dims, "MassiveIntervention": _massive_reset,
@@ -244,7 +256,8 @@ FACTORIES = {
     "Sensitivity": _sensitivity, "SensitivityStudy": _sensitivity_study, "HeadScan": _scan,
     "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
     "BoundRanking": _bound_ranking, "FirstTokenRuns": _first_tokens, "HeadLossChanges": _head_losses,
-    "SummaryRow": _summary_row, "FittedSinks": _fitted_sinks, "Decomposition": _decomposition,
+    "SummaryRow": _summary_row, "LongContextResult": _long_context, "FittedSinks": _fitted_sinks,
+    "Decomposition": _decomposition,
 }
 
 

@@ -90,3 +90,5 @@ def test_sink_interventions_refuse_the_wrong_condition(tiny_model, rows):
         scored(tiny_model, rows, "none", sink=PhantomSink("logits", logits=torch.zeros(3, 3)))
     with pytest.raises(ValueError, match="out of range"):
         scored(tiny_model, rows, "prepend", sink=ValuelessBos(layers=(7,)))
+    with pytest.raises(ValueError, match="attention='pattern'"):
+        scored(tiny_model, rows, "prepend", sink=ValuelessBos(), attention="fused")

@@ -1,0 +1,123 @@
+"""The long-context study on the tiny model: its position buckets add up to the
+one masked loss, its sink rate by position is the pattern's own attention on
+key 0, the stream runs reuse full attention's losses exactly, and its config
+refuses what it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.tiny import TINY_BOS, WordTokenizer, toy_tokenizer
+from sinkmech.options import QUIET
+from sinkmech.studies.config import ConfigError
+from sinkmech.studies.configs import STUDIES, LongContextConfig
+
+SMALL = dict(lengths=(12, 40), n_prompts=3, buckets=(8, 32, 64), stream_length=40, stream_window=8,
+             stream_keep=(0, 1), collapse_repeats=(2, 6), collapse_prefix=8)
+
+
+def test_the_config_is_registered_reads_back_and_refuses_bad_settings():
+    assert STUDIES["long_context"] is LongContextConfig
+    config = LongContextConfig(**SMALL)
+    # the recorded config reruns the study (lists as tuples: the test suite's type checker sees __init__ first)
+    recorded = {k: tuple(v) if isinstance(v, list) else v for k, v in config.to_dict().items()}
+    assert LongContextConfig.from_dict(recorded) == config
+    with pytest.raises(ConfigError, match="n_prompts must be >= 2"):
+        LongContextConfig(n_prompts=1)
+    with pytest.raises(ConfigError, match="buckets must be increasing"):
+        LongContextConfig(buckets=(512, 64))
+    with pytest.raises(ConfigError, match="leaves no token to score"):
+        LongContextConfig(stream_length=1024, stream_window=1024)
+
+
+def test_bucket_edges_cover_the_content_positions_once():
+    from sinkmech.studies.long_context import bucket_edges
+
+    assert bucket_edges((64, 512, 2048), 512) == [(1, 64), (65, 512)]
+    assert bucket_edges((64, 512, 2048), 1000) == [(1, 64), (65, 512), (513, 1000)]
+
+
+@pytest.fixture(scope="module")
+def study(tiny_model):
+    from sinkmech.studies.long_context import run
+
+    with pytest.MonkeyPatch.context() as mp:
+        toy_tokenizer(mp, tiny_model, WordTokenizer())
+        yield run(tiny_model, LongContextConfig(**SMALL), QUIET.replace(bos_token_id=TINY_BOS)), tiny_model
+
+
+@pytest.mark.parametrize("bos", ["prepend", "none"])
+def test_buckets_add_up_to_the_masked_loss_and_read_the_patterns_key_0(study, bos, monkeypatch):
+    from sinkmech.context.long_text import long_prompts_for
+    from sinkmech.hooks import cached_run
+    from sinkmech.measures.sinks import sink_scores
+    from sinkmech.prompts import tokenize
+
+    result, model = study
+    toy_tokenizer(monkeypatch, model, WordTokenizer())
+    texts = [t.text for t in long_prompts_for(3, 40, LongContextConfig().topics)]
+    run = result.run(40, bos)
+    batch = tokenize(model, texts, bos=bos, max_tokens=40, bos_token_id=TINY_BOS)
+    ref = sink_scores(model, batch, loss=True, options=QUIET)
+    # every content target falls in exactly one bucket: the buckets' sums are the prompt's loss
+    assert torch.allclose(run.loss_sum.sum(1), ref.prompt_loss, rtol=1e-5)
+    assert torch.equal(run.loss_count.sum(1), ref.prompt_targets().float())
+    assert run.buckets == ((1, 8), (9, 32), (33, 40))
+    # bucket 9-32: the mean attention on key 0 of the content queries at content positions 9 .. 32
+    names = [f"blocks.{l}.attn.hook_pattern" for l in range(model.cfg.n_layers)]
+    _, cache = cached_run(model, batch.tokens, names)
+    off = batch.offset
+    for l, name in enumerate(names):
+        want = cache[name][:, :, off + 8 : off + 32, 0].mean(-1)
+        assert (run.first[:, l, :, 1] - want).abs().max() < 1e-5
+    assert (run.alpha0 - ref.scores).abs().max() < 1e-5
+
+
+def test_stream_reuses_full_attention_and_the_window_costs_without_the_first_key(study):
+    from sinkmech.studies.long_context import stream_runs
+
+    result, model = study
+    s = result.stream
+    assert s.settings == ("full", "keep0", "keep1", "control1") and s.scored_from == 9
+    # the reused full-attention losses are the ones a fresh full pass gives
+    with pytest.MonkeyPatch.context() as mp:
+        toy_tokenizer(mp, model, WordTokenizer())
+        from sinkmech.context.long_text import long_prompts_for
+
+        texts = [t.text for t in long_prompts_for(3, 40, LongContextConfig().topics)]
+        fresh = stream_runs(model, texts, LongContextConfig(**SMALL), QUIET.replace(bos_token_id=TINY_BOS))
+    assert torch.allclose(fresh.loss_sum, s.loss_sum, rtol=1e-5)
+    d = result.to_dict()
+    assert set(d["stream"]["settings"]) == {"full", "keep0", "keep1", "control1"}
+    assert d["stream"]["settings"]["keep1"]["minus_control"] is not None
+
+
+def test_the_result_records_its_config_sources_and_findings(study):
+    result, _ = study
+    d = result.to_dict()
+    assert d["config"] == LongContextConfig(**SMALL).to_dict()
+    assert len(d["prompt_sources"]) == 3 and all(s["sources"] for s in d["prompt_sources"])
+    assert set(d["collapse"]) == {"prepend", "none", "none_minus_prepend"}
+    f = result.findings()
+    assert all(k.startswith(f"{result.model_name}.long.") for k in f)
+    assert any(".lengths.40.prepend.buckets.9-32.loss.value" in k for k in f)
+
+
+def test_a_model_loaded_with_too_short_a_context_is_refused(tiny_model):
+    from sinkmech.studies.long_context import run
+
+    with pytest.raises(ValueError, match="load it with n_ctx="):
+        run(tiny_model, LongContextConfig(**{**SMALL, "lengths": (100,)}), QUIET)
+
+
+def test_contrasts_pair_the_conditions_bucket_by_bucket(study):
+    """The paired loss gap of a bucket is the difference of the two conditions' losses there."""
+    result, _ = study
+    c = result.to_dict()["contrasts"]["40"]
+    pre, none = result.run(40, "prepend"), result.run(40, "none")
+    for b, key in enumerate(c):
+        gap = c[key]["loss_gap"]["value"]
+        want = float(none.loss_sum[:, b].sum() / none.loss_count[:, b].sum()
+                     - pre.loss_sum[:, b].sum() / pre.loss_count[:, b].sum())
+        assert abs(gap - want) < 1e-9
