@@ -109,16 +109,29 @@ findings: demo
 	# content pairs and a same-distance null; the estimate checked against the exact Jacobian at every position of 4
 	# held-out prompts x 6 tokens) and attention smoothness, with and without <bos>, the p-values Holm-corrected across models and pair sets.
 	$(BIN)/sinkmech study theory --json figures/theory.json --findings figures/findings.json
-	# Sink or token? Other first tokens in <bos>'s place, and <bos> moved after K = 1, 2, 4, 8 content tokens (Gemma;
-	# SmolLM2 the control for the substitution), each paired by prompt against <bos> first.
-	$(BIN)/python scripts/first_token.py --position-models gemma3-270m --out figures/first_token.json --findings figures/findings.json
-	# The share of Gemma's <bos> cost its sink heads carry: heads ranked by mask_first loss, top-k masked on held-out prompts.
-	$(BIN)/python scripts/bos_cost.py --models gemma3-270m --out figures/bos_cost.json --findings figures/findings.json
+	# Sink or token? Other first tokens in <bos>'s place (Gemma; SmolLM2 the control), and <bos> moved after
+	# K = 1, 2, 4, 8 content tokens (Gemma), each paired by prompt against <bos> first (the studies' Configs in
+	# sinkmech/studies/configs.py; `sinkmech study NAME --help` lists their settings).
+	$(BIN)/sinkmech study first-token --json figures/first_token.json --findings figures/findings.json
+	$(BIN)/sinkmech study bos-position --json figures/bos_position.json --findings figures/findings.json
+	# What masking key 0 in Gemma's top-k heads reproduces of its <bos> cost: heads ranked by mask_first loss, top-k
+	# masked together on held-out prompts.
+	$(BIN)/sinkmech study bos-cost --json figures/bos_cost.json --findings figures/findings.json
+	# Sink or <bos>: sink logits (and values) fitted into each model without <bos> (prompts 0-63; ~15-30 min each),
+	# then the decomposition of the <bos> cost into mass and value on held-out prompts 64-127 (both models;
+	# figures/decomposition*.png and .svg).
+	for m in gemma3-270m smollm2; do \
+	  $(BIN)/sinkmech fit-sinks --model $$m --json figures/fit_sinks/$${m}_head.json --png figures/fit_sinks/$${m}_head.png --findings figures/findings.json && \
+	  $(BIN)/sinkmech fit-sinks --model $$m --value --json figures/fit_sinks/$${m}_head_value.json --png figures/fit_sinks/$${m}_head_value.png --findings figures/findings.json && \
+	  $(BIN)/sinkmech fit-sinks --model $$m --per layer --json figures/fit_sinks/$${m}_layer.json --findings figures/findings.json && \
+	  $(BIN)/sinkmech fit-sinks --model $$m --top-k 8 --json figures/fit_sinks/$${m}_head_top8.json --findings figures/findings.json || exit 1; \
+	done
+	$(BIN)/sinkmech study decomposition --json figures/decomposition.json --findings figures/findings.json --figures figures
 	# The same in the natural-text models trained here: their checkpoints first (about 2 hours on one thread; the
 	# study writes its own outputs to runs/train/text_study, so the committed figures/train logs are not reused).
 	$(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 2 --weight-decays 0 0.1 --out runs/train/text_study --runs-dir runs/train --quiet
 	for s in 0 1 2; do $(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 4 --weight-decays 0.1 --seed $$s --out runs/train/text_study --runs-dir runs/train --quiet || exit 1; done
-	$(BIN)/python scripts/bos_cost.py --checkpoints $(addprefix runs/train/text/text-,L2H4-wd0-fixedbos-s0 L2H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s0 L4H4-wd0.1-fixedbos-s1 L4H4-wd0.1-fixedbos-s2) --select 64 --eval 256 --logs figures/train/logs/text --out figures/train/text_bos_cost.json --findings figures/train/findings_train.json
+	$(BIN)/sinkmech study text-bos-cost --json figures/train/text_bos_cost.json --findings figures/train/findings_train.json
 
 # docs/tutorial.ipynb stored with its outputs (tables, figures, the circuitsvis views), so it reads on the
 # web: run top to bottom in a fresh kernel, offline, and written back in place (a few minutes; both offline models).

@@ -61,7 +61,7 @@ for model in smollm2 gemma3-270m; do
 import sys, time, torch
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.loading.models import load_model
-from sinkmech.prompts import default_corpus
+from sinkmech.corpora import default_corpus
 model = load_model(sys.argv[1], device="cuda", dtype=sys.argv[2])
 prompts = default_corpus()[:16]
 times = {}

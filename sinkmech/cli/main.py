@@ -20,6 +20,7 @@ from pathlib import Path
 from sinkmech.cli.ablate import add_ablate_parser
 from sinkmech.cli.common import Parser, UsageError, add_model_options, check_attention_arg, json_only_stdout
 from sinkmech.cli.compare import add_compare_parser
+from sinkmech.cli.fit_sinks import add_fit_sinks_parser
 from sinkmech.cli.heads import add_heads_parser
 from sinkmech.cli.length import add_length_parser
 from sinkmech.cli.massive import add_massive_parser
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_sinks_parser, add_heads_parser, add_patch_parser, add_ablate_parser, add_perturb_parser,
                 add_report_parser, add_compare_parser, add_train_parser, add_stream_parser, add_massive_parser,
-                add_length_parser, add_merge_parser, add_study_parser):
+                add_length_parser, add_merge_parser, add_study_parser, add_fit_sinks_parser):
         add(sub)
     for name, command in sub.choices.items():
         if name not in ("train", "merge", "study"):  # train builds its own model on the CPU; merge loads none;

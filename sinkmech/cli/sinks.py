@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sinkmech.cli.common import (
+    Distinct,
     UsageError,
     add_attention,
     add_bos_token,
@@ -20,7 +21,9 @@ from sinkmech.cli.common import (
     check_context,
     conditions,
     eps_value,
+    head_spec,
     load_model_arg,
+    non_negative_int,
     output_file,
     positive_int,
     prompts_arg,
@@ -59,9 +62,35 @@ def add_sinks_parser(sub) -> None:
     p.add_argument("--min-excess", type=share_below_one, default=0.1,
                    help="with --keys all: a head's key of largest excess over its uniform share (query t gives "
                         "each key 1/(t+1)) is a relative sink only above this (default 0.1)")
+    add_sink_flags(p)
     add_attention(p)
     add_shard_flags(p, ray=True)
     p.set_defaults(func=cmd_sinks)
+
+
+def add_sink_flags(p) -> None:
+    """The sink interventions (`sinkmech.interventions.phantom`): what removing <bos> takes, taken apart."""
+    p.add_argument("--sink-value", choices=["zero"], default=None,
+                   help="zero: the value-less <bos>, in the run with <bos> (--bos prepend|both): <bos> and every "
+                        "head's attention to it kept, its value vector zeroed (the mass without the value)")
+    p.add_argument("--phantom-sink", choices=["paired", "logits"], default=None,
+                   help="a sink without a token on the run without <bos> (--bos none|both): each row's real keys "
+                        "scaled by 1 - m and the head's output given m times a value; paired: m is the attention the "
+                        "head put on <bos> at the same content query with <bos> first; logits: from --sink-logits")
+    p.add_argument("--phantom-value", choices=["zero", "bos"], default=None,
+                   help="the phantom's value: zero (default) or <bos>'s own value at that head (default with "
+                        "--phantom-mode bias)")
+    p.add_argument("--phantom-mode", choices=["dump", "bias"], default=None,
+                   help="dump (default): the row rescaled by 1 - m and m times the value added; bias: only m times "
+                        "the value added (the value without the mass)")
+    p.add_argument("--sink-logits", type=Path, default=None, metavar="FILE.json",
+                   help="the phantom's mass from these per-(layer, head) sink logits (sinkmech fit-sinks --json), "
+                        "m = e^b / (e^b + the row's sum of exponentiated scores), with the file's fitted values if "
+                        "it has them; the prompts they were fitted on are refused")
+    p.add_argument("--sink-layers", type=non_negative_int, nargs="+", action=Distinct, default=None, metavar="L",
+                   help="with a sink intervention: act in these layers only (default every layer)")
+    p.add_argument("--sink-heads", type=head_spec, nargs="+", action=Distinct, default=None, metavar="L.H",
+                   help="with a sink intervention: act in these heads only, written LAYER.HEAD (default every head)")
 
 
 def sinks_settings(args) -> dict:
@@ -203,6 +232,17 @@ def print_sinks_table(results: dict, eps: list[str], top: int) -> None:
     per_layer = {c: results[c].per_layer() for c in conds}
     for l in range(next(iter(results.values())).n_layers):
         print(f"{l:>6} " + " ".join(f"{float(per_layer[c][l]):>10.3f}" for c in conds))
+    if any(results[c].sink is not None for c in conds):
+        print()
+        for c in conds:
+            if results[c].sink is not None:
+                print(f"bos={c}: {results[c].sink}")
+    if any(results[c].phantom_mass is not None for c in conds):
+        print()
+        print("mean phantom-sink mass per layer (the share each row gives the sink without a token)")
+        for l in range(next(iter(results.values())).n_layers):
+            print(f"{l:>6} " + " ".join(f"{float(results[c].phantom_mass[:, l].mean()):>10.3f}"
+                                        if results[c].phantom_mass is not None else f"{'-':>10}" for c in conds))
     if all(results[c].learned_sink_scores is not None for c in conds):  # gpt-oss-style learned sink logits
         print()
         print("mean learned-sink mass per layer (the softmax's share on the learned sink logit, beside alpha_0 on key 0)")
@@ -238,6 +278,111 @@ def check_moved_bos(batch, moved: int | None) -> None:
                          f"{int(batch.lengths.min()) - 1} content tokens")
 
 
+@dataclass(frozen=True)
+class SinkPlan:
+    """The sink interventions the flags ask for, checked before torch loads: per
+    condition a spec to build once the model is loaded (`specs`)."""
+
+    valueless: bool
+    phantom_form: str | None
+    phantom_value: str | None
+    phantom_mode: str
+    layers: tuple[int, ...] | None
+    heads: tuple[tuple[int, int], ...] | None
+    sink_file: object | None  # sinkmech.interventions.sink_file.SinkFile
+
+    @property
+    def any(self) -> bool:
+        return self.valueless or self.phantom_form is not None
+
+    def tag(self) -> str:
+        """What the findings names add for this run (never the plain run's names)."""
+        parts = ["sink_value_zero"] if self.valueless else []
+        if self.phantom_form is not None:
+            value = "fitted" if self.phantom_value is None else self.phantom_value
+            parts.append(f"phantom_{self.phantom_form}_{value}" + ("_bias" if self.phantom_mode == "bias" else ""))
+        if self.layers is not None:
+            parts.append("layers_" + "_".join(map(str, self.layers)))
+        if self.heads is not None:
+            parts.append("heads_" + "_".join(f"{l}.{h}" for l, h in self.heads))
+        return "".join("_" + p for p in parts)
+
+    def specs(self, model) -> dict:
+        """condition -> ValuelessBos or PhantomSink, checked against the loaded model
+        (a --sink-logits file of another model's shape is refused here, before any pass)."""
+        import torch
+
+        from sinkmech.interventions.phantom import PhantomSink, ValuelessBos, head_selection
+
+        head_selection(model, self.layers, self.heads)
+        out = {}
+        if self.valueless:
+            out["prepend"] = ValuelessBos(layers=self.layers, heads=self.heads)
+        if self.phantom_form is not None:
+            logits, value = None, self.phantom_value
+            if self.sink_file is not None:
+                f = self.sink_file
+                f.check_shape(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+                logits = torch.tensor(f.logits)
+                if f.values is not None:
+                    value = torch.tensor(f.values)
+            out["none"] = PhantomSink(self.phantom_form, value or "zero", self.phantom_mode, logits,
+                                      layers=self.layers, heads=self.heads)
+        return out
+
+
+def check_sink_flags(args) -> SinkPlan:
+    """The sink flags, refused before the model loads unless they can be honoured together."""
+    from sinkmech.interventions.sink_file import read_sink_file
+
+    form = args.phantom_sink
+    if args.sink_logits is not None:
+        if form == "paired":
+            raise UsageError("--sink-logits gives the phantom's mass from logits: it cannot be combined with "
+                             "--phantom-sink paired")
+        form = "logits"
+    elif form == "logits":
+        raise UsageError("--phantom-sink logits needs --sink-logits FILE.json (sinkmech fit-sinks writes one)")
+    if form is None and (args.phantom_value is not None or args.phantom_mode is not None):
+        raise UsageError("--phantom-value and --phantom-mode shape a phantom sink: give --phantom-sink paired or "
+                         "--sink-logits FILE.json")
+    if args.sink_value is not None and args.bos == "none":
+        raise UsageError("--sink-value zero zeroes <bos>'s value in the run with <bos>: it needs --bos prepend or both")
+    if form is not None and args.bos == "prepend":
+        raise UsageError("a phantom sink stands in for <bos> on the run without it: it needs --bos none or both")
+    mode = args.phantom_mode or "dump"
+    value = args.phantom_value
+    sink_file = None
+    if args.sink_logits is not None:
+        sink_file = read_sink_file(args.sink_logits)
+        if sink_file.values is not None and value is not None:
+            raise UsageError(f"{args.sink_logits} holds fitted sink values, which the phantom writes: drop "
+                             "--phantom-value")
+    if form is not None and value is None and (sink_file is None or sink_file.values is None):
+        value = "bos" if mode == "bias" else "zero"
+    if mode == "bias" and value == "zero":
+        raise UsageError("--phantom-mode bias adds m times a value and rescales nothing: with --phantom-value zero "
+                         "it changes nothing (use bos)")
+    plan = SinkPlan(args.sink_value == "zero", form, value, mode,
+                    None if args.sink_layers is None else tuple(args.sink_layers),
+                    None if args.sink_heads is None else tuple(tuple(int(x) for x in h.split(".")) for h in args.sink_heads),
+                    sink_file)
+    if (plan.layers is not None or plan.heads is not None) and not plan.any:
+        raise UsageError("--sink-layers and --sink-heads choose where a sink intervention acts: give --sink-value "
+                         "zero or a phantom sink")
+    if plan.layers is not None and plan.heads is not None:
+        raise UsageError("give --sink-layers or --sink-heads, not both")
+    if plan.any:
+        if args.bos_position is not None:
+            raise UsageError("the sink interventions act on <bos> first or no <bos>: drop --bos-position")
+        if args.keys == "all":
+            raise UsageError("the sink interventions score key 0 and the sink only: they cannot be combined with "
+                             "--keys all")
+        if args.shard is not None or args.ray is not None:
+            raise UsageError("the sink interventions run in one process: drop --shard / --ray")
+    return plan
+
+
 # The default windows (`prompts.default_corpus`) hold 64 content tokens; past
 # that, without --prompts, the default is long natural text (`context.long_text`).
 DEFAULT_WINDOW_TOKENS = 64
@@ -267,9 +412,15 @@ def cmd_sinks(args) -> None:
                          "pattern (or auto)")
     if args.ray is not None and args.findings is not None:
         raise UsageError("--findings is not written by --ray runs: merge, then run sinks --findings")
-    check_bos_position(args)
+    check_bos_position(args)  # the flags alone decide these: before torch is imported
+    plan = check_sink_flags(args)
+    if plan.any and attention == "fused":
+        raise UsageError("the sink interventions act on each layer's attention pattern: run them with --attention "
+                         "pattern (or auto)")
     check_context(args.model, args.max_tokens + (args.bos != "none"))
     prompts = sinks_prompts(args)  # bad prompt files fail before the slow model load
+    if plan.sink_file is not None:
+        plan.sink_file.refuse_fitted(prompts)  # held-out prompts only, before the model loads
 
     def task(settings: dict) -> SinksTask:
         return SinksTask.from_args(args, prompts, settings, conditions=tuple(conditions(args.bos)),
@@ -284,6 +435,7 @@ def cmd_sinks(args) -> None:
 
     model = load_model_arg(args, n_ctx=max(2048, args.max_tokens + 1))
     bos_id = bos_token_arg(model, args)
+    specs = plan.specs(model)
     results, keys, batches = {}, {}, {}
     for i, bos in enumerate(conditions(args.bos)):
         batches[bos] = batch = tokenize(model, prompts, bos=bos, max_tokens=args.max_tokens, bos_token_id=bos_id)
@@ -291,8 +443,11 @@ def cmd_sinks(args) -> None:
             warn_short(batch, args.max_tokens)
         moved = args.bos_position if bos == "prepend" else None
         check_moved_bos(batch, moved)
+        if plan.sink_file is not None and bos == "none":
+            plan.sink_file.refuse_fitted_tokens(batch.content())
         results[bos] = sink_scores(model, batch, max_tokens=args.max_tokens, loss=True, bos_position=moved,
-                                   options=run_options(args), attention=attention)
+                                   options=run_options(args), attention=attention,
+                                   sink=specs.get(bos))
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
@@ -305,9 +460,11 @@ def cmd_sinks(args) -> None:
         tag = "bos_" + re.sub(r"[^A-Za-z0-9]+", "_", args.bos_token).strip("_") if args.bos_token else "bos_default"
         if args.bos_position is not None:  # a run of its own: never overwrites the <bos>-first numbers
             tag += f"_at_{args.bos_position}"
+        tag += plan.tag()
         prefix = f"{label}.sinks.{tag}"
         values = {c: {k: v for k, v in r.summary(args.eps).items() if k in ("sink_rate", "sink_rate_ci", "loss_ci")}
                   | {"loss": r.loss, "mean_score": float(r.scores.mean()), "n_prompts": r.n_prompts}
+                  | ({} if r.phantom_mass is None else {"mean_phantom_mass": float(r.phantom_mass.mean())})
                   for c, r in results.items()}
         if args.bos_position is not None:
             values["prepend"]["bos_position"] = args.bos_position

@@ -68,15 +68,19 @@ def first_key_score(
 
 
 def check_rows(pattern: Float[Tensor, "batch head_index query_pos key_pos"], valid: Float[Tensor, "batch query_pos"],
-               layer: int, *, learned: bool = False) -> None:
+               layer: int, *, learned: bool = False, phantom: bool = False) -> None:
     """`FloatingPointError` unless every real query's attention row is finite and
     sums to 1 (TransformerLens turns NaN scores into zero rows), or, with learned
-    sink logits, to a share in (0, 1] (the rest is on the sink). The tolerance
-    admits bfloat16 rounding (eps 8e-3) and no zero row."""
+    sink logits, to a share in (0, 1] (the rest is on the sink), or, with a
+    phantom sink (`sinkmech.interventions.phantom`), to a share in [0, 1]. The
+    tolerance admits bfloat16 rounding (eps 8e-3) and no zero row but a phantom's."""
     tol = max(1e-3, 8 * torch.finfo(pattern.dtype).eps)
     sums = pattern.float().sum(-1)  # [batch, head, query]
     real = valid[:, None, :].expand_as(sums) > 0
-    if learned:
+    if phantom:
+        bad = ~torch.isfinite(sums) | (sums < -tol) | (sums > 1.0 + tol)
+        what = "attention rows do not sum to a share in [0, 1] beside the phantom sink"
+    elif learned:
         bad = ~torch.isfinite(sums) | (sums <= 0) | (sums > 1.0 + tol)
         what = "attention rows do not sum to a share in (0, 1] beside the learned sink"
     else:
@@ -117,12 +121,22 @@ def move_bos(batch: TokenBatch, position: int) -> TokenBatch:
 
 
 def moved_bos_targets(batch: TokenBatch, position: int) -> Bool[Tensor, "batch pos"]:
-    """The loss mask for `<bos>` at `position` K: the same content targets 1 .. n-1
-    as `target_mask` with `<bos>` first. Position p predicts token p + 1; the
-    content token before `<bos>` (position K-1) would predict `<bos>`, which is
-    never a target, and `<bos>` predicts content token K."""
+    """The loss mask for `<bos>` at `position` K: content targets 1 .. n-1 except
+    content token K. Position p predicts token p + 1; the content token before
+    `<bos>` (position K-1) would predict `<bos>`, which is never a target, and
+    `<bos>` itself (position K) would predict content token K from the `<bos>`
+    position, which no other condition asks of it: both are left out, so compare
+    with other conditions on the same targets (`skip_target_mask`)."""
     pos = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
-    return (pos[None, :] < batch.lengths[:, None] - 1) & (pos[None, :] != position - 1)
+    return (pos[None, :] < batch.lengths[:, None] - 1) & (pos[None, :] != position - 1) & (pos[None, :] != position)
+
+
+def skip_target_mask(batch: TokenBatch, content_index: int) -> Bool[Tensor, "batch pos"]:
+    """`target_mask` of an unmoved batch (`<bos>` first or none) without content
+    token `content_index`: the targets of `moved_bos_targets` at K = content_index."""
+    pos = torch.arange(batch.tokens.shape[1], device=batch.tokens.device)
+    scored = (pos[None, :] >= batch.offset) & (pos[None, :] < batch.lengths[:, None] - 1)
+    return scored & (pos[None, :] != batch.offset + content_index - 1)
 
 
 def moved_key_score(

@@ -6,7 +6,9 @@ each predicted from the content token before it (at position offset + j - 1).
 The `<bos>` position predicts content token 0, which the no-`<bos>` run cannot
 predict at all, so it never counts. Logits are never held whole: the final
 residual stream is unembedded a few hundred rows at a time, which keeps memory
-flat for a 262k-token vocabulary (Gemma 3).
+flat for a 262k-token vocabulary (Gemma 3). The same content targets wherever
+`<bos>` sits (first, nowhere, or after K content tokens), target by target:
+`laid_out` and `target_nll`.
 """
 
 from __future__ import annotations
@@ -181,4 +183,69 @@ def token_losses(
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for a, b, nll in nll_chunks(model, cache[name], tokens, chunk):
         out[:, a:b] = nll.cpu()
+    return out
+
+
+# Content targets wherever `<bos>` sits: first, nowhere, or after K content tokens
+
+
+def laid_out(rows: Sequence[Sequence[int]], layout: str | int, bos_id: int, width: int, pad: int
+             ) -> tuple[TokenBatch, Tensor]:
+    """Tokens of `rows` (content ids) in `layout`, right-padded, and each
+    position's content index ([batch pos]; -1 for `<bos>`, -2 for padding)."""
+    tokens, index = [], []
+    for r in rows:
+        ids, idx = list(r), list(range(len(r)))
+        if layout == "prepend":
+            ids, idx = [bos_id] + ids, [-1] + idx
+        elif layout != "none":
+            K = int(layout)
+            ids, idx = ids[:K] + [bos_id] + ids[K:], idx[:K] + [-1] + idx[K:]
+        tokens.append(ids)
+        index.append(idx)
+    n = max(map(len, tokens))
+    t = torch.full((len(rows), n), pad, dtype=torch.long)
+    c = torch.full((len(rows), n), -2, dtype=torch.long)
+    for i, (ids, idx) in enumerate(zip(tokens, index)):
+        t[i, : len(ids)], c[i, : len(idx)] = torch.tensor(ids), torch.tensor(idx)
+    lengths = torch.tensor([len(x) for x in tokens])
+    bos = "none" if layout == "none" else "prepend"
+    return TokenBatch(t, lengths, bos, bos_id if bos == "prepend" else None), c
+
+
+def target_nll(model: Model, rows: Sequence[Sequence[int]], layout: str | int, bos_id: int, *, pad: int = 0,
+               from_bos: bool = False, fwd_hooks: Sequence = (), options: RunOptions = RunOptions()) -> Tensor:
+    """[prompt, content]: each content target's next-token loss with the content in
+    `layout` (`content_nll`; NaN where not scored)."""
+    width = max(map(len, rows))
+    out = torch.full((len(rows), width), float("nan"), dtype=torch.float64)
+    L = model.cfg.n_layers
+    name = act_name("resid_post", L - 1)
+    step = options.batch(8)
+    for s in range(0, len(rows), step):
+        batch, idx = laid_out(rows[s : s + step], layout, bos_id, width, pad)
+        batch = TokenBatch(batch.tokens.to(model.cfg.device), batch.lengths, batch.bos, batch.bos_token_id)
+        _, cache = cached_run(model, batch.tokens, [name], fwd_hooks, stop_at_layer=L)
+        out[s : s + step] = content_nll(model, cache[name], batch.tokens, idx, width, from_bos=from_bos)
+    return out
+
+
+def content_nll(model: Model, resid: Tensor, tokens: Tensor, index: Tensor, width: int, *,
+                from_bos: bool = False) -> Tensor:
+    """[batch, width]: the next-token loss of content token j predicted from the content
+    token before it (NaN where no content token predicts it: content token 0, and
+    a token whose predecessor is `<bos>`; with `from_bos`, a token `<bos>` predicts
+    counts too).
+
+    Args:
+        resid: the last block's output [batch pos d_model].
+        index: each position's content index (`laid_out`; -1 for `<bos>`, -2 for padding).
+    """
+    out = torch.full((tokens.shape[0], width), float("nan"), dtype=torch.float64)
+    idx = index.cpu()
+    for a, b, nll in nll_chunks(model, resid, tokens, None):
+        pred, tgt = idx[:, a:b], idx[:, a + 1 : b + 1]
+        ok = ((pred >= 0) | (from_bos & (pred == -1))) & (tgt >= 1)
+        r, p = ok.nonzero(as_tuple=True)
+        out[r, tgt[r, p]] = nll.detach().double().cpu()[r, p]
     return out

@@ -23,6 +23,9 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model, has_learned_sinks
 from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.interventions.phantom import (
+    PhantomSink, ValuelessBos, bos_state, paired_mass, phantom_hooks, valueless_bos_hooks,
+)
 from sinkmech.measures.columns import attention_columns
 from sinkmech.measures.fused import Attention, resolve_attention
 from sinkmech.measures.loss import masked_row_losses, target_mask
@@ -39,6 +42,7 @@ from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmec
     moved_key_score,
     query_mean,
     sink_rate,
+    skip_target_mask,
 )
 from sinkmech.stats import prompt_curve, ratio_with_ci
 
@@ -72,6 +76,11 @@ class SinkScores(Result):
     learned_sink_scores: Float[Tensor, "prompt layer head_index"] | None = None
     # how attention was read: "pattern" (each layer's T x T in its hook) or "fused" (never held); None: not recorded
     attention: str | None = None
+    # a sink intervention (`sink=`): what it was (`ValuelessBos.describe()` or
+    # `PhantomSink.describe()`), and for a phantom sink per (prompt, layer, head)
+    # the mass it took, mean over the prompt's real queries
+    sink: dict | None = None
+    phantom_mass: Float[Tensor, "prompt layer head_index"] | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -123,8 +132,9 @@ class SinkScores(Result):
         return ratio_with_ci(self.prompt_loss, self.prompt_targets().double(), seed=seed, groups=groups)
 
     def prompt_targets(self) -> Int[Tensor, " prompt"]:
-        """Content targets each prompt's loss sums over (content tokens 1 .. n-1)."""
-        return (self.content_lengths - 1).clamp(min=0)
+        """Content targets each prompt's loss sums over (content tokens 1 .. n-1; with
+        `<bos>` moved to K, all but content token K: `moved_bos_targets`)."""
+        return (self.content_lengths - (1 if self.bos_position is None else 2)).clamp(min=0)
 
     def mean_scores(self) -> Float[Tensor, "layer head_index"]:
         return einops.reduce(self.scores, "prompt layer head_index -> layer head_index", "mean")
@@ -199,6 +209,7 @@ class SinkScores(Result):
                 "value_norm_rest": self.value_norm_rest.flatten().cpu().numpy(),
                 **({} if self.learned_sink_scores is None else
                    {"learned_sink_score": self.learned_sink_scores.flatten().cpu().numpy()}),
+                **({} if self.phantom_mass is None else {"phantom_mass": self.phantom_mass.flatten().cpu().numpy()}),
             }
         )
 
@@ -228,6 +239,11 @@ class SinkScores(Result):
                 "learned_sink_scores": einops.reduce(self.learned_sink_scores,
                                                      "prompt layer head_index -> layer head_index", "mean").tolist(),
             }),
+            **({} if self.sink is None else {"sink": self.sink}),
+            **({} if self.phantom_mass is None else {
+                "phantom_mass": einops.reduce(self.phantom_mass, "prompt layer head_index -> layer head_index",
+                                              "mean").tolist(),
+            }),
         }
 
     def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
@@ -246,16 +262,18 @@ class SinkScores(Result):
 
 def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | str] = DEFAULT_EPS, *,
                      groups: Sequence | None = None) -> dict:
-    """Without minus with `<bos>`, paired by prompt (both score the same content
-    targets of the same prompts): the loss gap [nats, lo, hi] and the sink-rate
-    gap per eps [points, lo, hi], with 95 % bootstrap intervals over prompts, or
-    over their documents with `groups` (each prompt's document)."""
-    if not torch.equal(pre.prompt_targets(), none.prompt_targets()):
-        raise ValueError("the two conditions scored different content targets: they cannot be paired")
+    """Without minus with `<bos>`, paired by prompt: the sink-rate gap per eps
+    [points, lo, hi] and, where both scored the same content targets (not so with
+    `<bos>` moved: it leaves content token K out), the loss gap [nats, lo, hi],
+    with 95 % bootstrap intervals over prompts, or over their documents with
+    `groups` (each prompt's document)."""
+    if not torch.equal(pre.content_lengths, none.content_lengths):
+        raise ValueError("the two conditions scored different prompts: they cannot be paired")
     out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None],
                                                          groups=groups)[0]
                              for e in eps}}
-    if pre.prompt_loss is not None and none.prompt_loss is not None:
+    same_targets = torch.equal(pre.prompt_targets(), none.prompt_targets())
+    if pre.prompt_loss is not None and none.prompt_loss is not None and same_targets:
         out["loss_gap"] = ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double(), groups=groups)
     return out
 
@@ -275,6 +293,7 @@ def sink_scores(
     bos_position: int | None = None,
     options: RunOptions = RunOptions(),
     attention: Attention = "pattern",
+    sink: ValuelessBos | PhantomSink | None = None,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -299,13 +318,22 @@ def sink_scores(
         bos_position: K >= 1 moves `<bos>` into the sequence (`move_bos`, with
             bos="prepend"): `scores` stay alpha_0 on key 0 (now a content
             token), `bos_scores` hold the attention on the `<bos>` key, and the
-            loss stays on the same content targets (`moved_bos_targets`).
+            loss is on content targets 1..n-1 except content token K, which only
+            the `<bos>` position would predict (`moved_bos_targets`).
         options: batch size (default 16 prompts per forward pass), progress bar,
             and the `<bos>` id for prompts of a model whose tokenizer lacks one.
         attention: "pattern" reads each layer's pattern in its hook (one layer's
             batch x heads x T x T at a time); "fused" never holds it
             (`sinkmech.measures.fused`: the same numbers, memory O(T) per head);
             "auto" takes the fused path from `FUSED_FROM` positions on.
+        sink: a sink intervention (`sinkmech.interventions.phantom`) in every pass:
+            `ValuelessBos` (bos="prepend": `<bos>`'s value zeroed in the chosen
+            heads) or `PhantomSink` (bos="none": a sink without a token; its
+            mass per head is `phantom_mass`, the paired form's m comes from the
+            same content with `<bos>` first: the batch's `<bos>` id, the
+            options', or the tokenizer's). `scores` stay alpha_0 on key 0 as the
+            intervened pattern has it (the
+            pattern path only: `attention` "auto" reads the pattern with one).
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -316,8 +344,11 @@ def sink_scores(
                      bos_token_id=options.bos_token_id)
     if bos_position is not None:
         batch = move_bos(batch, bos_position)
+    phantom, bos_id, bos_values = _check_sink(model, batch, sink, bos_position, options.bos_token_id)
     chunks = batch.batches(options.batch(16))
-    path = resolve_attention(attention, int(batch.tokens.shape[1]))
+    if sink is not None and attention == "fused":
+        raise ValueError("the sink interventions act on the attention pattern: use attention='pattern' (or 'auto')")
+    path = "pattern" if sink is not None else resolve_attention(attention, int(batch.tokens.shape[1]))
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -327,6 +358,7 @@ def sink_scores(
     resid_first, resid_rest = torch.zeros(P, L), torch.zeros(P, L)
     bos_scores = torch.zeros(P, L, H) if bos_position is not None else None
     learned = torch.zeros(P, L, H) if has_learned_sinks(model) else None
+    phantom_mass = torch.zeros(P, L, H) if phantom else None
     loss_sum, loss_n = 0.0, 0
     prompt_loss = torch.zeros(P, dtype=torch.float64)
     for rows, part in tqdm(chunks, desc=f"sink scores (bos={batch.bos})", disable=not options.progress, unit="batch"):
@@ -350,7 +382,7 @@ def sink_scores(
             continue
 
         def pattern_hook(pattern, hook):
-            check_rows(pattern, valid, hook.layer(), learned=learned is not None)
+            check_rows(pattern, valid, hook.layer(), learned=learned is not None, phantom=phantom)
             pattern = pattern.float()  # reductions in float32 whatever the model's dtype
             out["scores"][rows, hook.layer()] = first_key_score(pattern, part.lengths).cpu()
             if learned is not None:
@@ -369,7 +401,7 @@ def sink_scores(
             resid_first[rows, hook.layer()] = norms[:, 0].float().cpu()
             resid_rest[rows, hook.layer()] = ((norms * rest).sum(-1) / n_rest).float().cpu()
 
-        hooks = []
+        hooks = _sink_hooks(model, part, sink, bos_id, bos_values, phantom_mass, rows)
         for l in range(L):
             hooks += [
                 (act_name("pattern", l), pattern_hook),
@@ -406,4 +438,46 @@ def sink_scores(
         bos_scores=bos_scores,
         learned_sink_scores=learned,
         attention=path,
+        sink=None if sink is None else sink.describe(),
+        phantom_mass=phantom_mass,
     )
+
+
+def _check_sink(model: Model, batch: TokenBatch, sink, bos_position: int | None, bos_token_id: int | None):
+    """`sink=` checked against the batch: (is it a phantom, the `<bos>` id, `<bos>`'s values or None)."""
+    if sink is None:
+        return False, None, None
+    if isinstance(sink, ValuelessBos):
+        if batch.bos != "prepend" or bos_position is not None:
+            raise ValueError("a value-less <bos> needs <bos> first: bos='prepend', without bos_position")
+        valueless_bos_hooks(model, sink)  # checks the layers and heads now
+        return False, None, None
+    if not isinstance(sink, PhantomSink):
+        raise ValueError(f"sink must be a ValuelessBos or a PhantomSink, got {type(sink).__name__}")
+    if batch.bos != "none":
+        raise ValueError("a phantom sink stands in for <bos> on the run without it: bos='none'")
+    sink.check(model)
+    bos_id = bos_token_id if bos_token_id is not None else batch.bos_token_id
+    if bos_id is None and (sink.form == "paired" or isinstance(sink.value, str) and sink.value == "bos"):
+        from sinkmech.loading.models import bos_token_id as model_bos
+
+        bos_id = model_bos(model)
+    needs_value = isinstance(sink.value, str) and sink.value == "bos"
+    return True, bos_id, bos_state(model, bos_id).values if needs_value else None
+
+
+def _sink_hooks(model: Model, part: TokenBatch, sink, bos_id, bos_values, phantom_mass, rows) -> list:
+    """The intervention's hooks for one chunk (they run before the readers), recording
+    a phantom's mass per (prompt, head), mean over real queries, into `phantom_mass`."""
+    if sink is None:
+        return []
+    if isinstance(sink, ValuelessBos):
+        return valueless_bos_hooks(model, sink)
+    valid = part.mask.float()
+
+    def record(layer: int, m: Tensor) -> None:
+        per = einops.einsum(m.float(), valid.to(m.device), "b h q, b q -> b h") / part.lengths.to(m.device)[:, None]
+        phantom_mass[rows, layer] = per.cpu()
+
+    mass = paired_mass(model, part, bos_id) if sink.form == "paired" else None
+    return phantom_hooks(model, sink, mass=mass, bos_value=bos_values, record=record)

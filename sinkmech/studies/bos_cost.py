@@ -224,3 +224,31 @@ def bos_cost_batches(
                  **({"head_sets": {name: masked(list(heads)) for name, heads in head_sets.items()}}
                     if head_sets else {})},
     }
+
+
+def run(model_or_models, config=None):
+    """The study (`BosCostConfig`) on each model: heads ranked on the first `select`
+    prompts of the default corpus, the top k masked together on the next `eval`
+    (every k in `ks` up to the model's heads reported; none is picked). Findings
+    under `<model>.bos_cost`."""
+    import time
+
+    from sinkmech.findings import flatten
+    from sinkmech.corpora import default_corpus
+    from sinkmech.studies.config import StudyResult
+    from sinkmech.studies.configs import BosCostConfig
+    from sinkmech.studies.first_token import models_of
+
+    config = BosCostConfig() if config is None else config
+    prompts = default_corpus()[: config.select + config.eval]
+    sections, findings = {}, {}
+    for name, model in models_of(model_or_models, config.models):
+        t0 = time.perf_counter()
+        n_heads = model.cfg.n_layers * model.cfg.n_heads
+        r = bos_cost(model, prompts, select_prompts=config.select, eval_prompts=config.eval,
+                     ks=[k for k in config.ks if k <= n_heads], max_tokens=config.max_tokens,
+                     options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+        r["max_tokens"], r["seconds"] = config.max_tokens, round(time.perf_counter() - t0, 1)
+        sections[name] = r
+        findings[f"{name}.bos_cost"] = flatten(f"{name}.bos_cost", r)
+    return StudyResult(config, sections, findings)

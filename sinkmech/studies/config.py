@@ -59,8 +59,8 @@ class StudyConfig:
         if unknown:
             raise ConfigError(f"unknown setting(s) for the study {cls.study!r}: {', '.join(unknown)} "
                               f"(known: {', '.join(fields)})")
-        hints = typing.get_type_hints(cls)
-        return cls(**{k: coerce(v, hints[k], k) for k, v in values.items()})  # then `check`, by __post_init__
+        hints = typing.get_type_hints(cls)  # lists read as the tuples the fields hold (a type-checked __init__ wants them)
+        return cls(**{k: coerce(v, hints[k], k) for k, v in values.items()})  # and checked again by __post_init__
 
     @classmethod
     def read(cls, path: str | Path) -> StudyConfig:
@@ -154,3 +154,35 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
             raise ConfigError(f"{name}: expected a string, got {value!r}")
         return value
     raise ConfigError(f"{name}: settings of type {hint} cannot be read from a file")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyResult:
+    """A study's result held as JSON sections by model (or by run): `to_dict()` is
+    the sections with the config that ran them under "config"; `findings()` maps
+    each findings prefix to the flat values recorded under it
+    (`sinkmech.findings.record(path, values, replace_prefix=prefix)`)."""
+
+    config: StudyConfig
+    sections: dict
+    findings_map: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"config": self.config.to_dict(), **self.sections}
+
+    def to_json(self) -> str:
+        from sinkmech.files import json_text
+
+        return json_text(self.to_dict(), indent=None)
+
+    def to_dataframe(self):
+        """Long format: one row per flat value (section, key, value)."""
+        import pandas as pd
+
+        from sinkmech.findings import flatten
+
+        return pd.DataFrame([{"section": s, "key": k, "value": v} for s, d in self.sections.items()
+                             for k, v in flatten("", d).items()])
+
+    def findings(self) -> dict[str, dict]:
+        return dict(self.findings_map)

@@ -378,7 +378,7 @@ class LongContextConfig(StudyConfig):
         attention: how the passes read attention (`sinkmech.measures.fused`).
     """
 
-    study: ClassVar[str] = "long_context"
+    study: ClassVar[str] = "long-context"
     runner: ClassVar[str] = "sinkmech.studies.long_context:run"
 
     lengths: tuple[int, ...] = (512, 2048, 8192)
@@ -404,3 +404,125 @@ class LongContextConfig(StudyConfig):
             raise ConfigError(f"stream_window {self.stream_window} leaves no token to score in {self.stream_length}")
         if any(k < 0 for k in self.collapse_repeats) or any(k < 0 for k in self.stream_keep):
             raise ConfigError("collapse_repeats and stream_keep must be >= 0")
+
+
+@register
+@dataclass(frozen=True)
+class FirstTokenConfig(StudyConfig):
+    """Sink or token? Other first tokens in `<bos>`'s place (`sinkmech.studies.first_token`):
+    `<bos>`, `<eos>`, `<pad>` (where it differs from `<eos>`), a newline, " the", a rare
+    word, `<bos>` twice and nothing, each paired by prompt against `<bos>` first on
+    the first `n_prompts` prompts of the default corpus; Gemma 3 270M (trained with
+    a fixed `<bos>`) and SmolLM2 (the control). Findings: `<model>.first_token.<name>`."""
+
+    study: ClassVar[str] = "first-token"
+    runner: ClassVar[str] = "sinkmech.studies.first_token:run"
+
+    models: tuple[str, ...] = ("gemma3-270m", "smollm2")
+    n_prompts: int = 64
+    max_tokens: int = 64
+    swap_position: int = 4
+    batch_size: int = 8
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class BosPositionConfig(StudyConfig):
+    """Sink or position? `<bos>` moved after K content tokens (`sinkmech.studies.bos_position`),
+    against `<bos>` first and no `<bos>` on the same content targets (all but
+    content token K, which only the `<bos>` position would predict).
+    Findings: `<model>.bos_position.<K>`."""
+
+    study: ClassVar[str] = "bos-position"
+    runner: ClassVar[str] = "sinkmech.studies.bos_position:run"
+
+    models: tuple[str, ...] = ("gemma3-270m",)
+    n_prompts: int = 64
+    max_tokens: int = 64
+    positions: tuple[int, ...] = (1, 2, 4, 8)
+    eps: tuple[float, ...] = (0.3, 0.8)
+    batch_size: int = 8
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class BosCostConfig(StudyConfig):
+    """What masking key 0 in some heads reproduces of the `<bos>` cost
+    (`sinkmech.studies.bos_cost`): heads ranked by their `mask_first` loss change
+    on the first `select` prompts, the top k masked together on the next `eval`
+    (held out), every k reported (none picked). Findings: `<model>.bos_cost`."""
+
+    study: ClassVar[str] = "bos-cost"
+    runner: ClassVar[str] = "sinkmech.studies.bos_cost:run"
+
+    models: tuple[str, ...] = ("gemma3-270m",)
+    select: int = 8
+    eval: int = 32
+    max_tokens: int = 48
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_size: int = 8
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class TextBosCostConfig(StudyConfig):
+    """`bos_cost` on models trained here (`sinkmech train study text`; each a
+    checkpoint folder), on their own held-out text windows
+    (`sinkmech.studies.text_bos_cost`): `select` windows of the validation split's
+    first half rank the heads, `eval` of its second half are held out; each run's
+    log compared with the committed one in `logs` when given. Findings:
+    `train.text.bos_cost.<run>`."""
+
+    study: ClassVar[str] = "text-bos-cost"
+    runner: ClassVar[str] = "sinkmech.studies.text_bos_cost:run"
+
+    checkpoints: tuple[str, ...] = tuple(f"runs/train/text/text-{r}" for r in (
+        "L2H4-wd0-fixedbos-s0", "L2H4-wd0.1-fixedbos-s0", "L4H4-wd0.1-fixedbos-s0", "L4H4-wd0.1-fixedbos-s1",
+        "L4H4-wd0.1-fixedbos-s2"))
+    logs: str | None = "figures/train/logs/text"
+    select: int = 64
+    eval: int = 256
+    ks: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_size: int = 8
+    threads: int = 1
+    progress: bool = True
+
+
+@register
+@dataclass(frozen=True)
+class DecompositionConfig(StudyConfig):
+    """Sink or `<bos>`: what removing `<bos>` costs, split into the mass and the value
+    (`sinkmech.studies.decomposition`). Held-out prompts `first_prompt` ..
+    `first_prompt + n_prompts - 1` of the corpus (default: the Python docs
+    windows); the top-k sink heads are ranked on prompts 0 .. `select_prompts - 1`.
+    `learned_files`: `sinkmech fit-sinks` files ("{model}" is replaced by each
+    model's name), each a condition of its own; their fitting prompts are refused.
+    `parts`: main (the conditions and the 2 x 2 design), moved (`<bos>` after K
+    content tokens), layers (the phantom in one layer at a time), all_but (in all
+    layers but one), heads (in the top-k sink heads only); `<bos>` first and no
+    `<bos>` run in each, so the pieces can run apart and be merged."""
+
+    study: ClassVar[str] = "decomposition"
+    runner: ClassVar[str] = "sinkmech.studies.decomposition:run"
+    # what draws its figures from the result's JSON into a folder (PNG and SVG)
+    figures: ClassVar[str] = "sinkmech.plots.decomposition:decomposition_figures"
+
+    models: tuple[str, ...] = ("gemma3-270m", "smollm2")
+    prompts: str | None = None
+    n_prompts: int = 64
+    first_prompt: int = 64
+    select_prompts: int = 32
+    max_tokens: int = 64
+    swap_position: int = 4
+    positions: tuple[int, ...] = (1, 2, 4, 8)
+    top_k: tuple[int, ...] = (1, 2, 4, 8, 16)
+    layer_values: tuple[Literal["bos", "zero"], ...] = ("bos", "zero")
+    learned_files: tuple[str, ...] = ("figures/fit_sinks/{model}_head.json", "figures/fit_sinks/{model}_head_value.json")
+    parts: tuple[Literal["main", "moved", "layers", "all_but", "heads"], ...] = ("main", "moved", "layers", "all_but",
+                                                                                "heads")
+    eps: tuple[float, ...] = (0.3, 0.8)
+    batch_size: int = 8
+    progress: bool = True

@@ -8,9 +8,8 @@ targets and paired by prompt against `<bos>` first:
 - first-token substitution (`first_token_study`): another token (or several)
   at the start, e.g. `<eos>`, `<pad>`, a newline, " the", a rare word,
   `<bos>` twice. Does the model need *a* first token, or its trained `<bos>`?
-- `<bos>` moved into the sequence (`bos_position_study`, through
-  `sink_scores(..., bos_position=K)`): is the sink the first *position* or
-  the `<bos>` *token*?
+- `<bos>` moved into the sequence (`sinkmech.studies.bos_position`): is the
+  sink the first *position* or the `<bos>` *token*?
 
 Per prompt: the sink rate on key 0 (alpha_0, Gu et al. 2025, `sinkmech.measures.sinks`),
 the mean next-token loss on content targets 1..n-1 (`sinkmech.measures.loss`), and the
@@ -21,6 +20,8 @@ Intervals: the percentile bootstrap over prompts (`sinkmech.stats`).
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ from sinkmech.interventions.perturb import apply_swap, corpus_swaps
 from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
 from sinkmech.interventions.recipes import SPREAD_POSITION
 from sinkmech.results import Result
-from sinkmech.measures.sinks import check_eps, first_key_score, format_eps, sink_scores
+from sinkmech.measures.sinks import check_eps, first_key_score, format_eps
 from sinkmech.stats import prompt_curve, ratio_with_ci
 from sinkmech.options import RunOptions
 
@@ -184,59 +185,81 @@ def first_token_study(
     )
 
 
-def bos_position_study(
-    model: Model,
-    prompts: PromptSource,
-    positions: Sequence[int],
-    *,
-    max_tokens: int = 64,
-    eps: Sequence[float | str] = DEFAULT_EPS,
-    options: RunOptions = RunOptions(),
-) -> dict:
-    """`<bos>` at each position K (`sink_scores(..., bos_position=K)`) against
-    `<bos>` first and no `<bos>`, on the same content targets, paired by prompt.
+# The study: which first tokens, on which models (`FirstTokenConfig`)
 
-    Returns:
-        {K: {"sink_rate": {eps: [mean, lo, hi]} on key 0, "bos_sink_rate": on
-        the `<bos>` key, "bos_score": mean attention on it, "loss": [mean, lo,
-        hi], "vs_bos": paired differences from `<bos>` first (loss; sink_rate
-        on key 0 and bos_sink_rate on the moved key, each minus `<bos>`-first's
-        rate on key 0), "vs_none": the loss against no
-        `<bos>`}}, plus "bos" and "none" entries for the two references.
-        `options`: batch size, progress bars, the `<bos>` id to move.
-    """
-    if not positions or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in positions):
-        raise ValueError(f"positions must be integers >= 1, got {list(positions)}")
-    first = tokenize(model, prompts, bos="prepend", max_tokens=max_tokens, bos_token_id=options.bos_token_id)
-    short = int(first.lengths.min()) - 1
-    if max(positions) >= short:
-        raise ValueError(f"bos position {max(positions)} is at or beyond the content length ({short} tokens)")
-    none = tokenize(model, prompts, bos="none", max_tokens=max_tokens)
-    kw = dict(loss=True, options=options)
-    ref = sink_scores(model, first, **kw)
-    plain = sink_scores(model, none, **kw)
-    targets = ref.prompt_targets().double()
 
-    def rates(r, e):
-        return r.prompt_sink_rate(e)
+def rare_word(model: Model) -> int:
+    """The highest-id token that decodes to a space and >= 6 lowercase letters
+    and tokenizes back to itself: a late BPE merge, so a rare word."""
+    tok = model.tokenizer
+    for i in range(model.cfg.d_vocab - 1, 0, -1):
+        text = tok.decode([i])
+        if re.fullmatch(r" [a-z]{6,}", text) and tok(text, add_special_tokens=False)["input_ids"] == [i]:
+            return i
+    raise ValueError("no rare single-token word in the vocabulary")
 
-    out: dict = {}
-    for name, r in (("bos", ref), ("none", plain)):
-        out[name] = {"sink_rate": {format_eps(e): _mean_ci(rates(r, e)) for e in eps},
-                     "loss": ratio_with_ci(r.prompt_loss, targets)}
-    for K in positions:
-        r = sink_scores(model, first, bos_position=K, **kw)
-        out[str(K)] = {
-            "sink_rate": {format_eps(e): _mean_ci(rates(r, e)) for e in eps},
-            "bos_sink_rate": {format_eps(e): _mean_ci(r.prompt_bos_sink_rate(e)) for e in eps},
-            "bos_score": float(r.bos_scores.mean()),
-            "loss": ratio_with_ci(r.prompt_loss, targets),
-            "vs_bos": {"loss": ratio_with_ci(r.prompt_loss - ref.prompt_loss, targets),
-                       # the <bos> key at K against the <bos> key at 0
-                       "bos_sink_rate": {format_eps(e): _mean_ci(r.prompt_bos_sink_rate(e) - rates(ref, e))
-                                         for e in eps},
-                       "sink_rate": {format_eps(e): _mean_ci(rates(r, e) - rates(ref, e))
-                                     for e in eps}},
-            "vs_none": {"loss": ratio_with_ci(r.prompt_loss - plain.prompt_loss, targets)},
-        }
-    return out
+
+def one_token(model: Model, text: str) -> int:
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise ValueError(f"{text!r} is {len(ids)} tokens, not one")
+    return int(ids[0])
+
+
+def first_tokens(model: Model) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The study's first tokens, name -> token ids put first (`<bos>`, `<eos>`, `<pad>`
+    where it differs from `<eos>`, a newline, " the", a rare word, `<bos>` twice,
+    nothing), and the names left out with the reason."""
+    from sinkmech.loading.models import bos_token_id
+
+    tok, bos = model.tokenizer, bos_token_id(model)
+    out = {"bos": [bos], "eos": [int(tok.eos_token_id)]}
+    skipped = {}
+    if tok.pad_token_id is None or tok.pad_token_id == tok.eos_token_id:
+        skipped["pad"] = "the tokenizer's <pad> is its <eos>" if tok.pad_token_id is not None else "no <pad> token"
+    else:
+        out["pad"] = [int(tok.pad_token_id)]
+    out |= {"newline": [one_token(model, "\n")], "the": [one_token(model, " the")], "rare": [rare_word(model)],
+            "bos_bos": [bos, bos], "none": []}
+    return out, skipped
+
+
+def models_of(model_or_models, names: Sequence[str]):
+    """(name, model) pairs: a model (named `names[0]`), a mapping name -> model, or
+    None to load each of `names` when its turn comes (one model in memory at a time)."""
+    if model_or_models is None:
+        from sinkmech.loading.models import load_model
+
+        for name in names:
+            yield name, load_model(name)
+    elif isinstance(model_or_models, Mapping):
+        yield from model_or_models.items()
+    else:
+        yield names[0], model_or_models
+
+
+def run(model_or_models, config=None):
+    """The first-token study (`FirstTokenConfig`) on each model, the first
+    `n_prompts` prompts of the default corpus; findings under `<model>.first_token`."""
+    from sinkmech.findings import flatten
+    from sinkmech.corpora import default_corpus
+    from sinkmech.studies.config import StudyResult
+    from sinkmech.studies.configs import FirstTokenConfig
+
+    config = FirstTokenConfig() if config is None else config
+    prompts = default_corpus()[: config.n_prompts]
+    sections, findings = {}, {}
+    for name, model in models_of(model_or_models, config.models):
+        prefixes, skipped = first_tokens(model)
+        t0 = time.perf_counter()
+        runs = first_token_study(model, prompts, prefixes, max_tokens=config.max_tokens,
+                                 swap_position=config.swap_position,
+                                 options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+        out = {"first_token": runs.to_dict()["first_tokens"], "first_token_skipped": skipped,
+               "n_prompts": config.n_prompts, "max_tokens": config.max_tokens, "swap_position": runs.swap_position}
+        for k, ids in prefixes.items():
+            out["first_token"][k]["text"] = "".join(model.tokenizer.decode([i]) for i in ids)
+        out["first_token_seconds"] = round(time.perf_counter() - t0, 1)
+        sections[name] = out
+        findings[f"{name}.first_token"] = flatten(f"{name}.first_token", out["first_token"])
+    return StudyResult(config, sections, findings)

@@ -169,3 +169,31 @@ def bos_cost_findings(results: dict) -> dict:
         if "reproduction" in r:
             flat.update(flatten(f"{base}.reproduction", r["reproduction"]))
     return flat
+
+
+def run(model_or_models=None, config=None):
+    """The study (`TextBosCostConfig`) on each checkpoint of `config.checkpoints`
+    (models trained here: `model_or_models` is unused, each checkpoint is loaded
+    in turn); each run's log compared with the committed one in `config.logs`.
+    Findings under `train.text.bos_cost.<run>` (`bos_cost_findings`)."""
+    import time
+
+    from sinkmech.studies.config import StudyResult
+    from sinkmech.studies.configs import TextBosCostConfig
+
+    config = TextBosCostConfig() if config is None else config
+    torch.set_num_threads(config.threads)
+    sections, findings = {}, {}
+    for run_dir in map(Path, config.checkpoints):
+        t0 = time.perf_counter()
+        r = checkpoint_bos_cost(run_dir, n_select=config.select, n_eval=config.eval, ks=list(config.ks),
+                                options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+        name = r["run"]
+        if config.logs is not None:
+            committed, log = Path(config.logs) / f"{name}.json", run_dir / "log.json"
+            if committed.exists() and log.exists():
+                r["reproduction"] = reproduction(json.loads(log.read_text()), json.loads(committed.read_text()))
+        r["seconds"] = round(time.perf_counter() - t0, 1)
+        sections[name] = r
+        findings[f"{FINDINGS_PREFIX}.{name}"] = bos_cost_findings({name: r})
+    return StudyResult(config, sections, findings)

@@ -40,7 +40,8 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model
 from sinkmech.theory.jacobian import _check_layers, jacobian_norms, jacobian_norms_hutchinson
 from sinkmech.options import QUIET, RunOptions
-from sinkmech.prompts import CONDITIONS, PromptSource, default_corpus, tokenize
+from sinkmech.corpora import default_corpus
+from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
 from sinkmech import stats
 from sinkmech.results import Result
 from sinkmech.studies.configs import TheoryConfig

@@ -144,7 +144,7 @@ def findings(out: Path, prefix: str = "") -> dict:
         text_findings(flat, rows)
         text_step_findings(flat, out / "logs" / "text", prefix, rows)
     path = out / f"{prefix}text_bos_cost.json"
-    if path.exists():  # the <bos> cost the sink heads carry (scripts/bos_cost.py --checkpoints)
+    if path.exists():  # the <bos> cost the sink heads carry (the text_bos_cost study)
         from sinkmech.studies.text_bos_cost import bos_cost_findings  # torch: only when the control was run
 
         flat.update(bos_cost_findings(read_json(path)))

@@ -166,10 +166,17 @@ def rank_collapse(
         mask[:, 0] = False
         if int(mask.sum(1).min()) < 1:
             raise ValueError("exclude_first leaves a prompt with no token: give prompts of at least 2 tokens")
-    h = residual_stack(model, batch.tokens).float()
-    w = mask.float()[:, None, :, None]
+    return collapse_ratio(residual_stack(model, batch.tokens), mask).cpu()
+
+
+def collapse_ratio(h: Float[Tensor, "batch resid_layer pos d_model"],
+                   mask: Tensor) -> Float[Tensor, "batch resid_layer"]:
+    """Rank collapse, the one definition: ||X - 1 mean(X)||_F / ||X||_F over the
+    token vectors X of each prompt and layer that `mask` [batch pos] keeps (float32)."""
+    h = h.float()
+    w = mask.to(h.device).float()[:, None, :, None]
     mean = (h * w).sum(2, keepdim=True) / w.sum(2, keepdim=True)
-    return (((h - mean) * w).pow(2).sum((2, 3)).sqrt() / (h * w).pow(2).sum((2, 3)).sqrt()).cpu()
+    return ((h - mean) * w).pow(2).sum((2, 3)).sqrt() / (h * w).pow(2).sum((2, 3)).sqrt()
 
 
 def representational_collapse(

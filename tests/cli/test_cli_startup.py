@@ -30,6 +30,10 @@ def test_help_and_bad_flags_import_nothing_heavy(tmp_path):
         (["ablate", "--shard", "1/2", "--json", str(tmp_path / "a.json")], 2, "ending in .partial.json"),
         (["perturb", "--noise", "nan"], 2, "error: --noise must be a finite number"),
         (["sinks", "--json", "/proc/x.json"], 2, "error: --json /proc/x.json: cannot write into /proc"),
+        (["sinks", "--bos", "none", "--sink-value", "zero"], 2, "error: --sink-value zero"),
+        (["sinks", "--phantom-sink", "logits"], 2, "error: --phantom-sink logits needs --sink-logits"),
+        (["sinks", "--sink-logits", str(tmp_path / "none.json")], 2, "error: sink-logit file not found"),
+        (["fit-sinks", "--n-fit", "0", "--json", str(tmp_path / "f.json")], 2, "error: --n-fit must be >= 1"),
         # what needs the whole pattern refuses the fused path; a length past the model's context is refused
         *((["heads", "patch", "ablate", "length", "stream"][i:i + 1] + ["--attention", "fused"], 2,
            "which the fused path never holds") for i in range(5)),

@@ -208,6 +208,23 @@ def _head_losses(m, rows, batch):
     return head_loss_changes(m, batch, options=QUIET)
 
 
+def _fitted_sinks(m, rows, batch):
+    from sinkmech.interventions.fit_sinks import FitSettings, fit_sinks
+
+    from sinkmech.prompts import tokenize
+
+    none = tokenize(m, rows[:4], bos="none", max_tokens=6)
+    return fit_sinks(m, none, FitSettings(steps=2, value=True), options=TINY_RUN)
+
+
+def _decomposition(m, rows, batch):
+    from sinkmech.studies.configs import DecompositionConfig
+    from sinkmech.studies.decomposition import decompose
+
+    config = DecompositionConfig(positions=(1,), top_k=(1,), layer_values=("bos",), learned_files=(), max_tokens=6)
+    return decompose(m, rows[2:6], rows[:2], config, options=TINY_RUN)
+
+
 def _summary_row(m, rows, batch):
     import json
 
@@ -273,7 +290,7 @@ FACTORIES = {
     "NoopCheck": _noop, "TrainResult": _train, "HeadContrast": _contrast,
     "BoundRanking": _bound_ranking, "FirstTokenRuns": _first_tokens, "HeadLossChanges": _head_losses,
     "SummaryRow": _summary_row, "Domains": _domains, "Calibration": _calibration, "Theory": _theory,
-    "LongContextResult": _long_context,
+    "LongContextResult": _long_context, "FittedSinks": _fitted_sinks, "Decomposition": _decomposition,
 }
 
 

@@ -53,3 +53,20 @@ def planted_dormant_model(kinds: dict[int, str], seed: int = 0, cut: int = 10) -
 
     require("from_config", why="planted heads are set in a HookedTransformer's weights")
     return planted.planted_dormant_model(kinds, seed=seed, cut=cut)
+
+
+def sampled_corpus(model: Model, n: int, length: int, bos_id: int = TINY_BOS, seed: int = 0) -> list[list[int]]:
+    """`n` sequences of `length` content tokens sampled from `model` itself with
+    `<bos>` first (temperature 1, ids below 2, `<bos>` and padding, never drawn):
+    a corpus on which the with-`<bos>` run is the model's own distribution, so
+    removing `<bos>` costs loss in expectation (a planted `<bos>` cost)."""
+    from sinkmech.hooks import run
+
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.full((n, 1), bos_id, dtype=torch.long)
+    for _ in range(length):
+        logits = run(model, tokens)[:, -1].float()
+        logits[:, :2] = float("-inf")
+        nxt = torch.multinomial(logits.softmax(-1), 1, generator=g)
+        tokens = torch.cat([tokens, nxt], 1)
+    return tokens[:, 1:].tolist()

@@ -104,7 +104,7 @@ def test_named_corpora_record_each_windows_document():
     from pydoc_data.topics import topics
 
     from sinkmech.corpora import DOMAINS, corpus
-    from sinkmech.prompts import default_corpus, load_prompts
+    from sinkmech.corpora import default_corpus, load_prompts
 
     text = " ".join(topics[k] for k in sorted(topics))
     words = re.sub(r"\s+", " ", text).split(" ")

@@ -263,31 +263,36 @@ def test_bos_position_equals_brute_force_on_hand_built_ids(tiny_model):
                 assert torch.allclose(res.scores[p, l], pattern[:, :, 0].mean(-1), atol=TINY_FORWARD, rtol=0)
                 assert torch.allclose(res.bos_scores[p, l], pattern[:, K:, K].mean(-1), atol=TINY_FORWARD, rtol=0)
             # content token j sits at position j (j < K) or j + 1 (j >= K); it is
-            # predicted from the position just before it, which for j = K is <bos>
+            # predicted from the position just before it, which for j = K is <bos>:
+            # that target is left out (no other condition predicts from <bos>)
             where = [j if j < K else j + 1 for j in range(len(row))]
             logp = torch.log_softmax(logits[0].double(), -1)
-            nll = -sum(logp[where[j] - 1, row[j]] for j in range(1, len(row)))
+            nll = -sum(logp[where[j] - 1, row[j]] for j in range(1, len(row)) if j != K)
             assert float(res.prompt_loss[p]) == pytest.approx(float(nll), rel=TINY_FORWARD)
-        assert res.prompt_targets().tolist() == [len(r) - 1 for r in rows]
+        assert res.prompt_targets().tolist() == [len(r) - 2 for r in rows]
 
 
 def test_bos_position_scores_the_same_content_targets_token_by_token(tiny_model, tiny_tokens):
-    """The loss mask's targets are content tokens 1 .. n-1 in order, exactly as
-    with <bos> first; <bos> is never a target."""
-    from sinkmech.measures.loss import target_mask
-    from sinkmech.measures.sinks import move_bos, moved_bos_targets
+    """The loss mask's targets are content tokens 1 .. n-1 but K, in order, the
+    same as `skip_target_mask` with <bos> first or none; <bos> is never a target,
+    and content token K, which <bos> itself would predict, is not either."""
+    from sinkmech.measures.sinks import move_bos, moved_bos_targets, skip_target_mask
 
     first = tokenize(tiny_model, tiny_tokens, bos="prepend", bos_token_id=TINY_BOS)
-    for K in (1, 2, 5, 11):
+    none = tokenize(tiny_model, tiny_tokens, bos="none")
+    for K in (1, 2, 5, 10):
         moved = move_bos(first, K)
         assert moved.tokens[:, K].eq(TINY_BOS).all() and moved.tokens[:, :K].equal(tiny_tokens[:, :K])
         mask = moved_bos_targets(moved, K)
         for p in range(len(moved)):
             got = moved.tokens[p, 1:][mask[p, :-1]].tolist()
-            want = first.tokens[p, 1:][target_mask(first)[p, :-1]].tolist()
-            assert got == want == tiny_tokens[p, 1:].tolist() and TINY_BOS not in got
-            # <bos> itself predicts content token K
-            assert mask[p, K] and moved.tokens[p, K + 1] == tiny_tokens[p, K]
+            want = tiny_tokens[p, 1:].tolist()
+            del want[K - 1]
+            for ref in (first, none):
+                assert ref.tokens[p, 1:][skip_target_mask(ref, K)[p, :-1]].tolist() == want
+            assert got == want and TINY_BOS not in got
+            # <bos> itself would predict content token K: not scored
+            assert not mask[p, K] and moved.tokens[p, K + 1] == tiny_tokens[p, K]
 
 
 def test_bos_position_json_keys_and_bad_positions(tiny_model, tiny_tokens):

@@ -248,3 +248,20 @@ def test_the_sink_head_is_the_largest_alpha_0_and_its_place_in_the_loss_ranking(
                      {"conditions": {"prepend": {"head_scores": [[0.1, 0.2], [0.7, 0.05]]}}}]}
     assert sink_head(log, ["L0.H1", "L1.H0", "L0.H0"]) == {"head": "L1.H0", "alpha_0": 0.7, "loss_rank": 2}
     assert sink_head(log, ["L0.H1"])["loss_rank"] is None
+
+
+def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
+    """`run` records its config, reports every k up to the model's heads (none picked)
+    and writes its findings under <model>.bos_cost."""
+    import sinkmech.corpora
+    from sinkmech.studies.bos_cost import run
+    from sinkmech.studies.configs import BosCostConfig
+
+    monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(8)])
+    monkeypatch.setattr("sinkmech.loading.models.bos_token_id", lambda model: TINY_BOS)
+    config = BosCostConfig(models=("tiny",), select=2, eval=4, max_tokens=7, ks=(1, 4, 16), progress=False)
+    result = run(tiny_model, config)
+    d = result.to_dict()
+    assert d["config"] == config.to_dict()
+    assert set(d["tiny"]["eval"]["top_k"]) == {"1", "4"}  # the tiny model has 8 heads
+    assert "tiny.bos_cost.eval.no_bos.0" in result.findings()["tiny.bos_cost"]

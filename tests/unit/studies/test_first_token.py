@@ -1,19 +1,16 @@
-"""First-token substitution and <bos> moved: each prefix against the hand-built
-sequence run directly, the spread against `perturbation_spread`, the pairing,
-and (slow) every substituted first token against transformers on Gemma."""
+"""First-token substitution: each prefix against the hand-built sequence run
+directly, the spread against `perturbation_spread`, the pairing, the study from
+its Config, and (slow) every substituted first token against transformers on Gemma."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.paths import REPO
 from helpers.tiny import TINY_BOS
 from helpers.tolerance import TINY_FORWARD, assert_normwise
-from helpers.tiny import TINY_RUN
-from sinkmech.studies.first_token import bos_position_study, first_token_study
+from sinkmech.studies.first_token import first_token_study
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
-from sinkmech.measures.sinks import sink_scores
 from sinkmech.options import QUIET, RunOptions
 
 PREFIXES = {"bos": [TINY_BOS], "other": [7], "bos_bos": [TINY_BOS, TINY_BOS], "none": []}
@@ -82,32 +79,15 @@ def test_bad_first_tokens_are_refused(tiny_model, rows):
         first_token_study(tiny_model, rows, PREFIXES, swap_position=8, options=QUIET)
 
 
-def test_bos_position_study_pairs_with_bos_first(tiny_model, tiny_tokens):
-    out = bos_position_study(tiny_model, tiny_tokens, [1, 4], options=TINY_RUN)
-    first = sink_scores(tiny_model, tiny_tokens, bos="prepend", loss=True, options=TINY_RUN)
-    moved = sink_scores(tiny_model, tiny_tokens, bos="prepend", loss=True, bos_position=4,
-                        options=TINY_RUN)
-    targets = first.prompt_targets().sum()
-    assert out["4"]["loss"][0] == pytest.approx(float(moved.prompt_loss.sum() / targets))
-    assert out["4"]["vs_bos"]["loss"][0] == pytest.approx(float((moved.prompt_loss - first.prompt_loss).sum() / targets))
-    assert out["4"]["bos_score"] == pytest.approx(float(moved.bos_scores.mean()))
-    assert set(out) == {"bos", "none", "1", "4"}
-    with pytest.raises(ValueError, match="at or beyond"):
-        bos_position_study(tiny_model, tiny_tokens, [12], options=TINY_RUN)
-
-
 @pytest.mark.slow
 def test_gemma_first_tokens_match_transformers(gemma, gemma_transformers):
-    """Every substituted first token of scripts/first_token.py on Gemma 3 270M:
+    """Every substituted first token of the first-token study on Gemma 3 270M:
     alpha_0 within 2e-3 and the content-target loss within 1e-3 nats of
     transformers' own eager Gemma on the same ids (default-corpus windows 120-121)."""
-    import sys
-
     from sinkmech.corpora import default_corpus
     from sinkmech.prompts import tokenize
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    from first_token import first_tokens
+    from sinkmech.studies.first_token import first_tokens
 
     prefixes, _ = first_tokens(gemma)
     prompts = default_corpus()[120:122]
@@ -124,3 +104,29 @@ def test_gemma_first_tokens_match_transformers(gemma, gemma_transformers):
             logp = torch.log_softmax(out.logits[0].double(), -1)
             nll = -sum(logp[m + j - 1, row[j]] for j in range(1, len(row)))
             assert abs(float(runs.prompt_loss[name][p]) - float(nll)) / (len(row) - 1) < 1e-3, name
+
+
+def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
+    """`run` records the config it ran and writes its findings under <model>.first_token
+    (the tiny model has no rare word or newline token: its first tokens are given)."""
+    from sinkmech.studies import first_token
+    from sinkmech.studies.configs import FirstTokenConfig
+
+    monkeypatch.setattr(first_token, "first_tokens", lambda model: ({"bos": [TINY_BOS], "none": []}, {"pad": "none"}))
+    import sinkmech.corpora
+    from helpers.tiny import toy_tokenizer
+
+    monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(6)])
+
+    class Tok:
+        def decode(self, ids):
+            return f"[{ids[0]}]"
+
+    toy_tokenizer(monkeypatch, tiny_model, Tok())
+    config = FirstTokenConfig(models=("tiny",), n_prompts=4, max_tokens=7, swap_position=2, progress=False)
+    result = first_token.run(tiny_model, config)
+    d = result.to_dict()
+    assert d["config"] == config.to_dict() and set(d["tiny"]["first_token"]) == {"bos", "none"}
+    assert d["tiny"]["first_token_skipped"] == {"pad": "none"} and d["tiny"]["first_token"]["bos"]["text"] == "[1]"
+    flat = result.findings()["tiny.first_token"]
+    assert "tiny.first_token.none.vs_bos.loss.0" in flat

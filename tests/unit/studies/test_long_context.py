@@ -18,7 +18,7 @@ SMALL = dict(lengths=(12, 40), n_prompts=3, buckets=(8, 32, 64), stream_length=4
 
 
 def test_the_config_is_registered_reads_back_and_refuses_bad_settings():
-    assert STUDIES["long_context"] is LongContextConfig
+    assert STUDIES["long-context"] is LongContextConfig
     config = LongContextConfig(**SMALL)
     # the recorded config reruns the study (lists as tuples: the test suite's type checker sees __init__ first)
     recorded = {k: tuple(v) if isinstance(v, list) else v for k, v in config.to_dict().items()}

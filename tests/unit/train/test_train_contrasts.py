@@ -75,7 +75,7 @@ def test_the_self_masked_uniform_score_is_uniform_attention_under_the_self_mask(
 
 
 def test_the_findings_read_the_bos_cost_results(tmp_path):
-    """`findings` flattens `text_bos_cost.json` (as `scripts/bos_cost.py --checkpoints`
+    """`findings` flattens `text_bos_cost.json` (as the text_bos_cost study
     records it) under train.text.bos_cost.<run>, with whether each share excludes zero."""
     from sinkmech.studies.training_findings import findings, findings_text
 
