@@ -52,4 +52,5 @@ class RunOptions:
         return dataclasses.replace(self, **changes)
 
 
+STUDY_BATCH = 8  # prompts per forward pass in the studies where --batch-size gives none
 QUIET = RunOptions(progress=False)  # no progress bars: tests, nested calls

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    PROMPTS_HELP, UsageError, at_least, image_file, load_model_arg, model_name, non_negative_int, output_file,
+    MODEL_HELP, PROMPTS_HELP, UsageError, at_least, image_file, load_model_arg, model_name, non_negative_int,
+    output_file,
     positive_float, positive_int, prompts_arg, write_results,
 )
 from sinkmech.findings import flatten, record
@@ -21,7 +22,7 @@ from sinkmech.loading.names import DEFAULT_MODEL
 def add_fit_sinks_parser(sub) -> None:
     p = sub.add_parser("fit-sinks", help="fit per-head sink logits (gpt-oss's learned sinks) into a model trained "
                                          "with <bos>, scored on held-out prompts")
-    p.add_argument("--model", type=model_name, default=DEFAULT_MODEL)
+    p.add_argument("--model", type=model_name, default=DEFAULT_MODEL, help=MODEL_HELP)
     p.add_argument("--prompts", default=None, help=PROMPTS_HELP)
     p.add_argument("--n-fit", type=positive_int, default=64,
                    help="the first N prompts fit the sinks (default 64); recorded in --json, never evaluated on")

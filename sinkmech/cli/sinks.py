@@ -417,7 +417,9 @@ def cmd_sinks(args) -> None:
     if plan.any and attention == "fused":
         raise UsageError("the sink interventions act on each layer's attention pattern: run them with --attention "
                          "pattern (or auto)")
-    check_context(args.model, args.max_tokens + (args.bos != "none"))
+    if args.max_tokens > DEFAULT_WINDOW_TOKENS:  # past the windows: a length the model may not hold (up to
+        # them, a prompt longer than a small model's context is cut the same in both conditions: `context_limit`)
+        check_context(args.model, args.max_tokens + (args.bos != "none"))
     prompts = sinks_prompts(args)  # bad prompt files fail before the slow model load
     if plan.sink_file is not None:
         plan.sink_file.refuse_fitted(prompts)  # held-out prompts only, before the model loads

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from sinkmech.cli.common import (
-    DTYPE_CHOICES, FlagValueError, UsageError, device_name, output_file, positive_int, write_json,
+    DTYPE_CHOICES, FlagValueError, UsageError, device_name, output_file, output_folder, positive_int, write_json,
 )
 
 # flags every study has; a Config field may not take their names
-GENERIC = ("config", "json", "batch_size", "device", "dtype", "quiet")
+GENERIC = ("config", "json", "findings", "figures", "batch_size", "device", "dtype", "quiet")
 
 
 def add_study_parser(sub) -> None:
@@ -57,6 +57,13 @@ def add_one_study(names, name: str, cls) -> None:
         add_field_flag(settings, f.name, hints[f.name], f.default, cls.help.get(f.name, ""))
     q.add_argument("--json", type=output_file, default=None,
                    help="write the result, with the config it ran, as JSON here ('-': stdout)")
+    if cls.has_findings:
+        q.add_argument("--findings", type=output_file, default=None,
+                       help="merge the study's quotable numbers into this findings file (e.g. figures/findings.json), "
+                            "each under its own prefix (an earlier run's numbers under that prefix are replaced)")
+    if getattr(cls, "figures", None):
+        q.add_argument("--figures", type=output_folder, default=None, metavar="DIR",
+                       help="draw the study's figures (PNG and SVG) from its result into this folder")
     q.add_argument("--batch-size", type=positive_int, default=None,
                    help="prompts per forward pass (default: each analysis's own)")
     q.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32",
@@ -170,13 +177,25 @@ def cmd_study(args) -> None:
     from sinkmech.options import RunOptions
 
     options = RunOptions(batch_size=args.batch_size, progress=not args.quiet, device=args.device, dtype=args.dtype)
-    if args.json is None:
+    if args.json is None and getattr(args, "findings", None) is None:
         print("warning: no --json: the result is not written (only what the study writes itself)", file=sys.stderr)
     t0 = time.perf_counter()
     result = config.run(study_models(config, options), options)
     print(f"study {config.study}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     if args.json is not None:
         write_json(args.json, result.to_dict())
+    if getattr(args, "figures", None) is not None:
+        module, name = type(config).figures.split(":")
+        import importlib
+
+        for path in getattr(importlib.import_module(module), name)(result.to_dict(), args.figures):
+            print(f"wrote {path}", file=sys.stderr)
+    if getattr(args, "findings", None) is not None:
+        from sinkmech.findings import record
+
+        for prefix, values in result.findings().items():
+            record(args.findings, values, replace_prefix=prefix)
+        print(f"recorded findings in {args.findings}", file=sys.stderr)
 
 
 def study_models(config, options):
@@ -187,7 +206,9 @@ def study_models(config, options):
     if hasattr(config, "model"):
         from sinkmech.loading.models import load_model
 
-        return load_model(config.model, device=options.device, dtype=options.dtype or "float32")
+        n_ctx = getattr(config, "n_ctx_needed", None)  # a study past the default context says what it needs
+        return load_model(config.model, device=options.device, dtype=options.dtype or "float32",
+                          **({} if n_ctx is None else {"n_ctx": n_ctx}))
     if hasattr(config, "models"):
         return list(config.models)
     return None

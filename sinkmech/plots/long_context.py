@@ -64,3 +64,9 @@ def long_context_figure(result: dict, path: str | os.PathLike, *, eps: str = "0.
                  y=1.02)
     fig.tight_layout()
     return save(fig, path)
+
+
+def long_context_figures(result: dict, folder: str | os.PathLike) -> list[Path]:
+    """The study's figure (`long_context_figure`) as long_context_<model>.png and .svg in `folder`."""
+    stem = Path(folder) / f"long_context_{result.get('model', 'model')}"
+    return [long_context_figure(result, stem.with_suffix(suffix)) for suffix in (".png", ".svg")]

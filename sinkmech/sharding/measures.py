@@ -62,7 +62,7 @@ def sinks_partial(results: dict[str, SinkScores], settings: dict, *, prompt_inde
     settings = {**settings, **({"bos_positions": moved} if moved else {}),
                 "conditions": list(results), "model_name": first.model_name, "n_layers": first.n_layers,
                 "n_heads": first.n_heads, "max_tokens_requested": first.max_tokens_requested, "n_ctx": n_ctx,
-                "loss": first.loss is not None}
+                "loss": first.loss is not None, "attention_path": first.attention}
     return shard_part("sinks", settings, prompt_index=prompt_index, shard=shard, n_prompts_total=n_prompts_total,
                       rows=rows, sums=sums)
 
@@ -86,6 +86,7 @@ def sinks_result(part: Partial) -> dict[str, SinkScores]:
                                  if f"{c}.learned_sink_scores" in part.rows else None),
             bos_position=s.get("bos_positions", {}).get(c),
             bos_scores=_torch(part.rows[f"{c}.bos_scores"]) if f"{c}.bos_scores" in part.rows else None,
+            attention=s.get("attention_path"),
         )
     return out
 

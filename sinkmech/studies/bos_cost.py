@@ -29,7 +29,7 @@ from sinkmech.measures.loss import NO_TARGETS, masked_row_losses, target_mask
 from sinkmech.prompts import PromptSource, TokenBatch, as_batch, tokenize
 from sinkmech.results import Result
 from sinkmech.stats import ratio_with_ci
-from sinkmech.options import QUIET, RunOptions
+from sinkmech.options import QUIET, STUDY_BATCH, RunOptions
 
 
 def heads_hooks(model: Model, part: TokenBatch, heads: Sequence[tuple[int, int]], mode: AblationMode,
@@ -226,7 +226,7 @@ def bos_cost_batches(
     }
 
 
-def run(model_or_models, config=None):
+def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     """The study (`BosCostConfig`) on each model: heads ranked on the first `select`
     prompts of the default corpus, the top k masked together on the next `eval`
     (every k in `ks` up to the model's heads reported; none is picked). Findings
@@ -242,12 +242,12 @@ def run(model_or_models, config=None):
     config = BosCostConfig() if config is None else config
     prompts = default_corpus()[: config.select + config.eval]
     sections, findings = {}, {}
-    for name, model in models_of(model_or_models, config.models):
+    for name, model in models_of(model_or_models, config.models, options):
         t0 = time.perf_counter()
         n_heads = model.cfg.n_layers * model.cfg.n_heads
         r = bos_cost(model, prompts, select_prompts=config.select, eval_prompts=config.eval,
                      ks=[k for k in config.ks if k <= n_heads], max_tokens=config.max_tokens,
-                     options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+                     options=options.replace(batch_size=options.batch(STUDY_BATCH)))
         r["max_tokens"], r["seconds"] = config.max_tokens, round(time.perf_counter() - t0, 1)
         sections[name] = r
         findings[f"{name}.bos_cost"] = flatten(f"{name}.bos_cost", r)

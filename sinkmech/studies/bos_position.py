@@ -23,7 +23,7 @@ from torch import Tensor
 from sinkmech.loading.backend import Model
 from sinkmech.measures.loss import target_nll
 from sinkmech.measures.sinks import format_eps, sink_scores
-from sinkmech.options import RunOptions
+from sinkmech.options import STUDY_BATCH, RunOptions
 from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
 from sinkmech.stats import prompt_curve, ratio_with_ci
 
@@ -109,7 +109,7 @@ def bos_position_study(
     return out
 
 
-def run(model_or_models, config=None):
+def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     """The moved-`<bos>` study (`BosPositionConfig`) on each model, the first
     `n_prompts` prompts of the default corpus; findings under `<model>.bos_position`."""
     from sinkmech.findings import flatten
@@ -121,11 +121,11 @@ def run(model_or_models, config=None):
     config = BosPositionConfig() if config is None else config
     prompts = default_corpus()[: config.n_prompts]
     sections, findings = {}, {}
-    for name, model in models_of(model_or_models, config.models):
+    for name, model in models_of(model_or_models, config.models, options):
         t0 = time.perf_counter()
         out = bos_position_study(model, prompts, list(config.positions), max_tokens=config.max_tokens,
                                  eps=config.eps,
-                                 options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+                                 options=options.replace(batch_size=options.batch(STUDY_BATCH)))
         sections[name] = {"bos_position": out, "n_prompts": config.n_prompts, "max_tokens": config.max_tokens,
                           "seconds": round(time.perf_counter() - t0, 1)}
         findings[f"{name}.bos_position"] = flatten(f"{name}.bos_position", out)

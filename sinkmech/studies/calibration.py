@@ -60,12 +60,14 @@ class Calibration(Result):
                              for c in self.cuts.values()])
 
     def findings(self) -> dict:
-        """The quotable numbers, nested from the findings file's root (`dormant_calibration.*`)."""
+        """The quotable numbers: {prefix: flat values} for `sinkmech.findings.record` (`dormant_calibration.*`)."""
+        from sinkmech.findings import flatten
+
         c = self.config
-        return {"dormant_calibration": {"chosen": self.chosen, "seeds": c.seeds, "n_prompts": c.n_prompts,
+        return {"dormant_calibration": flatten("dormant_calibration", {"chosen": self.chosen, "seeds": c.seeds, "n_prompts": c.n_prompts,
                 "n_planted": c.seeds * len(c.strengths), "strengths": list(c.strengths),
                 "cuts": {k: {x: v[x] for x in ("high", "low", "if_else_recovered", "null_if_else", "random_if_else",
-                                               "prompt_if_else")} for k, v in self.cuts.items()}}}
+                                               "prompt_if_else")} for k, v in self.cuts.items()}})}
 
 
 def choose_cut(cuts: dict[str, dict]) -> dict | None:

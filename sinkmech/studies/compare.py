@@ -357,6 +357,12 @@ class Comparison(Result):
 
         return pd.concat([r.to_dataframe() for r in self.models], ignore_index=True)
 
+    def findings(self) -> dict[str, dict]:
+        """{prefix: flat values} for `sinkmech.findings.record`: each model's under `<model>.compare`."""
+        from sinkmech.findings import flatten
+
+        return {f"{r.model}.compare": flatten(f"{r.model}.compare", r.findings()) for r in self.models}
+
 
 def run(models=None, config: CompareConfig = CompareConfig(), options: RunOptions = RunOptions()) -> Comparison:
     """The compare study: `compare_model` on each model in turn, one in memory at a time.

@@ -26,6 +26,8 @@ class StudyConfig:
 
     study: ClassVar[str] = ""  # the name `sinkmech study NAME` runs
     runner: ClassVar[str] = ""  # "module:function" that runs it: run(model_or_models, config) -> Result
+    # whether its result quotes numbers (`findings()`: {prefix: flat values}) for `--findings`
+    has_findings: ClassVar[bool] = True
     help: ClassVar[dict[str, str]] = {}  # field -> the help of its command-line flag
 
     def __post_init__(self) -> None:

@@ -223,6 +223,7 @@ class TrainingConfig(StudyConfig):
     the preset and its overrides, and where the outputs and checkpoints go."""
 
     runner: ClassVar[str] = "sinkmech.studies.training:run"
+    has_findings: ClassVar[bool] = False  # `sinkmech train study findings` quotes the training studies
     short: ClassVar[str] = ""  # its name under `sinkmech train study`
     help: ClassVar[dict[str, str]] = TRAIN_HELP
 
@@ -365,6 +366,7 @@ class LongContextConfig(StudyConfig):
     window with the first key kept or dropped, representational collapse in length.
 
     Attributes:
+        model: the model, loaded with the context the longest run needs (`n_ctx_needed`).
         lengths: content tokens per prompt, one run each (the same texts cut to each).
         n_prompts: long texts (`sinkmech.context.long_text`), from the topics in turn.
         topics: the long-text topics the prompts come from.
@@ -380,7 +382,9 @@ class LongContextConfig(StudyConfig):
 
     study: ClassVar[str] = "long-context"
     runner: ClassVar[str] = "sinkmech.studies.long_context:run"
+    figures: ClassVar[str] = "sinkmech.plots.long_context:long_context_figures"
 
+    model: str = "gemma3-270m"
     lengths: tuple[int, ...] = (512, 2048, 8192)
     n_prompts: int = 4
     topics: tuple[str, ...] = ("python-docs", "licenses", "python-source")
@@ -392,6 +396,12 @@ class LongContextConfig(StudyConfig):
     collapse_repeats: tuple[int, ...] = (16, 128, 1024, 4096)
     collapse_prefix: int = 32
     attention: Literal["fused", "pattern", "auto"] = "fused"
+
+    @property
+    def n_ctx_needed(self) -> int:
+        """Positions the longest pass holds (`<bos>` included)."""
+        return max(*self.lengths, self.stream_length,
+                   self.collapse_prefix + max(self.collapse_repeats, default=0) + 1) + 1
 
     def check(self) -> None:
         if not self.lengths or min(self.lengths) < 2:
@@ -422,8 +432,6 @@ class FirstTokenConfig(StudyConfig):
     n_prompts: int = 64
     max_tokens: int = 64
     swap_position: int = 4
-    batch_size: int = 8
-    progress: bool = True
 
 
 @register
@@ -442,8 +450,6 @@ class BosPositionConfig(StudyConfig):
     max_tokens: int = 64
     positions: tuple[int, ...] = (1, 2, 4, 8)
     eps: tuple[float, ...] = (0.3, 0.8)
-    batch_size: int = 8
-    progress: bool = True
 
 
 @register
@@ -462,8 +468,6 @@ class BosCostConfig(StudyConfig):
     eval: int = 32
     max_tokens: int = 48
     ks: tuple[int, ...] = (1, 2, 4, 8, 16)
-    batch_size: int = 8
-    progress: bool = True
 
 
 @register
@@ -486,9 +490,7 @@ class TextBosCostConfig(StudyConfig):
     select: int = 64
     eval: int = 256
     ks: tuple[int, ...] = (1, 2, 4, 8, 16)
-    batch_size: int = 8
     threads: int = 1
-    progress: bool = True
 
 
 @register
@@ -524,5 +526,3 @@ class DecompositionConfig(StudyConfig):
     parts: tuple[Literal["main", "moved", "layers", "all_but", "heads"], ...] = ("main", "moved", "layers", "all_but",
                                                                                 "heads")
     eps: tuple[float, ...] = (0.3, 0.8)
-    batch_size: int = 8
-    progress: bool = True

@@ -42,7 +42,7 @@ from sinkmech.loading.backend import Model
 from sinkmech.measures.definitions import check_eps, first_key_score
 from sinkmech.measures.sinks import format_eps
 from sinkmech.measures.loss import content_nll, laid_out
-from sinkmech.options import RunOptions
+from sinkmech.options import STUDY_BATCH, RunOptions
 from sinkmech.prompts import TokenBatch, tokenize
 from sinkmech.results import Result
 from sinkmech.stats import prompt_curve, ratio_with_ci
@@ -414,7 +414,8 @@ def findings_of(study: Mapping) -> dict[str, dict]:
     return out
 
 
-def run(model_or_models, config: DecompositionConfig = DecompositionConfig()) -> Decomposition:
+def run(model_or_models=None, config: DecompositionConfig = DecompositionConfig(),
+        options: RunOptions = RunOptions()) -> Decomposition:
     """The decomposition on each model of `config.models` (or the models given:
     a model, or name -> model), on the held-out prompts config names.
 
@@ -430,19 +431,19 @@ def run(model_or_models, config: DecompositionConfig = DecompositionConfig()) ->
         raise ValueError(f"the prompts are {config.first_prompt}..{end - 1} (held out) and 0..{config.select_prompts - 1} "
                          f"(selection): {len(corpus)} prompts do not hold them, or the two overlap")
     prompts, select = corpus[config.first_prompt : end], corpus[: config.select_prompts]
-    if model_or_models is None:
-        models = {name: None for name in config.models}
+    if model_or_models is None or isinstance(model_or_models, (list, tuple)):  # specs, loaded in turn
+        models = {name: None for name in (config.models if model_or_models is None else model_or_models)}
     elif isinstance(model_or_models, Mapping):
         models = dict(model_or_models)
     else:
         models = {config.models[0]: model_or_models}
-    options = RunOptions(batch_size=config.batch_size, progress=config.progress)
+    options = options.replace(batch_size=options.batch(STUDY_BATCH))
     runs, top, layers = {}, {}, {}
     for name, model in models.items():
         if model is None:
             from sinkmech.loading.models import load_model
 
-            model = load_model(name)
+            model = load_model(name, device=options.device, dtype=options.dtype or "float32")
         learned = {}
         for pattern in config.learned_files if "main" in config.parts else ():
             f = read_sink_file(pattern.format(model=name))

@@ -138,13 +138,16 @@ class Domains(Result):
         return pd.DataFrame(rows)
 
     def findings(self) -> dict:
-        """The quotable numbers, nested from the findings file's root
+        """The quotable numbers: {prefix: flat values} for `sinkmech.findings.record`
         (`<model>.domain.<name>.*`, `<model>.domain.holds_on.*`)."""
+        from sinkmech.findings import flatten
+
         out = {}
         for m, by_domain in self.tables.items():
             d = self.to_dict()[m]
-            out[m] = {"domain": {**{name: _flat(t) for name, t in by_domain.items()}, "holds_on": d["holds_on"],
-                                 "one_domain_only": d["one_domain_only"]}}
+            out[f"{m}.domain"] = flatten(f"{m}.domain", {**{name: _flat(t) for name, t in by_domain.items()},
+                                                         "holds_on": d["holds_on"],
+                                                         "one_domain_only": d["one_domain_only"]})
         return out
 
 

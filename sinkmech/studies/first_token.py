@@ -39,7 +39,7 @@ from sinkmech.interventions.recipes import SPREAD_POSITION
 from sinkmech.results import Result
 from sinkmech.measures.sinks import check_eps, first_key_score, format_eps
 from sinkmech.stats import prompt_curve, ratio_with_ci
-from sinkmech.options import RunOptions
+from sinkmech.options import STUDY_BATCH, RunOptions
 
 REFERENCE = "bos"  # the trained first token every other is paired against
 
@@ -224,21 +224,23 @@ def first_tokens(model: Model) -> tuple[dict[str, list[int]], dict[str, str]]:
     return out, skipped
 
 
-def models_of(model_or_models, names: Sequence[str]):
-    """(name, model) pairs: a model (named `names[0]`), a mapping name -> model, or
-    None to load each of `names` when its turn comes (one model in memory at a time)."""
-    if model_or_models is None:
-        from sinkmech.loading.models import load_model
-
-        for name in names:
-            yield name, load_model(name)
-    elif isinstance(model_or_models, Mapping):
+def models_of(model_or_models, names: Sequence[str], options: RunOptions = RunOptions()):
+    """(name, model) pairs: a model (named `names[0]`), a mapping name -> model, a
+    list of specs or models, or None to load each of `names`; specs are loaded in
+    --dtype on --device when their turn comes (one model in memory at a time:
+    `sinkmech.loading.models.each_model`)."""
+    if isinstance(model_or_models, Mapping):
         yield from model_or_models.items()
+    elif model_or_models is None or isinstance(model_or_models, (list, tuple)):
+        from sinkmech.loading.models import each_model
+
+        yield from each_model(list(names) if model_or_models is None else model_or_models, device=options.device,
+                              dtype=options.dtype)
     else:
         yield names[0], model_or_models
 
 
-def run(model_or_models, config=None):
+def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     """The first-token study (`FirstTokenConfig`) on each model, the first
     `n_prompts` prompts of the default corpus; findings under `<model>.first_token`."""
     from sinkmech.findings import flatten
@@ -249,12 +251,12 @@ def run(model_or_models, config=None):
     config = FirstTokenConfig() if config is None else config
     prompts = default_corpus()[: config.n_prompts]
     sections, findings = {}, {}
-    for name, model in models_of(model_or_models, config.models):
+    for name, model in models_of(model_or_models, config.models, options):
         prefixes, skipped = first_tokens(model)
         t0 = time.perf_counter()
         runs = first_token_study(model, prompts, prefixes, max_tokens=config.max_tokens,
                                  swap_position=config.swap_position,
-                                 options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+                                 options=options.replace(batch_size=options.batch(STUDY_BATCH)))
         out = {"first_token": runs.to_dict()["first_tokens"], "first_token_skipped": skipped,
                "n_prompts": config.n_prompts, "max_tokens": config.max_tokens, "swap_position": runs.swap_position}
         for k, ids in prefixes.items():

@@ -297,20 +297,24 @@ class LongContextResult(Result):
         return pd.DataFrame(rows)
 
     def findings(self) -> dict:
-        """The numbers the docs quote, flat under `<model>.long.` (`sinkmech.findings.record`)."""
+        """The numbers the docs quote: {prefix: flat values} for `sinkmech.findings.record` (`<model>.long.*`)."""
         from sinkmech.findings import flatten
 
         d = self.to_dict()
         values = {"config": d["config"], "n_prompts": self.config.n_prompts, "lengths": d["lengths"],
                   "contrasts": d["contrasts"], "stream": d["stream"], "collapse": d["collapse"]}
-        return flatten(f"{self.model_name}.long", values)
+        return {f"{self.model_name}.long": flatten(f"{self.model_name}.long", values)}
 
 
-def run(model: Model, config: LongContextConfig = LongContextConfig(),
+def run(model: Model | None = None, config: LongContextConfig = LongContextConfig(),
         options: RunOptions = RunOptions()) -> LongContextResult:
-    """Run the study on one model (loaded with a context of at least the longest length + 1)."""
-    need = max(*config.lengths, config.stream_length,
-               config.collapse_prefix + max(config.collapse_repeats, default=0) + 1) + 1
+    """Run the study on one model, loaded with a context of at least the longest
+    length + 1 (None: `config.model`, loaded so)."""
+    need = config.n_ctx_needed
+    if model is None:
+        from sinkmech.loading.models import load_model
+
+        model = load_model(config.model, device=options.device, dtype=options.dtype or "float32", n_ctx=need)
     if model.cfg.n_ctx < need:
         raise ValueError(f"the study needs {need} positions but the model was loaded with a context of "
                          f"{model.cfg.n_ctx}: load it with n_ctx={need}")

@@ -30,7 +30,7 @@ from sinkmech.prompts import TokenBatch
 from sinkmech.stats import excludes_zero
 from sinkmech.train.config import TrainConfig
 from sinkmech.train.data import text_streams
-from sinkmech.options import RunOptions
+from sinkmech.options import STUDY_BATCH, RunOptions
 
 FINDINGS_PREFIX = "train.text.bos_cost"
 
@@ -171,7 +171,7 @@ def bos_cost_findings(results: dict) -> dict:
     return flat
 
 
-def run(model_or_models=None, config=None):
+def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     """The study (`TextBosCostConfig`) on each checkpoint of `config.checkpoints`
     (models trained here: `model_or_models` is unused, each checkpoint is loaded
     in turn); each run's log compared with the committed one in `config.logs`.
@@ -187,7 +187,7 @@ def run(model_or_models=None, config=None):
     for run_dir in map(Path, config.checkpoints):
         t0 = time.perf_counter()
         r = checkpoint_bos_cost(run_dir, n_select=config.select, n_eval=config.eval, ks=list(config.ks),
-                                options=RunOptions(batch_size=config.batch_size, progress=config.progress))
+                                options=options.replace(batch_size=options.batch(STUDY_BATCH)))
         name = r["run"]
         if config.logs is not None:
             committed, log = Path(config.logs) / f"{name}.json", run_dir / "log.json"

@@ -364,12 +364,15 @@ class Theory(Result):
         return pd.DataFrame(self.family["tests"])
 
     def findings(self) -> dict:
-        """The quotable numbers, nested from the findings file's root (`<model>.theory.*`, per-prompt lists left
-        out; `theory.family.*`: the Holm family's size and each test's raw and adjusted p)."""
-        return {**{name: {"theory": {k: v for k, v in r.items() if k != "per_prompt"}} for name, r in self.per_model.items()},
-                "theory": {"family": {"size": self.family["size"],
-                                      "tests": {t["name"]: {k: t[k] for k in ("p", "p_holm", "at_floor")}
-                                                for t in self.family["tests"]}}}}
+        """The quotable numbers: {prefix: flat values} for `sinkmech.findings.record` (`<model>.theory.*`,
+        per-prompt lists left out; `theory.family.*`: the Holm family's size and each test's raw and adjusted p)."""
+        from sinkmech.findings import flatten
+
+        family = {"size": self.family["size"], "tests": {t["name"]: {k: t[k] for k in ("p", "p_holm", "at_floor")}
+                                                         for t in self.family["tests"]}}
+        return {**{f"{name}.theory": flatten(f"{name}.theory", {k: v for k, v in r.items() if k != "per_prompt"})
+                   for name, r in self.per_model.items()},
+                "theory.family": flatten("theory.family", family)}
 
 
 def run(models=None, config: TheoryConfig = TheoryConfig(), options: RunOptions = RunOptions()) -> Theory:

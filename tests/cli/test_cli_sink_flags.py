@@ -96,7 +96,8 @@ def test_a_sink_logit_file_of_another_shape_is_refused_before_any_forward_pass(m
                           (sink_file(tmp_path, values=5, name="d5"), "d_head 8")):
         assert main(["sinks", "--prompts", str(prompts), "--sink-logits", str(path)]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error: ") and message in err and "Traceback" not in err
+        last = err.strip().splitlines()[-1]  # after 'loading ...'
+        assert last.startswith("error: ") and message in last and "Traceback" not in err
     assert main(["sinks", "--prompts", str(prompts), "--sink-value", "zero", "--sink-layers", "5"]) == 2
     assert "out of range" in capsys.readouterr().err
 

@@ -207,8 +207,9 @@ def test_the_theory_study_writes_paired_intervals_its_holm_family_and_findings(c
     assert v["n_entries"] == 2 * (5 * 6 // 2) + 2 * (4 * 5 // 2)  # every causal entry, with and without <bos>
     assert r["n_prompts"] == 3 and r["n_tokens"] == 5 and r["estimator"] == "hutchinson"
     assert r["normalized_entropy"]["prepend"]["n"] == 4
-    found = result.findings()["tiny"]["theory"]
-    assert "per_prompt" not in found and found["normalized_entropy"]["none"]["mean"] == r["normalized_entropy"]["none"]["mean"]
+    found = result.findings()["tiny.theory"]
+    assert not any(".per_prompt" in k for k in found)
+    assert found["tiny.theory.normalized_entropy.none.mean"] == r["normalized_entropy"]["none"]["mean"]
     assert "Holm family: 9" in text(result)
     with pytest.raises(Exception, match="prompts must be >= 2"):
         TheoryConfig(prompts=1).check()

@@ -225,7 +225,7 @@ def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_
     best = max(cuts, key=lambda c: (c["if_else_recovered"], c["high"], c["low"]))
     assert out["chosen"] == {"high": best["high"], "low": best["low"]}
     assert CalibrationConfig.from_dict(out["config"]) == cfg and "chosen" in table(result)
-    assert result.findings()["dormant_calibration"]["n_planted"] == len(cfg.strengths)
+    assert result.findings()["dormant_calibration"]["dormant_calibration.n_planted"] == len(cfg.strengths)
 
 
 def _judged_on(active: torch.Tensor, tokens: torch.Tensor, seed: int):

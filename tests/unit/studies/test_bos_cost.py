@@ -259,8 +259,8 @@ def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
 
     monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(8)])
     monkeypatch.setattr("sinkmech.loading.models.bos_token_id", lambda model: TINY_BOS)
-    config = BosCostConfig(models=("tiny",), select=2, eval=4, max_tokens=7, ks=(1, 4, 16), progress=False)
-    result = run(tiny_model, config)
+    config = BosCostConfig(models=("tiny",), select=2, eval=4, max_tokens=7, ks=(1, 4, 16))
+    result = run(tiny_model, config, QUIET)
     d = result.to_dict()
     assert d["config"] == config.to_dict()
     assert set(d["tiny"]["eval"]["top_k"]) == {"1", "4"}  # the tiny model has 8 heads

@@ -10,6 +10,7 @@ import torch
 
 from helpers.tiny import TINY_BOS, TINY_RUN
 from sinkmech.measures.sinks import sink_scores
+from sinkmech.options import QUIET
 from sinkmech.studies.bos_position import bos_position_study
 
 
@@ -83,8 +84,8 @@ def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
 
     monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(6)])
     monkeypatch.setattr("sinkmech.loading.models.bos_token_id", lambda model: TINY_BOS)
-    config = BosPositionConfig(models=("tiny",), n_prompts=4, max_tokens=7, positions=(2,), progress=False)
-    result = run(tiny_model, config)
+    config = BosPositionConfig(models=("tiny",), n_prompts=4, max_tokens=7, positions=(2,))
+    result = run(tiny_model, config, QUIET)
     d = result.to_dict()
     assert d["config"] == config.to_dict() and set(d["tiny"]["bos_position"]) == {"bos", "none", "2"}
     assert "tiny.bos_position.2.vs_bos.loss.0" in result.findings()["tiny.bos_position"]

@@ -135,10 +135,9 @@ def test_the_study_runs_from_its_config(monkeypatch, tmp_path):
     (tmp_path / "tiny_head.json").write_text(json.dumps(fitted.to_dict()))
     config = DecompositionConfig(models=("tiny",), prompts=str(prompts), n_prompts=8, first_prompt=6, select_prompts=4,
                                  max_tokens=12, positions=(2,), top_k=(1,), layer_values=("bos",),
-                                 learned_files=(str(tmp_path / "{model}_head.json"),), parts=("main", "layers", "all_but"),
-                                 progress=False)
+                                 learned_files=(str(tmp_path / "{model}_head.json"),), parts=("main", "layers", "all_but"))
     assert STUDIES["decomposition"] is DecompositionConfig
-    result = run(model, config)
+    result = run(model, config, QUIET)
     d = result.to_dict()
     assert d["config"] == config.to_dict() and DecompositionConfig.from_dict(d["config"]) == config
     section = d["models"]["tiny"]

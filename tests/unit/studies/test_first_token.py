@@ -26,7 +26,7 @@ def rows(tiny_tokens):
 @pytest.fixture(scope="module")
 def runs(tiny_model, rows):
     return first_token_study(tiny_model, rows, PREFIXES, swap_position=3,
-                             options=RunOptions(batch_size=2, progress=False))
+                             options=RunOptions(batch_size=2))
 
 
 def test_each_prefix_equals_the_hand_built_sequence(tiny_model, rows, runs):
@@ -123,8 +123,8 @@ def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
             return f"[{ids[0]}]"
 
     toy_tokenizer(monkeypatch, tiny_model, Tok())
-    config = FirstTokenConfig(models=("tiny",), n_prompts=4, max_tokens=7, swap_position=2, progress=False)
-    result = first_token.run(tiny_model, config)
+    config = FirstTokenConfig(models=("tiny",), n_prompts=4, max_tokens=7, swap_position=2)
+    result = first_token.run(tiny_model, config, QUIET)
     d = result.to_dict()
     assert d["config"] == config.to_dict() and set(d["tiny"]["first_token"]) == {"bos", "none"}
     assert d["tiny"]["first_token_skipped"] == {"pad": "none"} and d["tiny"]["first_token"]["bos"]["text"] == "[1]"

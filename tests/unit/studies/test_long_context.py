@@ -99,7 +99,7 @@ def test_the_result_records_its_config_sources_and_findings(study):
     assert d["config"] == LongContextConfig(**SMALL).to_dict()
     assert len(d["prompt_sources"]) == 3 and all(s["sources"] for s in d["prompt_sources"])
     assert set(d["collapse"]) == {"prepend", "none", "none_minus_prepend"}
-    f = result.findings()
+    f = result.findings()[f"{result.model_name}.long"]
     assert all(k.startswith(f"{result.model_name}.long.") for k in f)
     assert any(".lengths.40.prepend.buckets.9-32.loss.value" in k for k in f)
 
