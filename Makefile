@@ -127,6 +127,9 @@ findings: demo
 	  $(BIN)/sinkmech fit-sinks --model $$m --top-k 8 --json figures/fit_sinks/$${m}_head_top8.json --findings figures/findings.json || exit 1; \
 	done
 	$(BIN)/sinkmech study decomposition --json figures/decomposition.json --findings figures/findings.json --figures figures
+	# The paper's length claims at 512-8192 tokens on Gemma (loss and sink rate by position, StreamingLLM at 8192,
+	# collapse to 4096 repeats; about an hour on 2 cores, memory linear in length: the fused attention path).
+	$(BIN)/sinkmech study long-context --json figures/long_context_gemma3-270m.json --figures figures --findings figures/findings.json
 	# The same in the natural-text models trained here: their checkpoints first (about 2 hours on one thread; the
 	# study writes its own outputs to runs/train/text_study, so the committed figures/train logs are not reused).
 	$(BIN)/sinkmech train study text --preset text --fixed-bos yes --layers 2 --weight-decays 0 0.1 --out runs/train/text_study --runs-dir runs/train --quiet

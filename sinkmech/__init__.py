@@ -32,6 +32,14 @@ _EXPORTS = {
     "build_report": "sinkmech.report",
     "RunOptions": "sinkmech.options", "QUIET": "sinkmech.options", "Thresholds": "sinkmech.dormant.labels",
     "LogitDiff": "sinkmech.interventions.metrics", "CompareConfig": "sinkmech.studies.configs",
+    "ValuelessBos": "sinkmech.interventions.phantom", "PhantomSink": "sinkmech.interventions.phantom",
+    "fit_sinks": "sinkmech.interventions.fit_sinks", "FitSettings": "sinkmech.interventions.fit_sinks",
+    "FittedSinks": "sinkmech.interventions.fit_sinks", "evaluate_sinks": "sinkmech.interventions.fit_sinks",
+    "STUDIES": "sinkmech.studies.configs", "run_study": "sinkmech.studies.config",
+    **{name: "sinkmech.studies.configs" for name in (
+        "DomainsConfig", "CalibrationConfig", "TheoryConfig", "LongContextConfig", "FirstTokenConfig",
+        "BosPositionConfig", "BosCostConfig", "TextBosCostConfig", "DecompositionConfig", "PackingConfig",
+        "PositionalConfig", "ContextLengthConfig", "MaskSelfConfig", "DepthConfig", "TextConfig")},
 }
 
 __all__ = [
@@ -41,6 +49,10 @@ __all__ = [
     "AblationSetup", "perturbation_spread", "sensitivity", "sensitivity_study", "rank_collapse", "repeat_collapse", "head_attention", "HeadAttention",
     "compare_model", "ModelComparison", "build_report",
     "RunOptions", "QUIET", "Thresholds", "LogitDiff", "CompareConfig",
+    "ValuelessBos", "PhantomSink", "fit_sinks", "FitSettings", "FittedSinks", "evaluate_sinks",
+    "STUDIES", "run_study", "DomainsConfig", "CalibrationConfig", "TheoryConfig", "LongContextConfig",
+    "FirstTokenConfig", "BosPositionConfig", "BosCostConfig", "TextBosCostConfig", "DecompositionConfig",
+    "PackingConfig", "PositionalConfig", "ContextLengthConfig", "MaskSelfConfig", "DepthConfig", "TextConfig",
 ]
 
 

@@ -174,6 +174,10 @@ def check_models(config) -> None:
 def cmd_study(args) -> None:
     config = study_config(args)  # checked here, before torch loads: a bad one exits 2
     check_models(config)
+    try:
+        config.check_inputs()
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from None
     from sinkmech.options import RunOptions
 
     options = RunOptions(batch_size=args.batch_size, progress=not args.quiet, device=args.device, dtype=args.dtype)

@@ -91,6 +91,10 @@ class StudyConfig:
             raise ConfigError(f"{path} holds no config (a table of settings)")
         return cls.from_dict(values)
 
+    def check_inputs(self) -> None:
+        """The files the config names, read and checked before any model loads
+        (`sinkmech study` calls it; a study that names none has nothing to check)."""
+
     def run_function(self):
         """The function that runs this study (imported now: it may import torch)."""
         import importlib
@@ -188,3 +192,15 @@ class StudyResult:
 
     def findings(self) -> dict[str, dict]:
         return dict(self.findings_map)
+
+
+def run_study(config: StudyConfig, models=None, options=None):
+    """Run a study from its config, as `sinkmech study NAME` does: `config.run(models, options)`.
+
+    Args:
+        config: a registered study's Config (`sinkmech.STUDIES`), e.g.
+            `DecompositionConfig(models=("gemma3-270m",), parts=("main",))`.
+        models: a loaded model, specs, or None for what the config names.
+        options: `RunOptions` (batch size, progress, device, dtype); None: the defaults.
+    """
+    return config.run(models, options)

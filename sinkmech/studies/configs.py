@@ -427,6 +427,9 @@ class FirstTokenConfig(StudyConfig):
 
     study: ClassVar[str] = "first-token"
     runner: ClassVar[str] = "sinkmech.studies.first_token:run"
+    help: ClassVar[dict[str, str]] = {
+        "models": "models, each loaded in turn", "n_prompts": "the first N windows of the default corpus",
+        "max_tokens": "content tokens per prompt", "swap_position": "the content position of the one-token swap"}
 
     models: tuple[str, ...] = ("gemma3-270m", "smollm2")
     n_prompts: int = 64
@@ -444,6 +447,10 @@ class BosPositionConfig(StudyConfig):
 
     study: ClassVar[str] = "bos-position"
     runner: ClassVar[str] = "sinkmech.studies.bos_position:run"
+    help: ClassVar[dict[str, str]] = {
+        "models": "models, each loaded in turn", "n_prompts": "the first N windows of the default corpus",
+        "max_tokens": "content tokens per prompt", "positions": "K: <bos> after K content tokens, one run each",
+        "eps": "sink-rate thresholds"}
 
     models: tuple[str, ...] = ("gemma3-270m",)
     n_prompts: int = 64
@@ -462,6 +469,10 @@ class BosCostConfig(StudyConfig):
 
     study: ClassVar[str] = "bos-cost"
     runner: ClassVar[str] = "sinkmech.studies.bos_cost:run"
+    help: ClassVar[dict[str, str]] = {
+        "models": "models, each loaded in turn", "select": "prompts that rank the heads (the first N)",
+        "eval": "held-out prompts after them that score the top k", "max_tokens": "content tokens per prompt",
+        "ks": "k: the top k heads masked together, one run each"}
 
     models: tuple[str, ...] = ("gemma3-270m",)
     select: int = 8
@@ -482,6 +493,11 @@ class TextBosCostConfig(StudyConfig):
 
     study: ClassVar[str] = "text-bos-cost"
     runner: ClassVar[str] = "sinkmech.studies.text_bos_cost:run"
+    help: ClassVar[dict[str, str]] = {
+        "checkpoints": "checkpoint folders of `sinkmech train` runs", "logs": "folder of the committed training "
+        "logs each run's log is compared with (none: no comparison)", "select": "validation windows that rank the heads",
+        "eval": "held-out validation windows that score the top k", "ks": "k: the top k heads masked together",
+        "threads": "torch CPU threads"}
 
     checkpoints: tuple[str, ...] = tuple(f"runs/train/text/text-{r}" for r in (
         "L2H4-wd0-fixedbos-s0", "L2H4-wd0.1-fixedbos-s0", "L4H4-wd0.1-fixedbos-s0", "L4H4-wd0.1-fixedbos-s1",
@@ -509,6 +525,15 @@ class DecompositionConfig(StudyConfig):
 
     study: ClassVar[str] = "decomposition"
     runner: ClassVar[str] = "sinkmech.studies.decomposition:run"
+    help: ClassVar[dict[str, str]] = {
+        "models": "models, each loaded in turn", "prompts": "prompt file (none: the default corpus)",
+        "n_prompts": "held-out prompts scored", "first_prompt": "the first held-out prompt's index",
+        "select_prompts": "prompts 0..N-1 rank the top-k sink heads", "max_tokens": "content tokens per prompt",
+        "swap_position": "the content position of the one-token swap (spread)",
+        "positions": "K: <bos> after K content tokens (part moved)", "top_k": "k: the phantom in the top k sink "
+        "heads only (part heads)", "layer_values": "the phantom's value in the per-layer parts",
+        "learned_files": "fit-sinks files, {model} replaced by each model's name; each a condition",
+        "parts": "which parts run (see above)", "eps": "sink-rate thresholds"}
     # what draws its figures from the result's JSON into a folder (PNG and SVG)
     figures: ClassVar[str] = "sinkmech.plots.decomposition:decomposition_figures"
 
@@ -526,3 +551,15 @@ class DecompositionConfig(StudyConfig):
     parts: tuple[Literal["main", "moved", "layers", "all_but", "heads"], ...] = ("main", "moved", "layers", "all_but",
                                                                                 "heads")
     eps: tuple[float, ...] = (0.3, 0.8)
+
+    def check_inputs(self) -> None:
+        """The prompt file and every learned-sinks file (for each model), read before any model loads."""
+        from sinkmech.corpora import load_prompts
+        from sinkmech.interventions.sink_file import read_sink_file  # light: no torch
+
+        if self.prompts is not None:
+            load_prompts(self.prompts)
+        if "main" in self.parts:
+            for model in self.models:
+                for pattern in self.learned_files:
+                    read_sink_file(pattern.format(model=model))
