@@ -85,6 +85,7 @@ def recovery_by_layer(section: Mapping, path: str | os.PathLike, *, model_name: 
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.axhline(1, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xlabel("layer", fontsize=8)
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))  # layers are whole numbers
     ax.set_ylabel("share of the <bos> cost recovered", fontsize=8)
     ax.set_title(f"Where the phantom sink matters{_suffix(model_name)}", fontsize=9)
     ax.tick_params(labelsize=7)
