@@ -114,7 +114,8 @@ def test_named_corpora_record_each_windows_document():
     assert list(pydoc.prompts) == default_corpus(40) and len(pydoc.documents) == 40
     for prompt, doc in zip(pydoc.prompts, pydoc.documents):
         assert " ".join(prompt.split()[:5]) in re.sub(r"\s+", " ", topics[doc])
-    assert 1 < pydoc.n_documents < 40  # windows share documents: a cluster bootstrap resamples these
+    # windows share documents: a cluster bootstrap resamples these
+    assert pydoc.n_documents == len(set(pydoc.documents)) < 40
     assert pydoc.part(0, 10).documents == pydoc.documents[:10]
     assert DOMAINS == ("pydoc", "licenses")
     lic = corpus("licenses", 40)

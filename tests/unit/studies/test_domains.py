@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from sinkmech.corpora import corpus
+
 from helpers.tiny import WordTokenizer, make_tiny, toy_tokenizer
 from sinkmech.options import QUIET
 from sinkmech.studies.config import ConfigError
@@ -43,7 +45,7 @@ def test_the_study_runs_both_corpora_with_intervals_over_documents(monkeypatch):
     for domain in ("pydoc", "licenses"):
         t = out[name]["domain"][domain]
         docs = t["corpus"]["n_documents"]
-        assert 1 <= docs <= 12 and t["corpus"]["n_prompts"] == 12
+        assert docs == corpus(domain).part(0, 12).n_documents and t["corpus"]["n_prompts"] == 12
         rate = t["sink_rate"]["prepend"]["0.3"]
         assert rate["n_documents"] == docs and rate["method"] == ("bca" if docs <= 16 else "percentile")
         assert rate["ci"][0] <= rate["value"] <= rate["ci"][1]
