@@ -24,6 +24,8 @@ Which applies where:
   normwise (relative to the array's largest |value|, so a near-zero entry of a large array is
   held to the array's scale, as float32 computed it). SmolLM2 (d_mlp 1536): 9.3e-6; the
   tiny models (d_mlp 128): 2.7e-6.
+- kl_atol(d_vocab): a KL divergence between two such passes' distributions, whose error is
+  set by the log-probs it is the weighted difference of, not by its own size (see there).
 - sum_of_changes_atol(...): a sum of n differences (intervened - clean) of float32 values
   of size `scale`, e.g. the no-op check's summed loss changes: each difference carries the
   forward bound twice, and n independent errors add like sqrt(n).
@@ -88,6 +90,16 @@ def assert_normwise(got, want, rtol: float, what: str = "") -> None:
     scale = float(np.abs(b).max()) if b.size else 0.0
     worst = float(np.abs(a - b).max()) if b.size else 0.0
     assert worst <= rtol * scale, f"{what}: max |difference| {worst:.3g} > {rtol:.3g} x largest |value| {scale:.3g}"
+
+
+def kl_atol(d_vocab: int, k: int = TINY_D_MLP) -> float:
+    """Absolute bound on a KL divergence (nats) between two next-token distributions computed by
+    float32 passes of other shapes or kernels. KL(p || q) = sum p (log p - log q): each log-prob
+    carries the forward bound relative to its size, and the p-weighted sizes add up to a cross
+    entropy, about log(d_vocab) for a distribution near the other, so the KL carries twice the
+    forward bound times log(d_vocab), however small the KL itself is (a small KL is a difference
+    of two large terms, not a small number computed alone)."""
+    return 2 * forward_rtol(k) * math.log(d_vocab)
 
 
 def two_implementations(k: int = TINY_D_MLP) -> float:

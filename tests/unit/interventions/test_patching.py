@@ -10,7 +10,7 @@ from jaxtyping import TypeCheckError
 
 from helpers.reference import loop_patch
 from helpers.tiny import TINY_BOS, make_tiny
-from helpers.tolerance import SMOLLM2_FORWARD, TINY_FORWARD, assert_normwise
+from helpers.tolerance import SMOLLM2_FORWARD, TINY_FORWARD, assert_normwise, kl_atol
 from sinkmech.hooks import act_name
 from sinkmech.interventions.metrics import KL, LogitDiff, resolve_metric
 from sinkmech.prompts import check_bos
@@ -41,8 +41,10 @@ def test_bos_pair_maps_content_positions(pair):
 def test_patching_a_run_into_itself_changes_nothing(tiny_model, pair):
     for bos in ("prepend", "none"):
         r = patch_resid_pre(tiny_model, pair, per_position=False, source=bos, target=bos, options=QUIET)
-        assert r.baseline == 0.0
-        assert r.values.abs().max() < 1e-6
+        # the source's logits (a cached pass) and the target's (a plain pass, unembedded apart):
+        # one distribution computed twice, so the KL is zero up to its float32 bound
+        assert abs(r.baseline) <= kl_atol(tiny_model.cfg.d_vocab)  # float32 can put it just below zero
+        assert r.values.abs().max() <= kl_atol(tiny_model.cfg.d_vocab)
 
 
 def test_layer0_patch_at_mapped_positions_reproduces_the_target_run(tiny_model, pair):
