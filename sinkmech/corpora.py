@@ -141,6 +141,18 @@ def default_corpus(
     return list(corpus(domain, n_prompts, words).prompts)
 
 
+def corpus_windows(source=None) -> Corpus | None:
+    """The named corpus `source` stands for, with each window's document (None:
+    the default corpus; a name of `DOMAINS` where no file of that name exists),
+    or None where `source` is anything else (a prompt file or list, read by
+    `load_prompts`, whose prompts have no documents)."""
+    if source is None:
+        return corpus()
+    if isinstance(source, str) and source in DOMAINS and not Path(source).exists():
+        return corpus(source)
+    return None
+
+
 def python_source_corpus(n_prompts: int = DEFAULT_N_PROMPTS, chars: int = 400) -> list[str]:
     """`n_prompts` windows of Python source, each the consecutive non-blank
     lines from an evenly spaced start until `chars` characters are reached,
@@ -171,10 +183,9 @@ def load_prompts(source=None) -> list[str] | list[list[int]]:
     of a corpus (`DOMAINS`, e.g. "licenses": its default windows) where no
     file of that name exists. Lists of token ids and token tensors pass
     through (as lists of id lists); see `sinkmech.prompts.PromptSource`."""
-    if source is None:
-        return default_corpus()
-    if isinstance(source, str) and source in DOMAINS and not Path(source).exists():
-        return default_corpus(domain=source)
+    windows = corpus_windows(source)
+    if windows is not None:
+        return list(windows.prompts)
     torch = sys.modules.get("torch")  # a tensor exists only once torch is imported: this module never imports it
     if torch is not None and isinstance(source, torch.Tensor):
         if source.ndim != 2 or source.dtype.is_floating_point:

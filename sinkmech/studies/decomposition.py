@@ -19,7 +19,10 @@ content tokens 1..n-1). Where the dump and the value matter: the phantom in one
 layer at a time, in all layers but one, and in the top-k sink heads only (ranked
 on separate selection prompts). `<bos>` moved after K content tokens beside
 them (its loss leaves content token K out, in every condition it is paired with).
-Intervals: the percentile bootstrap over prompts (`sinkmech.stats`).
+Intervals: the bootstrap over the prompts' documents where prompts are windows of
+a named corpus (windows of one document are not independent: a cluster bootstrap,
+BCa at 16 documents or fewer), else over prompts (`sinkmech.stats`); each model's
+section says which (`interval`, `n_documents`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from sinkmech.measures.loss import content_nll, laid_out
 from sinkmech.options import STUDY_BATCH, RunOptions
 from sinkmech.prompts import TokenBatch, tokenize
 from sinkmech.results import Result
-from sinkmech.stats import prompt_curve, ratio_with_ci
+from sinkmech.stats import bootstrap_method, n_documents, prompt_curve, ratio_with_ci
 from sinkmech.studies.configs import DecompositionConfig
 from sinkmech.theory.sensitivity import collapse_ratio
 
@@ -264,84 +267,95 @@ def _loss_sums(nll: Tensor, skip: int | None = None) -> tuple[Tensor, Tensor]:
     return torch.where(ok, x, 0.0).sum(1), ok.sum(1).double()
 
 
-def _curve(x: Tensor) -> list[float] | None:
-    c = prompt_curve(x.double()[:, None])
+def _curve(x: Tensor, groups: Sequence | None) -> list[float] | None:
+    c = prompt_curve(x.double()[:, None], groups=groups)
     return c[0] if c else None
+
+
+def interval_text(groups: Sequence | None, n_prompts: int) -> str:
+    """How a section's intervals were computed: over documents (a cluster bootstrap) or prompts."""
+    n = n_documents(groups, n_prompts)
+    unit = f"the {n} documents the {n_prompts} prompts were cut from" if groups is not None else f"the {n} prompts"
+    return f"95 % {bootstrap_method(n)} bootstrap over {unit}"
 
 
 def _rate(mass: Tensor, eps: float) -> Tensor:
     return 100.0 * (mass > check_eps(eps)).flatten(1).double().mean(1)
 
 
-def summarise(runs: Runs, config: DecompositionConfig, *, n_layers: int, top: Sequence[tuple[int, int]] = ()) -> dict:
+def summarise(runs: Runs, config: DecompositionConfig, *, n_layers: int, top: Sequence[tuple[int, int]] = (),
+              groups: Sequence | None = None) -> dict:
     """Per condition: loss, its paired difference from `<bos>` first and (without
     `<bos>`) the share of the `<bos>` cost it recovers; sink rate, alpha_0 rate,
     spread and rank collapse with their paired differences; the 2 x 2 design; the
-    per-layer and top-k recoveries. Every value is [estimate, lo, hi]."""
+    per-layer and top-k recoveries. Every value is [estimate, lo, hi], the interval
+    over `groups` (each prompt's document: a cluster bootstrap) or over prompts."""
     ref, targets = _loss_sums(runs.nll["bos"])
     none, _ = _loss_sums(runs.nll["none"])
     cost = none - ref
-    out: dict = {"n_prompts": len(ref), "content_targets": int(targets.sum()), "conditions": {}}
+    out: dict = {"n_prompts": len(ref), "n_documents": n_documents(groups, len(ref)),
+                 "interval": interval_text(groups, len(ref)), "content_targets": int(targets.sum()), "conditions": {}}
     for name, nll in runs.nll.items():
         if name.startswith(("layer_", "all_but_", "top_")):
             continue
         skip = int(name.split("_")[-1]) if name.startswith("bos_at_") else None
         loss, n = _loss_sums(nll, skip)
         base = _loss_sums(runs.nll["bos"], skip)[0]
-        e = {"loss": ratio_with_ci(loss, n), "vs_bos": {"loss": ratio_with_ci(loss - base, n)}}
+        e = {"loss": ratio_with_ci(loss, n, groups=groups), "vs_bos": {"loss": ratio_with_ci(loss - base, n, groups=groups)}}
         if skip is not None:
             e["loss_targets"] = f"content targets 1..n-1 but {skip}, in this condition and in <bos> first"
         elif name != "bos" and float(cost.sum()) > 0 and not name.startswith("bos_at_"):
-            e["recovery"] = ratio_with_ci(none - loss, cost)
+            e["recovery"] = ratio_with_ci(none - loss, cost, groups=groups)
         if name in runs.sink_mass:
-            full = _full_entry(runs, name, config.eps)
+            full = _full_entry(runs, name, config.eps, groups)
             e["vs_bos"] |= full.pop("vs_bos", {})
             e |= full
         out["conditions"][name] = e
     if all(k in runs.nll for k in ("phantom_bos_value", "phantom", "bias")):
-        out["design"] = design(runs, targets)
+        out["design"] = design(runs, targets, groups)
     out["layers"] = {}
     for value in config.layer_values:
-        one = [_share(runs, f"layer_{value}_{l}", none, cost) for l in range(n_layers)]
-        but = [_share(runs, f"all_but_{value}_{l}", none, cost) for l in range(n_layers)]
+        one = [_share(runs, f"layer_{value}_{l}", none, cost, groups) for l in range(n_layers)]
+        but = [_share(runs, f"all_but_{value}_{l}", none, cost, groups) for l in range(n_layers)]
         if any(x is not None for x in one + but):
             out["layers"][value] = {"one": one, "all_but": but}
     out["heads"] = {"ranked_on": "attention on <bos> over content queries, <bos> first, on the selection prompts",
                     "top": [f"L{l}.H{h}" for l, h in top], "top_k": {}}
     for k in config.top_k:
-        entry = {v: _share(runs, f"top_{k}_{v}", none, cost) for v in config.layer_values}
+        entry = {v: _share(runs, f"top_{k}_{v}", none, cost, groups) for v in config.layer_values}
         if any(x is not None for x in entry.values()):
             out["heads"]["top_k"][str(k)] = entry
     return out
 
 
-def _share(runs: Runs, name: str, none: Tensor, cost: Tensor) -> list[float] | None:
+def _share(runs: Runs, name: str, none: Tensor, cost: Tensor, groups: Sequence | None) -> list[float] | None:
     """The share of the `<bos>` cost a loss-only condition recovers, (none - it) / (none - bos)."""
     if name not in runs.nll or float(cost.sum()) <= 0:
         return None
-    return ratio_with_ci(none - _loss_sums(runs.nll[name])[0], cost)
+    return ratio_with_ci(none - _loss_sums(runs.nll[name])[0], cost, groups=groups)
 
 
-def _full_entry(runs: Runs, name: str, eps: Sequence[float]) -> dict:
+def _full_entry(runs: Runs, name: str, eps: Sequence[float], groups: Sequence | None) -> dict:
     m, b = runs.sink_mass[name], runs.sink_mass["bos"]
     f, fb = runs.first_key[name], runs.first_key["bos"]
     sp, spb = runs.spread[name], runs.spread["bos"]
     co, cob = runs.collapse[name], runs.collapse["bos"]
-    e = {"sink_rate": {format_eps(x): _curve(_rate(m, x)) for x in eps},
-         "sink_mass": _curve(m.flatten(1).mean(1)),
-         "first_key_rate": {format_eps(x): _curve(_rate(f, x)) for x in eps},
-         "spread": _curve(sp.mean(1)), "spread_last_layer": _curve(sp[:, -1]),
-         "spread_by_layer": [c for c in prompt_curve(sp.double())],
-         "collapse_by_layer": [c for c in prompt_curve(co.double())]}
+    e = {"sink_rate": {format_eps(x): _curve(_rate(m, x), groups) for x in eps},
+         "sink_mass": _curve(m.flatten(1).mean(1), groups),
+         "first_key_rate": {format_eps(x): _curve(_rate(f, x), groups) for x in eps},
+         "spread": _curve(sp.mean(1), groups), "spread_last_layer": _curve(sp[:, -1], groups),
+         "spread_by_layer": [c for c in prompt_curve(sp.double(), groups=groups)],
+         "collapse_by_layer": [c for c in prompt_curve(co.double(), groups=groups)]}
     if name != "bos":
-        e["vs_bos"] = {"sink_rate": {format_eps(x): _curve(_rate(m, x) - _rate(b, x)) for x in eps},
-                       "first_key_rate": {format_eps(x): _curve(_rate(f, x) - _rate(fb, x)) for x in eps},
-                       "spread": _curve(sp.mean(1) - spb.mean(1)), "spread_last_layer": _curve(sp[:, -1] - spb[:, -1]),
-                       "collapse_by_layer": prompt_curve((co - cob).double())}
+        e["vs_bos"] = {"sink_rate": {format_eps(x): _curve(_rate(m, x) - _rate(b, x), groups) for x in eps},
+                       "first_key_rate": {format_eps(x): _curve(_rate(f, x) - _rate(fb, x), groups) for x in eps},
+                       "spread": _curve(sp.mean(1) - spb.mean(1), groups),
+                       "spread_last_layer": _curve(sp[:, -1] - spb[:, -1], groups),
+                       "collapse_by_layer": prompt_curve((co - cob).double(), groups=groups)}
     return e
 
 
-def design(runs: Runs, targets: Tensor) -> dict:
+def design(runs: Runs, targets: Tensor, groups: Sequence | None = None) -> dict:
     """The 2 x 2 design on the run without `<bos>` with the paired mass: mass kept
     (phantom) or removed (bias only / none), value kept (`<bos>`'s) or removed
     (zero). Nats per content target, paired by prompt: each simple effect against
@@ -354,10 +368,11 @@ def design(runs: Runs, targets: Tensor) -> dict:
     d = _loss_sums(runs.nll["none"])[0]  # both removed
     effects = {"mass_alone": c - a, "value_alone": b - a, "both": d - a,
                "mass": ((c - a) + (d - b)) / 2, "value": ((b - a) + (d - c)) / 2, "interaction": d - b - c + a}
-    out = {k: ratio_with_ci(v, targets) for k, v in effects.items()}
+    out = {k: ratio_with_ci(v, targets, groups=groups) for k, v in effects.items()}
     both = d - a
     if float(both.sum()) > 0:
-        out["share"] = {k: ratio_with_ci(effects[k], both) for k in ("mass_alone", "value_alone", "interaction")}
+        out["share"] = {k: ratio_with_ci(effects[k], both, groups=groups)
+                        for k in ("mass_alone", "value_alone", "interaction")}
     return out
 
 
@@ -367,16 +382,20 @@ def design(runs: Runs, targets: Tensor) -> dict:
 @dataclass(frozen=True)
 class Decomposition(Result):
     """The study on each model: per-prompt runs (`Runs`), the heads ranked for the
-    top-k conditions and the layer count; `to_dict()["models"][name]` is `summarise`'s section."""
+    top-k conditions and the layer count; `to_dict()["models"][name]` is `summarise`'s section.
+    `documents`: each held-out prompt's source document (windows of a named corpus; the
+    intervals then resample documents), or None (prompts from a file: each its own unit)."""
 
     config: DecompositionConfig
     runs: dict[str, Runs]
     top: dict[str, tuple[tuple[int, int], ...]]
     n_layers: dict[str, int]
+    documents: tuple[str, ...] | None = None
 
     @property
     def models(self) -> dict:
-        return {name: summarise(r, self.config, n_layers=self.n_layers[name], top=self.top[name])
+        return {name: summarise(r, self.config, n_layers=self.n_layers[name], top=self.top[name],
+                                groups=self.documents)
                 for name, r in self.runs.items()}
 
     def to_dict(self) -> dict:
@@ -389,7 +408,8 @@ class Decomposition(Result):
         for model, runs in self.runs.items():
             for cond, nll in runs.nll.items():
                 loss, n = _loss_sums(nll)
-                rows += [{"model": model, "condition": cond, "prompt": p, "loss": float(loss[p] / n[p])}
+                rows += [{"model": model, "condition": cond, "prompt": p, "loss": float(loss[p] / n[p]),
+                          "document": None if self.documents is None else self.documents[p]}
                          for p in range(len(loss))]
         return pd.DataFrame(rows)
 
@@ -423,14 +443,16 @@ def run(model_or_models=None, config: DecompositionConfig = DecompositionConfig(
         model_or_models: a loaded model (named `config.models[0]`), a mapping
             name -> model, or None to load each of `config.models` in turn.
     """
-    from sinkmech.corpora import default_corpus, load_prompts
+    from sinkmech.corpora import corpus_windows, load_prompts
 
-    corpus = default_corpus() if config.prompts is None else load_prompts(config.prompts)
+    windows = corpus_windows(config.prompts)  # a named corpus: its windows with their documents
+    corpus = list(windows.prompts) if windows is not None else load_prompts(config.prompts)
     end = config.first_prompt + config.n_prompts
     if len(corpus) < end or config.select_prompts > config.first_prompt:
         raise ValueError(f"the prompts are {config.first_prompt}..{end - 1} (held out) and 0..{config.select_prompts - 1} "
                          f"(selection): {len(corpus)} prompts do not hold them, or the two overlap")
     prompts, select = corpus[config.first_prompt : end], corpus[: config.select_prompts]
+    documents = windows.documents[config.first_prompt : end] if windows is not None else None
     if model_or_models is None or isinstance(model_or_models, (list, tuple)):  # specs, loaded in turn
         models = {name: None for name in (config.models if model_or_models is None else model_or_models)}
     elif isinstance(model_or_models, Mapping):
@@ -459,7 +481,7 @@ def run(model_or_models=None, config: DecompositionConfig = DecompositionConfig(
         top |= one.top
         layers |= one.n_layers
         del model
-    return Decomposition(config, runs, top, layers)
+    return Decomposition(config, runs, top, layers, documents)
 
 
 def merge(parts: Sequence[Mapping]) -> dict:

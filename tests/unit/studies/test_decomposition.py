@@ -20,7 +20,8 @@ from sinkmech.measures.sinks import sink_scores
 from sinkmech.options import QUIET
 from sinkmech.prompts import tokenize
 from sinkmech.studies.configs import STUDIES, DecompositionConfig
-from sinkmech.studies.decomposition import decompose, merge
+from sinkmech.stats import ratio_with_ci
+from sinkmech.studies.decomposition import _loss_sums, decompose, merge, summarise
 from sinkmech.studies.first_token import first_token_study
 
 CONFIG = DecompositionConfig(positions=(1, 3), top_k=(1, 2, 8), learned_files=(), max_tokens=14)
@@ -141,6 +142,8 @@ def test_the_study_runs_from_its_config(monkeypatch, tmp_path):
     d = result.to_dict()
     assert d["config"] == config.to_dict() and DecompositionConfig.from_dict(d["config"]) == config
     section = d["models"]["tiny"]
+    assert result.documents is None  # a prompt file: each prompt its own unit
+    assert section["n_documents"] == 8 and section["interval"] == "95 % bca bootstrap over the 8 prompts"
     assert "learned_head" in section["conditions"] and "bos_at_2" not in section["conditions"]
     flat = result.findings()["tiny.decomposition"]
     assert "tiny.decomposition.phantom.vs_bos.loss.0" in flat and "tiny.decomposition.design.interaction.0" in flat
@@ -155,3 +158,37 @@ def test_the_study_runs_from_its_config(monkeypatch, tmp_path):
     apart = merge([run(model, config.replace(parts=("layers",))).to_dict(),
                    run(model, config.replace(parts=("all_but",))).to_dict()])
     assert apart["models"]["tiny"]["layers"] == section["layers"]
+
+
+def test_windows_of_one_document_are_resampled_together(model, corpus):
+    """Held-out prompts that share documents: every interval is the cluster bootstrap over
+    the documents (the section says how many); a document per prompt is the bootstrap
+    over prompts, resample for resample."""
+    result = decompose(model, corpus[12:], corpus[:12], CONFIG.replace(top_k=(), layer_values=()), name="tiny",
+                       options=TINY_RUN.replace(batch_size=8))
+    runs, n_prompts = result.runs["tiny"], len(corpus) - 12
+    pairs = [f"doc{i // 2}" for i in range(n_prompts)]
+    by_doc = summarise(runs, CONFIG, n_layers=model.cfg.n_layers, groups=pairs)
+    by_prompt = summarise(runs, CONFIG, n_layers=model.cfg.n_layers)
+    assert by_doc["n_documents"] == n_prompts // 2 and by_prompt["n_documents"] == n_prompts
+    assert by_doc["interval"] == f"95 % bca bootstrap over the {n_prompts // 2} documents the {n_prompts} prompts were cut from"
+    loss, n = _loss_sums(runs.nll["none"])
+    base = _loss_sums(runs.nll["bos"])[0]
+    assert by_doc["conditions"]["none"]["vs_bos"]["loss"] == ratio_with_ci(loss - base, n, groups=pairs)
+    assert by_doc["conditions"]["none"]["vs_bos"]["loss"] != by_prompt["conditions"]["none"]["vs_bos"]["loss"]
+    assert by_doc["conditions"]["none"]["vs_bos"]["loss"][0] == by_prompt["conditions"]["none"]["vs_bos"]["loss"][0]
+    own = summarise(runs, CONFIG, n_layers=model.cfg.n_layers, groups=[f"doc{i}" for i in range(n_prompts)])
+    assert own["conditions"] == by_prompt["conditions"] and own["design"] == by_prompt["design"]
+    a, b, c = (by_doc["design"][k] for k in ("mass", "value", "interaction"))
+    assert all(x[1] <= x[0] <= x[2] for x in (a, b, c))
+
+
+def test_a_named_corpus_gives_each_window_its_document():
+    from sinkmech.corpora import corpus, corpus_windows, load_prompts
+
+    default = corpus_windows(None)
+    assert default == corpus() and list(default.prompts) == load_prompts(None)
+    assert corpus_windows("licenses").domain == "licenses"
+    assert corpus_windows("prompts.txt") is None and corpus_windows(["a b c"]) is None
+    held_out = default.part(64, 128)
+    assert held_out.n_documents < len(held_out)  # the default held-out prompts share documents
