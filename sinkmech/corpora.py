@@ -153,6 +153,16 @@ def corpus_windows(source=None) -> Corpus | None:
     return None
 
 
+def prompt_documents(source=None, n_prompts: int | None = None) -> tuple[str, ...] | None:
+    """Each prompt's source document where `source` names a corpus (see
+    `corpus_windows`), for the first `n_prompts` (all without it); None for a
+    prompt file or list, whose prompts are each their own unit."""
+    windows = corpus_windows(source)
+    if windows is None:
+        return None
+    return windows.documents if n_prompts is None else windows.documents[:n_prompts]
+
+
 def python_source_corpus(n_prompts: int = DEFAULT_N_PROMPTS, chars: int = 400) -> list[str]:
     """`n_prompts` windows of Python source, each the consecutive non-blank
     lines from an evenly spaced start until `chars` characters are reached,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sinkmech.cli.common import (
@@ -94,10 +94,20 @@ def add_sink_flags(p) -> None:
 
 
 def sinks_settings(args) -> dict:
-    """What every part of one `sinks` run must share beyond the common settings."""
+    """What every part of one `sinks` run must share beyond the common settings
+    (with the prompts' documents where they are windows of a named corpus)."""
     keys = {"top_keys": args.top_keys, "min_queries": args.min_queries, "min_excess": args.min_excess}
+    documents = getattr(args, "prompt_documents", None)
     return {"bos": args.bos, "eps": list(args.eps), "keys": args.keys, **(keys if args.keys == "all" else {}),
-            **({} if args.bos_position is None else {"bos_position": args.bos_position})}
+            **({} if args.bos_position is None else {"bos_position": args.bos_position}),
+            **({} if documents is None else {"documents": list(documents)})}
+
+
+def with_documents(results: dict, documents) -> dict:
+    """Each condition's scores with the prompts' documents (their intervals then resample documents)."""
+    if documents is None:
+        return results
+    return {k: replace(r, documents=tuple(documents)) for k, r in results.items()}
 
 
 def merged_sinks(part, args) -> None:
@@ -108,7 +118,7 @@ def merged_sinks(part, args) -> None:
     from sinkmech.sharding.measures import key_sinks_result, sinks_result
 
     s = part.settings
-    results, eps = sinks_result(part), s["eps"]
+    results, eps = with_documents(sinks_result(part), s.get("documents")), s["eps"]
     keys = {c: key_sinks_result(detach(part, f"keys.{c}"), top_k=s["top_keys"], min_queries=s["min_queries"],
                                 min_excess=s["min_excess"], model_name=s["model_name"])
             for c in results if f"keys.{c}" in s}
@@ -394,7 +404,11 @@ def sinks_prompts(args) -> list[str]:
     natural text past them (said on stderr, with where each text came from in
     the JSON's `prompt_sources`)."""
     if args.prompts is not None or args.max_tokens <= DEFAULT_WINDOW_TOKENS:
-        return prompts_arg(args)
+        from sinkmech.corpora import prompt_documents
+
+        prompts = prompts_arg(args)
+        args.prompt_documents = prompt_documents(args.prompts, len(prompts))
+        return prompts
     from sinkmech.context.long_text import long_prompts_for
 
     texts = long_prompts_for(args.n_prompts or DEFAULT_LONG_PROMPTS, args.max_tokens)
@@ -450,6 +464,7 @@ def cmd_sinks(args) -> None:
         results[bos] = sink_scores(model, batch, max_tokens=args.max_tokens, loss=True, bos_position=moved,
                                    options=run_options(args), attention=attention,
                                    sink=specs.get(bos))
+    results = with_documents(results, getattr(args, "prompt_documents", None))
     for bos, batch in batches.items():
         if args.keys == "all":
             keys[bos] = key_sink_scores(model, batch, top_k=args.top_keys, min_queries=args.min_queries,
@@ -464,7 +479,8 @@ def cmd_sinks(args) -> None:
             tag += f"_at_{args.bos_position}"
         tag += plan.tag()
         prefix = f"{label}.sinks.{tag}"
-        values = {c: {k: v for k, v in r.summary(args.eps).items() if k in ("sink_rate", "sink_rate_ci", "loss_ci")}
+        values = {c: {k: v for k, v in r.summary(args.eps).items()
+                      if k in ("sink_rate", "sink_rate_ci", "loss_ci", "interval")}
                   | {"loss": r.loss, "mean_score": float(r.scores.mean()), "n_prompts": r.n_prompts}
                   | ({} if r.phantom_mass is None else {"mean_phantom_mass": float(r.phantom_mass.mean())})
                   for c, r in results.items()}

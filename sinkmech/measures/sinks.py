@@ -44,7 +44,7 @@ from sinkmech.measures.definitions import (  # noqa: F401  (re-exported: sinkmec
     sink_rate,
     skip_target_mask,
 )
-from sinkmech.stats import prompt_curve, ratio_with_ci
+from sinkmech.stats import bootstrap_method, n_documents, prompt_curve, ratio_with_ci
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,9 @@ class SinkScores(Result):
     # the mass it took, mean over the prompt's real queries
     sink: dict | None = None
     phantom_mass: Float[Tensor, "prompt layer head_index"] | None = None
+    # each prompt's source document where prompts are windows of a named corpus
+    # (`sinkmech.corpora.prompt_documents`): the intervals then resample documents
+    documents: tuple[str, ...] | None = None
 
     @property
     def n_prompts(self) -> int:
@@ -118,18 +121,26 @@ class SinkScores(Result):
         return 100.0 * (self.scores > eps).flatten(1).double().mean(1)
 
     def sink_rate_ci(self, eps: float | str, *, seed: int = 0, groups: Sequence | None = None) -> list[float]:
-        """[sink rate %, lo, hi]: the 95 % bootstrap interval over prompts, or
-        over their documents with `groups` (each prompt's document: a cluster
-        bootstrap; `sinkmech.stats`)."""
+        """[sink rate %, lo, hi]: the 95 % bootstrap interval over the prompts'
+        documents (`groups`, by default `documents`: a cluster bootstrap;
+        `sinkmech.stats`), or over prompts where neither is known."""
+        groups = self.documents if groups is None else groups
         return prompt_curve(self.prompt_sink_rate(eps)[:, None], seed=seed, groups=groups)[0]
 
     def loss_ci(self, *, seed: int = 0, groups: Sequence | None = None) -> list[float] | None:
         """[loss, lo, hi]: the mean content-target loss with its 95 % bootstrap
-        interval over prompts, or their documents with `groups` (None without
-        per-prompt losses)."""
+        interval over the prompts' documents (`groups`, by default `documents`)
+        or over prompts (None without per-prompt losses)."""
         if self.prompt_loss is None:
             return None
+        groups = self.documents if groups is None else groups
         return ratio_with_ci(self.prompt_loss, self.prompt_targets().double(), seed=seed, groups=groups)
+
+    def interval(self) -> dict:
+        """What the intervals resample: {"unit": "document" | "prompt", "n_units", "method"}."""
+        n = n_documents(self.documents, self.n_prompts)
+        return {"unit": "prompt" if self.documents is None else "document", "n_units": n,
+                "method": bootstrap_method(n)}
 
     def prompt_targets(self) -> Int[Tensor, " prompt"]:
         """Content targets each prompt's loss sums over (content tokens 1 .. n-1; with
@@ -219,9 +230,10 @@ class SinkScores(Result):
             "bos": self.bos,
             "scores": self.mean_scores().tolist(),
             "sink_rate": {format_eps(e): self.sink_rate(e) for e in eps},
-            # [rate, lo, hi] / [loss, lo, hi]: 95 % bootstrap intervals over prompts
+            # [rate, lo, hi] / [loss, lo, hi]: 95 % bootstrap intervals over documents or prompts (`interval`)
             "sink_rate_ci": {format_eps(e): self.sink_rate_ci(e) for e in eps},
             "loss_ci": self.loss_ci(),
+            "interval": self.interval(),
             "per_layer": self.per_layer().tolist(),
             "uniform_score": self.uniform_score(),
             "value_norm_first": self.value_norm_first.mean(0).tolist(),
@@ -265,10 +277,14 @@ def paired_contrasts(pre: SinkScores, none: SinkScores, eps: Sequence[float | st
     """Without minus with `<bos>`, paired by prompt: the sink-rate gap per eps
     [points, lo, hi] and, where both scored the same content targets (not so with
     `<bos>` moved: it leaves content token K out), the loss gap [nats, lo, hi],
-    with 95 % bootstrap intervals over prompts, or over their documents with
-    `groups` (each prompt's document)."""
+    with 95 % bootstrap intervals over the prompts' documents (`groups`, by
+    default the conditions' `documents`) or over prompts where none are known."""
     if not torch.equal(pre.content_lengths, none.content_lengths):
         raise ValueError("the two conditions scored different prompts: they cannot be paired")
+    if groups is None:
+        if pre.documents != none.documents:
+            raise ValueError("the two conditions name different documents for their prompts: they cannot be paired")
+        groups = pre.documents
     out = {"sink_rate_gap": {format_eps(e): prompt_curve((none.prompt_sink_rate(e) - pre.prompt_sink_rate(e))[:, None],
                                                          groups=groups)[0]
                              for e in eps}}

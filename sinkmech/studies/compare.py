@@ -26,7 +26,7 @@ from sinkmech.loading.backend import Model
 from sinkmech.loading.models import each_model
 from sinkmech.dormant.discover import discover_heads
 from sinkmech.hooks import head_label
-from sinkmech.corpora import load_prompts
+from sinkmech.corpora import load_prompts, prompt_documents
 from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
 from sinkmech.interventions.recipes import swap_then_spread
 from sinkmech.measures.sinks import SinkScores, format_eps, paired_contrasts, sink_scores
@@ -259,21 +259,24 @@ def compare_model(
     shared = SharedPasses() if shared is None else shared
     prompts = c.prompts if prompts is None else prompts
     items = load_prompts(prompts)[:n_prompts]
+    documents = prompt_documents(prompts, len(items))  # windows of a named corpus: intervals over documents
     rows, timing, t0 = {}, {}, time.perf_counter()
     swapped = swap_then_spread(model, items[:c.spread_prompts], max_tokens=c.spread_tokens, position=c.spread_position,
                                options=options)
     spread = swapped.spread
     later = spread.per_layer()["mean_change"]  # [bos, resid_layer]
     per_prompt = spread.per_prompt()  # [bos, prompt, resid_layer]: the same prompts and swap in both conditions
-    curves = {k: [prompt_curve(v[i]) for i in range(len(CONDITIONS))] for k, v in per_prompt.items()}
+    swap_docs = None if documents is None else documents[: len(items[: c.spread_prompts])]
+    curves = {k: [prompt_curve(v[i], groups=swap_docs) for i in range(len(CONDITIONS))] for k, v in per_prompt.items()}
     pre_i, none_i = spread.conditions.index("prepend"), spread.conditions.index("none")
-    gaps = {k: prompt_curve(v[none_i] - v[pre_i]) for k, v in per_prompt.items()}
+    gaps = {k: prompt_curve(v[none_i] - v[pre_i], groups=swap_docs) for k, v in per_prompt.items()}
     depth = (torch.arange(later.shape[1]) / model.cfg.n_layers).tolist()
     timing["spread"], t0 = round(time.perf_counter() - t0, 2), time.perf_counter()
     kept = {}
     for i, bos in enumerate(CONDITIONS):
         batch = tokenize(model, items, bos=bos, max_tokens=max_tokens, bos_token_id=options.bos_token_id)
-        scores = kept[bos] = sink_scores(model, batch, max_tokens=max_tokens, loss=True, options=options)
+        scores = kept[bos] = replace(sink_scores(model, batch, max_tokens=max_tokens, loss=True, options=options),
+                                     documents=documents)
         shared.sinks[bos] = scores
         used = scores.max_tokens  # the longest content scored (the same in both conditions)
         rows[bos] = ConditionRow(

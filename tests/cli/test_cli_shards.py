@@ -238,3 +238,24 @@ def test_sinks_shards_merge_to_the_unsharded_json_on_smollm2(tmp_path):
     assert_same_json(*whole_and_merged_halves(
         tmp_path, ["sinks", "--prompts", str(path), "--max-tokens", "16", "--bos", "both", "--eps", "0.3", "0.8"]),
         tol=FLOAT32_RTOL)
+
+
+def test_sinks_on_the_default_windows_resample_their_documents_sharded_or_not(cli_model, tmp_path):
+    """Without --prompts the prompts are windows of the default corpus: every interval
+    resamples their documents (a cluster bootstrap), in the merged shards as in one run."""
+    from sinkmech.corpora import prompt_documents
+
+    args = ["sinks", "--max-tokens", "12", "--bos", "both", "--n-prompts", "12", "--batch-size", "4"]
+    full = tmp_path / "full.json"
+    assert main([*args, "--json", str(full)]) == 0
+    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
+    for i, p in enumerate(parts, 1):
+        assert main([*args, "--shard", f"{i}/2", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", *map(str, parts), "--json", str(out)]) == 0
+    a, b = json.loads(full.read_text()), json.loads(out.read_text())
+    assert_same_json(a, b, tol=TINY_FLOAT32_RTOL)
+    documents = prompt_documents(None, 12)
+    assert len(set(documents)) < 12  # the first windows share documents
+    for c in ("prepend", "none"):
+        assert a["conditions"][c]["interval"] == {"unit": "document", "n_units": len(set(documents)), "method": "bca"}

@@ -347,3 +347,43 @@ def test_sinks_cli_bos_position_writes_its_keys_under_the_bos_condition(monkeypa
     assert not any(".sinks.bos_default." in k for k in f)  # never under the <bos>-first run's names
     # the shortest prompt has 8 content tokens: K = 8 is refused (after tokenizing, before any forward pass)
     assert main(["sinks", "--prompts", str(prompts), "--bos-position", "8", "--max-tokens", "9"]) == 2
+
+
+def test_scores_of_windows_resample_their_documents(tiny_model, tiny_tokens):
+    """With each prompt's document, the intervals are the cluster bootstrap over documents
+    (the summary says so); a document per prompt is the bootstrap over prompts; the paired
+    contrasts take the conditions' documents, and refuse two that differ."""
+    from dataclasses import replace
+
+    from sinkmech.measures.sinks import paired_contrasts
+    from sinkmech.stats import prompt_curve, ratio_with_ci
+
+    batches = {b: tokenize(tiny_model, tiny_tokens.tolist(), bos=b, bos_token_id=TINY_BOS) for b in ("prepend", "none")}
+    plain = {b: sink_scores(tiny_model, x, loss=True, options=QUIET) for b, x in batches.items()}
+    n = plain["prepend"].n_prompts
+    docs = tuple(f"d{i // 2}" for i in range(n))
+    grouped = {b: replace(s, documents=docs) for b, s in plain.items()}
+    pre, none = grouped["prepend"], grouped["none"]
+    assert pre.sink_rate_ci(0.3) == prompt_curve(pre.prompt_sink_rate(0.3)[:, None], groups=docs)[0]
+    assert pre.loss_ci() == ratio_with_ci(pre.prompt_loss, pre.prompt_targets().double(), groups=docs)
+    assert pre.interval() == {"unit": "document", "n_units": len(set(docs)), "method": "bca"}
+    assert plain["prepend"].interval() == {"unit": "prompt", "n_units": n, "method": "bca"}
+    assert pre.summary()["interval"]["unit"] == "document"
+    own = replace(plain["prepend"], documents=tuple(f"d{i}" for i in range(n)))
+    assert own.loss_ci() == plain["prepend"].loss_ci() and own.sink_rate_ci(0.3) == plain["prepend"].sink_rate_ci(0.3)
+    c = paired_contrasts(pre, none)
+    gap = none.prompt_loss - pre.prompt_loss
+    assert c["loss_gap"] == ratio_with_ci(gap, pre.prompt_targets().double(), groups=docs)
+    assert c["loss_gap"] != paired_contrasts(plain["prepend"], plain["none"])["loss_gap"]
+    with pytest.raises(ValueError, match="different documents"):
+        paired_contrasts(pre, plain["none"])
+
+
+def test_prompt_documents_name_each_window_of_a_named_corpus(tmp_path):
+    from sinkmech.corpora import corpus, prompt_documents
+
+    assert prompt_documents(None, 5) == corpus().documents[:5]
+    assert prompt_documents("licenses") == corpus("licenses").documents
+    f = tmp_path / "p.txt"
+    f.write_text("a b c\nd e f\n")
+    assert prompt_documents(str(f), 2) is None
