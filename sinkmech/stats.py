@@ -244,6 +244,14 @@ def n_documents(groups: Sequence | None, n_prompts: int) -> int:
     return n_prompts if groups is None else len(set(groups))
 
 
+def interval_description(groups: Sequence | None, n_prompts: int, level: float = LEVEL) -> str:
+    """What a result's bootstrap intervals resample, in words: the documents
+    `groups` names (a cluster bootstrap) or the prompts themselves."""
+    n = n_documents(groups, n_prompts)
+    unit = f"the {n} documents the {n_prompts} prompts were cut from" if groups is not None else f"the {n} prompts"
+    return f"{100 * level:g} % {bootstrap_method(n)} bootstrap over {unit}"
+
+
 def excludes_zero(value: list[float] | None) -> bool | None:
     """Whether a [mean, lo, hi] interval excludes zero (None without one)."""
     return None if value is None else bool(value[1] > 0 or value[2] < 0)

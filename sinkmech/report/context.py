@@ -130,6 +130,7 @@ class ReportContext:
 SETTINGS = ("n_prompts", "max_tokens", "batch_size", "n_heads", "view_tokens", "view_prompts", "spread_prompts",
             "scan_prompts", "noop_prompts", "ablation_prompts", "ablation_tokens", "beyond_prompts",
             "stream_tokens", "stream_window", "length_prompts", "length_tokens", "length_steps")
+OPTIONAL_SETTINGS = ("noop_prompts",)  # 0: that part is left out (no no-op check)
 
 
 

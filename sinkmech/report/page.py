@@ -25,7 +25,7 @@ from sinkmech import render
 from sinkmech.loading.backend import Model
 from sinkmech.options import RunOptions
 from sinkmech.files import json_text, make_dir, staged_dir, write_text
-from sinkmech.report.context import SETTINGS, ReportContext, Section
+from sinkmech.report.context import OPTIONAL_SETTINGS, SETTINGS, ReportContext, Section
 from sinkmech.report.sections import SECTIONS
 
 _STYLE = """
@@ -90,8 +90,11 @@ def build_report(
         raise ValueError(f"unknown report settings: {sorted(unknown)}")
     settings["options"] = options
     check = ReportContext(model=model, out=out, **settings)
-    if min(getattr(check, k) for k in SETTINGS) < 1:
-        raise ValueError(f"report settings must be >= 1: {', '.join(SETTINGS)}")
+    low = [k for k in SETTINGS if getattr(check, k) < (0 if k in OPTIONAL_SETTINGS else 1)]
+    if low:
+        required = [k for k in SETTINGS if k not in OPTIONAL_SETTINGS]
+        raise ValueError(f"report settings must be >= 1 ({', '.join(required)}) or >= 0 "
+                         f"({', '.join(OPTIONAL_SETTINGS)}, 0: left out); got {', '.join(f'{k}={getattr(check, k)}' for k in low)}")
     with staged_dir(out, overwrite=overwrite, what="report folder") as tmp:
         summary, files = _build(model, tmp, sections, model_label, settings)
     return Report(out / "index.html", out / "summary.json", tuple(out / f for f in files), summary)

@@ -28,7 +28,7 @@ from sinkmech.interventions.ablation import AblationMode, ablation_hooks, check_
 from sinkmech.measures.loss import NO_TARGETS, masked_row_losses, target_mask
 from sinkmech.prompts import PromptSource, TokenBatch, as_batch, tokenize
 from sinkmech.results import Result
-from sinkmech.stats import ratio_with_ci
+from sinkmech.stats import interval_description, n_documents, ratio_with_ci
 from sinkmech.options import QUIET, STUDY_BATCH, RunOptions
 
 
@@ -75,9 +75,10 @@ class HeadLossChanges(Result):
         order = m.flatten().argsort(descending=True, stable=True)
         return [(int(i) // m.shape[1], int(i) % m.shape[1]) for i in order]
 
-    def effect(self, layer: int, head: int) -> list[float]:
-        """[nats per target, lo, hi] with its bootstrap interval over prompts."""
-        return ratio_with_ci(self.changes[:, layer, head], self.targets.double())
+    def effect(self, layer: int, head: int, groups: Sequence | None = None) -> list[float]:
+        """[nats per target, lo, hi] with its bootstrap interval over prompts, or over
+        their documents with `groups` (each prompt's document: a cluster bootstrap)."""
+        return ratio_with_ci(self.changes[:, layer, head], self.targets.double(), groups=groups)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "metric": "loss", "n_prompts": len(self.targets),
@@ -137,12 +138,14 @@ def bos_cost(
     eval_prompts: int,
     ks: Sequence[int] | None = None,
     max_tokens: int = 64,
+    documents: Sequence[str] | None = None,
     options: RunOptions = RunOptions(),
 ) -> dict:
     """Rank heads by their `mask_first` loss change on the first `select_prompts`
     prompts, then on the next `eval_prompts` (held out) mask the first key of
     the top-k heads together, for each k (default 1, 2, 4, 8, 16), against
-    removing `<bos>`.
+    removing `<bos>`. With `documents` (each prompt's source document) every
+    interval resamples documents (a cluster bootstrap).
 
     Returns:
         {"select": {"n_prompts", "top": [{"head", "loss_change": [nats, lo, hi]}]},
@@ -158,9 +161,13 @@ def bos_cost(
     if len(first) < select_prompts + eval_prompts:
         raise ValueError(f"{len(first)} prompts: fewer than select_prompts + eval_prompts = "
                          f"{select_prompts + eval_prompts}")
+    if documents is not None and len(documents) < select_prompts + eval_prompts:
+        raise ValueError(f"{len(documents)} documents for {select_prompts + eval_prompts} prompts")
+    pick_docs, held_docs = (None, None) if documents is None else (
+        documents[:select_prompts], documents[select_prompts : select_prompts + eval_prompts])
     return bos_cost_batches(model, first.slice(0, select_prompts),
                             first.slice(select_prompts, select_prompts + eval_prompts), ks=ks,
-                            options=options)
+                            pick_documents=pick_docs, held_documents=held_docs, options=options)
 
 
 def without_bos(batch: TokenBatch) -> TokenBatch:
@@ -177,6 +184,8 @@ def bos_cost_batches(
     *,
     ks: Sequence[int] | None = None,
     head_sets: Mapping[str, Sequence[tuple[int, int]]] | None = None,
+    pick_documents: Sequence[str] | None = None,
+    held_documents: Sequence[str] | None = None,
     options: RunOptions = RunOptions(),
 ) -> dict:
     """`bos_cost` on ready batches: heads ranked on `pick`, measured on `held`
@@ -209,18 +218,22 @@ def bos_cost_batches(
     no_bos = ablated_prompt_losses(model, none, [], options=options) - clean
     def masked(heads: Sequence[tuple[int, int]]) -> dict:
         change = ablated_prompt_losses(model, held, heads, options=options) - clean
-        return {"heads": [head_label(l, h) for l, h in heads], "loss_change": ratio_with_ci(change, targets),
+        return {"heads": [head_label(l, h) for l, h in heads],
+                "loss_change": ratio_with_ci(change, targets, groups=held_documents),
                 # a share of a loss change that removing <bos> does not cause: none
-                "share": ratio_with_ci(change, no_bos) if float(no_bos.sum()) > 0 else None}
+                "share": ratio_with_ci(change, no_bos, groups=held_documents) if float(no_bos.sum()) > 0 else None}
 
     top_k = {str(k): masked(ranking[:k])
              for k in tqdm(sorted(set(ks)), desc="top-k heads masked", disable=not options.progress, unit="k")}
     return {
-        "select": {"n_prompts": select_prompts, "mode": "mask_first",
-                   "top": [{"head": head_label(l, h), "loss_change": per_head.effect(l, h)}
+        "select": {"n_prompts": select_prompts, "interval": interval_description(pick_documents, select_prompts),
+                   "mode": "mask_first",
+                   "top": [{"head": head_label(l, h), "loss_change": per_head.effect(l, h, pick_documents)}
                            for l, h in ranking[: max(ks)]]},
-        "eval": {"n_prompts": eval_prompts, "clean_loss": float(clean.sum() / targets.sum()),
-                 "no_bos": ratio_with_ci(no_bos, targets), "top_k": top_k,
+        "eval": {"n_prompts": eval_prompts, "n_documents": n_documents(held_documents, eval_prompts),
+                 "interval": interval_description(held_documents, eval_prompts),
+                 "clean_loss": float(clean.sum() / targets.sum()),
+                 "no_bos": ratio_with_ci(no_bos, targets, groups=held_documents), "top_k": top_k,
                  **({"head_sets": {name: masked(list(heads)) for name, heads in head_sets.items()}}
                     if head_sets else {})},
     }
@@ -234,20 +247,21 @@ def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     import time
 
     from sinkmech.findings import flatten
-    from sinkmech.corpora import default_corpus
+    from sinkmech.corpora import corpus
     from sinkmech.studies.config import StudyResult
     from sinkmech.studies.configs import BosCostConfig
     from sinkmech.studies.first_token import models_of
 
     config = BosCostConfig() if config is None else config
-    prompts = default_corpus()[: config.select + config.eval]
+    windows = corpus().part(0, config.select + config.eval)
+    prompts = list(windows.prompts)
     sections, findings = {}, {}
     for name, model in models_of(model_or_models, config.models, options):
         t0 = time.perf_counter()
         n_heads = model.cfg.n_layers * model.cfg.n_heads
         r = bos_cost(model, prompts, select_prompts=config.select, eval_prompts=config.eval,
                      ks=[k for k in config.ks if k <= n_heads], max_tokens=config.max_tokens,
-                     options=options.replace(batch_size=options.batch(STUDY_BATCH)))
+                     documents=windows.documents, options=options.replace(batch_size=options.batch(STUDY_BATCH)))
         r["max_tokens"], r["seconds"] = config.max_tokens, round(time.perf_counter() - t0, 1)
         sections[name] = r
         findings[f"{name}.bos_cost"] = flatten(f"{name}.bos_cost", r)

@@ -25,11 +25,11 @@ from sinkmech.measures.loss import target_nll
 from sinkmech.measures.sinks import format_eps, sink_scores
 from sinkmech.options import STUDY_BATCH, RunOptions
 from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
-from sinkmech.stats import prompt_curve, ratio_with_ci
+from sinkmech.stats import interval_description, n_documents, prompt_curve, ratio_with_ci
 
 
-def _mean_ci(x: Tensor) -> list[float] | None:
-    curve = prompt_curve(x[:, None].double())
+def _mean_ci(x: Tensor, groups: Sequence | None = None) -> list[float] | None:
+    curve = prompt_curve(x[:, None].double(), groups=groups)
     return curve[0] if curve else None
 
 
@@ -48,9 +48,11 @@ def bos_position_study(
     *,
     max_tokens: int = 64,
     eps: Sequence[float | str] = DEFAULT_EPS,
+    documents: Sequence[str] | None = None,
     options: RunOptions = RunOptions(),
 ) -> dict:
-    """`<bos>` at each position K against `<bos>` first and no `<bos>`, paired by prompt.
+    """`<bos>` at each position K against `<bos>` first and no `<bos>`, paired by prompt
+    (the intervals over the prompts' `documents` where given: a cluster bootstrap).
 
     Returns:
         {"bos", "none": {"sink_rate": {eps: [mean, lo, hi]}, "loss": over every
@@ -79,9 +81,14 @@ def bos_position_study(
            "none": target_nll(model, rows, "none", bos_id, pad=pad, options=quiet)}
     rate = {name: {format_eps(e): r.prompt_sink_rate(e) for e in eps} for name, r in (("bos", ref), ("none", plain))}
     out: dict = {}
+    g = documents
+
+    def ci(num, den):
+        return ratio_with_ci(num, den, groups=g)
+
     for name in ("bos", "none"):
         loss, n = _sums(nll[name])
-        out[name] = {"sink_rate": {k: _mean_ci(v) for k, v in rate[name].items()}, "loss": ratio_with_ci(loss, n)}
+        out[name] = {"sink_rate": {k: _mean_ci(v, g) for k, v in rate[name].items()}, "loss": ci(loss, n)}
     for K in positions:
         r = sink_scores(model, first, bos_position=K, options=options)
         moved = target_nll(model, rows, K, bos_id, pad=pad, from_bos=True, options=quiet)
@@ -91,20 +98,20 @@ def bos_position_study(
         on_bos = {format_eps(e): r.prompt_bos_sink_rate(e) for e in eps}
         everything, n_all = _sums(moved)
         out[str(K)] = {
-            "sink_rate": {k: _mean_ci(v) for k, v in key0.items()},
-            "bos_sink_rate": {k: _mean_ci(v) for k, v in on_bos.items()},
+            "sink_rate": {k: _mean_ci(v, g) for k, v in key0.items()},
+            "bos_sink_rate": {k: _mean_ci(v, g) for k, v in on_bos.items()},
             "bos_score": float(r.bos_scores.mean()),
-            "loss": ratio_with_ci(loss, n),
+            "loss": ci(loss, n),
             "loss_targets": f"content targets 1..n-1 but {K}, here and in every condition paired with it",
-            "vs_bos": {"loss": ratio_with_ci(loss - base, n),
+            "vs_bos": {"loss": ci(loss - base, n),
                        # the <bos> key at K against the <bos> key at 0
-                       "bos_sink_rate": {k: _mean_ci(v - rate["bos"][k]) for k, v in on_bos.items()},
-                       "sink_rate": {k: _mean_ci(v - rate["bos"][k]) for k, v in key0.items()}},
-            "vs_none": {"loss": ratio_with_ci(loss - none_loss, n)},
-            "dropped_target": {"from_bos": _mean_ci(moved[:, K]), "bos_first": _mean_ci(nll["bos"][:, K]),
-                               "difference": _mean_ci(moved[:, K] - nll["bos"][:, K])},
-            "vs_bos_all_targets": {"loss": ratio_with_ci(everything - _sums(nll["bos"])[0], n_all)},
-            "vs_none_all_targets": {"loss": ratio_with_ci(everything - _sums(nll["none"])[0], n_all)},
+                       "bos_sink_rate": {k: _mean_ci(v - rate["bos"][k], g) for k, v in on_bos.items()},
+                       "sink_rate": {k: _mean_ci(v - rate["bos"][k], g) for k, v in key0.items()}},
+            "vs_none": {"loss": ci(loss - none_loss, n)},
+            "dropped_target": {"from_bos": _mean_ci(moved[:, K], g), "bos_first": _mean_ci(nll["bos"][:, K], g),
+                               "difference": _mean_ci(moved[:, K] - nll["bos"][:, K], g)},
+            "vs_bos_all_targets": {"loss": ci(everything - _sums(nll["bos"])[0], n_all)},
+            "vs_none_all_targets": {"loss": ci(everything - _sums(nll["none"])[0], n_all)},
         }
     return out
 
@@ -113,20 +120,24 @@ def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     """The moved-`<bos>` study (`BosPositionConfig`) on each model, the first
     `n_prompts` prompts of the default corpus; findings under `<model>.bos_position`."""
     from sinkmech.findings import flatten
-    from sinkmech.corpora import default_corpus
+    from sinkmech.corpora import corpus
     from sinkmech.studies.config import StudyResult
     from sinkmech.studies.configs import BosPositionConfig
     from sinkmech.studies.first_token import models_of
 
     config = BosPositionConfig() if config is None else config
-    prompts = default_corpus()[: config.n_prompts]
+    windows = corpus().part(0, config.n_prompts)
+    prompts = list(windows.prompts)
     sections, findings = {}, {}
     for name, model in models_of(model_or_models, config.models, options):
         t0 = time.perf_counter()
         out = bos_position_study(model, prompts, list(config.positions), max_tokens=config.max_tokens,
-                                 eps=config.eps,
+                                 eps=config.eps, documents=windows.documents,
                                  options=options.replace(batch_size=options.batch(STUDY_BATCH)))
-        sections[name] = {"bos_position": out, "n_prompts": config.n_prompts, "max_tokens": config.max_tokens,
+        sections[name] = {"bos_position": out, "n_prompts": config.n_prompts,
+                          "n_documents": n_documents(windows.documents, config.n_prompts),
+                          "interval": interval_description(windows.documents, config.n_prompts),
+                          "max_tokens": config.max_tokens,
                           "seconds": round(time.perf_counter() - t0, 1)}
         findings[f"{name}.bos_position"] = flatten(f"{name}.bos_position", out)
     return StudyResult(config, sections, findings)

@@ -48,7 +48,7 @@ from sinkmech.measures.loss import content_nll, laid_out
 from sinkmech.options import STUDY_BATCH, RunOptions
 from sinkmech.prompts import TokenBatch, tokenize
 from sinkmech.results import Result
-from sinkmech.stats import bootstrap_method, n_documents, prompt_curve, ratio_with_ci
+from sinkmech.stats import interval_description, n_documents, prompt_curve, ratio_with_ci
 from sinkmech.studies.configs import DecompositionConfig
 from sinkmech.theory.sensitivity import collapse_ratio
 
@@ -272,13 +272,6 @@ def _curve(x: Tensor, groups: Sequence | None) -> list[float] | None:
     return c[0] if c else None
 
 
-def interval_text(groups: Sequence | None, n_prompts: int) -> str:
-    """How a section's intervals were computed: over documents (a cluster bootstrap) or prompts."""
-    n = n_documents(groups, n_prompts)
-    unit = f"the {n} documents the {n_prompts} prompts were cut from" if groups is not None else f"the {n} prompts"
-    return f"95 % {bootstrap_method(n)} bootstrap over {unit}"
-
-
 def _rate(mass: Tensor, eps: float) -> Tensor:
     return 100.0 * (mass > check_eps(eps)).flatten(1).double().mean(1)
 
@@ -294,7 +287,7 @@ def summarise(runs: Runs, config: DecompositionConfig, *, n_layers: int, top: Se
     none, _ = _loss_sums(runs.nll["none"])
     cost = none - ref
     out: dict = {"n_prompts": len(ref), "n_documents": n_documents(groups, len(ref)),
-                 "interval": interval_text(groups, len(ref)), "content_targets": int(targets.sum()), "conditions": {}}
+                 "interval": interval_description(groups, len(ref)), "content_targets": int(targets.sum()), "conditions": {}}
     for name, nll in runs.nll.items():
         if name.startswith(("layer_", "all_but_", "top_")):
             continue

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from jaxtyping import Float, Int
@@ -38,15 +38,16 @@ from sinkmech.prompts import DEFAULT_EPS, PromptSource, tokenize
 from sinkmech.interventions.recipes import SPREAD_POSITION
 from sinkmech.results import Result
 from sinkmech.measures.sinks import check_eps, first_key_score, format_eps
-from sinkmech.stats import prompt_curve, ratio_with_ci
+from sinkmech.stats import interval_description, n_documents, prompt_curve, ratio_with_ci
 from sinkmech.options import STUDY_BATCH, RunOptions
 
 REFERENCE = "bos"  # the trained first token every other is paired against
 
 
-def _mean_ci(x: Tensor) -> list[float] | None:
-    """[mean over prompts, lo, hi] of a per-prompt value (NaN prompts dropped); None when no prompt has one."""
-    curve = prompt_curve(x[:, None].double())
+def _mean_ci(x: Tensor, groups: Sequence | None = None) -> list[float] | None:
+    """[mean over prompts, lo, hi] of a per-prompt value (NaN prompts dropped), the interval over
+    the prompts' documents with `groups` (a cluster bootstrap); None when no prompt has one."""
+    curve = prompt_curve(x[:, None].double(), groups=groups)
     return curve[0] if curve else None
 
 
@@ -63,6 +64,8 @@ class FirstTokenRuns(Result):
     targets: Int[Tensor, " prompt"]  # content targets per prompt (content tokens - 1)
     swap_position: int
     model_name: str = ""
+    # each prompt's source document (windows of a named corpus): the intervals resample documents
+    documents: tuple[str, ...] | None = None
 
     def prompt_sink_rate(self, name: str, eps: float | str) -> Float[Tensor, " prompt"]:
         """Percent of each prompt's heads whose alpha_0 > eps (as `SinkScores.prompt_sink_rate`)."""
@@ -72,23 +75,27 @@ class FirstTokenRuns(Result):
         """One first token: sink rate per eps, loss and spread as [mean, lo, hi],
         and each paired against `reference` (this minus reference, by prompt)."""
         rates = {format_eps(e): self.prompt_sink_rate(name, e) for e in eps}
+        g = self.documents
         out = {
             "token_ids": list(self.prefixes[name]),
-            "sink_rate": {k: _mean_ci(v) for k, v in rates.items()},
-            "loss": ratio_with_ci(self.prompt_loss[name], self.targets.double()),
-            "spread": _mean_ci(self.spread[name]),
+            "sink_rate": {k: _mean_ci(v, g) for k, v in rates.items()},
+            "loss": ratio_with_ci(self.prompt_loss[name], self.targets.double(), groups=g),
+            "spread": _mean_ci(self.spread[name], g),
         }
         if name != reference and reference in self.prefixes:
             ref = {format_eps(e): self.prompt_sink_rate(reference, e) for e in eps}
             out[f"vs_{reference}"] = {
-                "sink_rate": {k: _mean_ci(v - ref[k]) for k, v in rates.items()},
-                "loss": ratio_with_ci(self.prompt_loss[name] - self.prompt_loss[reference], self.targets.double()),
-                "spread": _mean_ci(self.spread[name] - self.spread[reference]),
+                "sink_rate": {k: _mean_ci(v - ref[k], g) for k, v in rates.items()},
+                "loss": ratio_with_ci(self.prompt_loss[name] - self.prompt_loss[reference], self.targets.double(),
+                                      groups=g),
+                "spread": _mean_ci(self.spread[name] - self.spread[reference], g),
             }
         return out
 
     def to_dict(self, eps: Sequence[float | str] = DEFAULT_EPS) -> dict:
         return {"model": self.model_name, "n_prompts": len(self.targets), "swap_position": self.swap_position,
+                "n_documents": n_documents(self.documents, len(self.targets)),
+                "interval": interval_description(self.documents, len(self.targets)),
                 "content_tokens": int(self.targets.max()) + 1,
                 "first_tokens": {name: self.entry(name, eps) for name in self.prefixes}}
 
@@ -244,12 +251,13 @@ def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
     """The first-token study (`FirstTokenConfig`) on each model, the first
     `n_prompts` prompts of the default corpus; findings under `<model>.first_token`."""
     from sinkmech.findings import flatten
-    from sinkmech.corpora import default_corpus
+    from sinkmech.corpora import corpus
     from sinkmech.studies.config import StudyResult
     from sinkmech.studies.configs import FirstTokenConfig
 
     config = FirstTokenConfig() if config is None else config
-    prompts = default_corpus()[: config.n_prompts]
+    windows = corpus().part(0, config.n_prompts)
+    prompts = list(windows.prompts)
     sections, findings = {}, {}
     for name, model in models_of(model_or_models, config.models, options):
         prefixes, skipped = first_tokens(model)
@@ -257,8 +265,11 @@ def run(model_or_models=None, config=None, options: RunOptions = RunOptions()):
         runs = first_token_study(model, prompts, prefixes, max_tokens=config.max_tokens,
                                  swap_position=config.swap_position,
                                  options=options.replace(batch_size=options.batch(STUDY_BATCH)))
-        out = {"first_token": runs.to_dict()["first_tokens"], "first_token_skipped": skipped,
-               "n_prompts": config.n_prompts, "max_tokens": config.max_tokens, "swap_position": runs.swap_position}
+        runs = replace(runs, documents=windows.documents)
+        d = runs.to_dict()
+        out = {"first_token": d["first_tokens"], "first_token_skipped": skipped,
+               "n_prompts": config.n_prompts, "n_documents": d["n_documents"], "interval": d["interval"],
+               "max_tokens": config.max_tokens, "swap_position": runs.swap_position}
         for k, ids in prefixes.items():
             out["first_token"][k]["text"] = "".join(model.tokenizer.decode([i]) for i in ids)
         out["first_token_seconds"] = round(time.perf_counter() - t0, 1)

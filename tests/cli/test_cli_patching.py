@@ -66,7 +66,7 @@ def test_compare_with_report_reuses_the_sink_passes(cli_model, monkeypatch, tmp_
     out, rep, found = tmp_path / "cmp", tmp_path / "rep", tmp_path / "findings.json"
     args = ["compare", "--models", "smollm2", "--out", str(out), "--report", str(rep), "--prompts", str(prompts),
             "--n-prompts", "8", "--max-tokens", "12", "--spread-prompts", "2", "--spread-tokens", "10",
-            "--dormant-prompts", "4", "--noop-prompts", "2", "--findings", str(found)]
+            "--dormant-prompts", "4", "--noop-prompts", "0", "--findings", str(found)]  # as make demo: no no-op check
     assert main(args) == 0
     cmp = json.loads((out / "compare.json").read_text())["models"][0]["conditions"]
     page = json.loads((rep / "summary.json").read_text())["sections"]["sinks"]
@@ -76,6 +76,7 @@ def test_compare_with_report_reuses_the_sink_passes(cli_model, monkeypatch, tmp_
     keys = json.loads(found.read_text())
     assert any(k.startswith("smollm2.compare.") for k in keys) and any(k.startswith("smollm2.report.") for k in keys)
     assert (rep / "index.html").exists()
+    assert json.loads((rep / "summary.json").read_text())["sections"]["dormant"]["noop"] is None  # the scan alone
     capsys.readouterr()
     same = ["compare", "--models", "smollm2", "--out", str(tmp_path / "x"), "--report", str(tmp_path / "x")]
     assert main(same) == 2 and "--report" in capsys.readouterr().err

@@ -75,3 +75,23 @@ def serve_tiny(monkeypatch, seed: int = 0) -> Model:
     toy_tokenizer(monkeypatch, model, WordTokenizer())
     monkeypatch.setattr("sinkmech.loading.models.load_model", lambda spec, **kw: model)
     return model
+
+
+class TokenWindows:
+    """A stand-in for a named corpus's windows (`sinkmech.corpora.Corpus`) whose prompts are
+    token ids for the tiny model, each with its document."""
+
+    def __init__(self, prompts, documents):
+        self.prompts, self.documents = tuple(prompts), tuple(documents)
+
+    def part(self, start: int, stop: int) -> "TokenWindows":
+        return TokenWindows(self.prompts[start:stop], self.documents[start:stop])
+
+
+def serve_windows(monkeypatch, n: int) -> TokenWindows:
+    """The default corpus as n token-id windows of 7 tokens, two per document (d0, d0, d1, d1, ...)."""
+    import sinkmech.corpora
+
+    windows = TokenWindows([[5 + i, 6, 7, 8, 9, 10, 11] for i in range(n)], [f"d{i // 2}" for i in range(n)])
+    monkeypatch.setattr(sinkmech.corpora, "corpus", lambda *args, **kwargs: windows)
+    return windows

@@ -12,6 +12,7 @@ import torch
 from helpers.tiny import TINY_RUN, TINY_BOS
 from helpers.backends import needs
 from helpers.tolerance import SAME_TERMS, TINY_FORWARD, sum_of_changes_atol
+from sinkmech.stats import ratio_with_ci
 from sinkmech.studies.bos_cost import ablated_prompt_losses, bos_cost, head_loss_changes
 from sinkmech.interventions.ablation import head_ablations
 from sinkmech.prompts import tokenize
@@ -71,6 +72,15 @@ def test_bos_cost_ranks_on_one_set_and_measures_on_another(tiny_model, tiny_toke
     eight = out["eval"]["top_k"]["8"]
     assert len(eight["heads"]) == 8 and eight["heads"][0] == out["select"]["top"][0]["head"]
     assert eight["share"][0] == pytest.approx(eight["loss_change"][0] / out["eval"]["no_bos"][0])
+    # held-out prompts that share documents: the intervals resample documents
+    docs = ("s0", "s1", "d0", "d0", "d1", "d1")
+    grouped = bos_cost(tiny_model, rows, select_prompts=2, eval_prompts=4, ks=[1, 8], documents=docs, options=TINY_RUN)
+    assert grouped["eval"]["no_bos"] == pytest.approx(ratio_with_ci(gap, torch.full((4,), 7.0, dtype=torch.float64),
+                                                                    groups=docs[2:]), rel=1e-6)
+    assert grouped["eval"]["n_documents"] == 2 and out["eval"]["n_documents"] == 4
+    assert grouped["eval"]["no_bos"][0] == out["eval"]["no_bos"][0] and grouped["eval"]["no_bos"] != out["eval"]["no_bos"]
+    with pytest.raises(ValueError, match="documents for 6 prompts"):
+        bos_cost(tiny_model, rows, select_prompts=2, eval_prompts=4, ks=[1], documents=docs[:5], options=TINY_RUN)
     with pytest.raises(ValueError, match="fewer than"):
         bos_cost(tiny_model, rows, select_prompts=4, eval_prompts=4, ks=[1], options=TINY_RUN)
     with pytest.raises(ValueError, match="ks must be"):
@@ -253,11 +263,12 @@ def test_the_sink_head_is_the_largest_alpha_0_and_its_place_in_the_loss_ranking(
 def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
     """`run` records its config, reports every k up to the model's heads (none picked)
     and writes its findings under <model>.bos_cost."""
-    import sinkmech.corpora
     from sinkmech.studies.bos_cost import run
     from sinkmech.studies.configs import BosCostConfig
 
-    monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(8)])
+    from helpers.tiny import serve_windows
+
+    serve_windows(monkeypatch, 8)
     monkeypatch.setattr("sinkmech.loading.models.bos_token_id", lambda model: TINY_BOS)
     config = BosCostConfig(models=("tiny",), select=2, eval=4, max_tokens=7, ks=(1, 4, 16))
     result = run(tiny_model, config, QUIET)
@@ -265,3 +276,5 @@ def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
     assert d["config"] == config.to_dict()
     assert set(d["tiny"]["eval"]["top_k"]) == {"1", "4"}  # the tiny model has 8 heads
     assert "tiny.bos_cost.eval.no_bos.0" in result.findings()["tiny.bos_cost"]
+    # held-out prompts 2..5 come from documents d1, d1, d2, d2: the intervals resample 2 documents
+    assert d["tiny"]["eval"]["n_documents"] == 2 and "over the 2 documents" in d["tiny"]["eval"]["interval"]

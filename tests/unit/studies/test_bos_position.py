@@ -78,14 +78,22 @@ def test_sink_rates_and_references(tiny_model, rows, study):
 
 
 def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
-    import sinkmech.corpora
     from sinkmech.studies.bos_position import run
     from sinkmech.studies.configs import BosPositionConfig
 
-    monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(6)])
+    from helpers.tiny import serve_windows
+
+    windows = serve_windows(monkeypatch, 6)
     monkeypatch.setattr("sinkmech.loading.models.bos_token_id", lambda model: TINY_BOS)
     config = BosPositionConfig(models=("tiny",), n_prompts=4, max_tokens=7, positions=(2,))
     result = run(tiny_model, config, QUIET)
     d = result.to_dict()
     assert d["config"] == config.to_dict() and set(d["tiny"]["bos_position"]) == {"bos", "none", "2"}
     assert "tiny.bos_position.2.vs_bos.loss.0" in result.findings()["tiny.bos_position"]
+    # windows of one document are resampled together: 4 prompts, 2 documents
+    assert d["tiny"]["n_documents"] == 2 and d["tiny"]["interval"].startswith("95 % bca bootstrap over the 2 documents")
+    rows = [list(p) for p in windows.prompts[:4]]
+    grouped = bos_position_study(tiny_model, rows, [2], max_tokens=7, documents=("d0", "d0", "d1", "d1"), options=QUIET)
+    assert d["tiny"]["bos_position"]["2"]["vs_bos"]["loss"] == grouped["2"]["vs_bos"]["loss"]
+    assert grouped["2"]["vs_bos"]["loss"] != bos_position_study(tiny_model, rows, [2], max_tokens=7,
+                                                                options=QUIET)["2"]["vs_bos"]["loss"]

@@ -4,6 +4,8 @@ its Config, and (slow) every substituted first token against transformers on Gem
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -113,10 +115,11 @@ def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
     from sinkmech.studies.configs import FirstTokenConfig
 
     monkeypatch.setattr(first_token, "first_tokens", lambda model: ({"bos": [TINY_BOS], "none": []}, {"pad": "none"}))
-    import sinkmech.corpora
     from helpers.tiny import toy_tokenizer
 
-    monkeypatch.setattr(sinkmech.corpora, "default_corpus", lambda: [[5 + i, 6, 7, 8, 9, 10, 11] for i in range(6)])
+    from helpers.tiny import serve_windows
+
+    windows = serve_windows(monkeypatch, 6)
 
     class Tok:
         def decode(self, ids):
@@ -130,3 +133,10 @@ def test_the_study_runs_from_its_config(tiny_model, monkeypatch):
     assert d["tiny"]["first_token_skipped"] == {"pad": "none"} and d["tiny"]["first_token"]["bos"]["text"] == "[1]"
     flat = result.findings()["tiny.first_token"]
     assert "tiny.first_token.none.vs_bos.loss.0" in flat
+    # windows of one document are resampled together: 4 prompts, 2 documents
+    assert d["tiny"]["n_documents"] == 2 and d["tiny"]["interval"] == "95 % bca bootstrap over the 2 documents the 4 prompts were cut from"
+    runs = first_token_study(tiny_model, [list(p) for p in windows.prompts[:4]], {"bos": [TINY_BOS], "none": []},
+                             max_tokens=7, swap_position=2, options=QUIET)
+    grouped = replace(runs, documents=("d0", "d0", "d1", "d1")).to_dict()["first_tokens"]["none"]
+    assert d["tiny"]["first_token"]["none"]["vs_bos"]["loss"] == grouped["vs_bos"]["loss"]
+    assert grouped["vs_bos"]["loss"] != runs.to_dict()["first_tokens"]["none"]["vs_bos"]["loss"]
