@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
@@ -19,7 +19,7 @@ import torch
 from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
-from sinkmech.corpora import default_corpus, load_prompts
+from sinkmech.corpora import corpus, default_corpus, load_prompts, prompt_documents
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, token_text
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
@@ -87,9 +87,13 @@ class ReportContext:
             if kept is not None:
                 self.cache["sinks"] = kept
         if "sinks" not in self.cache:
+            # windows of a named corpus: the intervals resample their documents (the default
+            # prompts are n_prompts windows spread over the whole corpus: `prompt_list`)
+            documents = (corpus(n_prompts=self.n_prompts).documents if self.prompts is None
+                         else prompt_documents(self.prompts, len(self.prompt_list())))
             self.cache["sinks"] = {
-                bos: sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
-                                 options=self.options)
+                bos: replace(sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
+                                         options=self.options), documents=documents)
                 for bos in CONDITIONS
             }
         return self.cache["sinks"]

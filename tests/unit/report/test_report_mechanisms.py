@@ -127,3 +127,20 @@ def test_figures_refuse_empty_results(tmp_path):
         n_prompts=1)
     with pytest.raises(ValueError, match="every length was skipped"):
         mechanisms.length_lines(empty, tmp_path / "b.png")
+
+
+def test_the_report_on_the_default_windows_resamples_their_documents(monkeypatch, tmp_path):
+    """Without prompts the report scores n_prompts windows spread over the default corpus;
+    its sink intervals resample the documents those windows were cut from."""
+    from helpers.tiny import serve_tiny
+
+    from sinkmech.corpora import corpus
+    from sinkmech.report.context import ReportContext
+
+    model = serve_tiny(monkeypatch, 3)
+    ctx = ReportContext(model=model, out=tmp_path, n_prompts=12, max_tokens=8, options=QUIET)
+    windows = corpus(n_prompts=12)
+    assert ctx.prompt_list() == list(windows.prompts)
+    sinks = ctx.sinks()
+    assert all(s.documents == windows.documents for s in sinks.values())
+    assert sinks["prepend"].interval()["n_units"] == windows.n_documents < 12
