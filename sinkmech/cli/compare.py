@@ -185,10 +185,13 @@ def cmd_compare(args) -> None:
     from sinkmech.loading.models import each_model
     from sinkmech.studies.compare import Comparison, compare_model
 
+    from sinkmech.corpora import prompt_documents
+
     options = run_options(args)
+    documents = prompt_documents(config.prompts, len(prompts))  # the default windows: intervals over documents
     results, t0 = [], time.perf_counter()
     for i, (name, model) in enumerate(each_model(config.models, device=args.device, dtype=args.dtype)):
-        result = compare_model(model, prompts, config=config, name=name, options=options)
+        result = compare_model(model, prompts, config=config, name=name, documents=documents, options=options)
         if i == 0 and args.report is not None:
             write_report(args, model, name, prompts, result.shared)
         results.append(replace(result, shared=None))  # the kept passes go with the model

@@ -33,7 +33,7 @@ from sinkmech.measures.sinks import SinkScores, format_eps, paired_contrasts, si
 from sinkmech.options import RunOptions
 from sinkmech.results import Result
 from sinkmech.studies.configs import CompareConfig
-from sinkmech.stats import excludes_zero, prompt_curve
+from sinkmech.stats import excludes_zero, interval_description, prompt_curve
 
 
 
@@ -126,6 +126,7 @@ class ModelComparison(Result):
     contrasts: dict = field(default_factory=dict)
     # the passes a report on the same prompts can reuse (not part of the JSON)
     shared: SharedPasses | None = field(default=None, repr=False, compare=False)
+    interval: str = ""  # what every interval resamples (`sinkmech.stats.interval_description`)
 
     def per_layer_score(self) -> Float[Tensor, "bos layer"]:
         return torch.tensor([self.conditions[c].per_layer_score for c in CONDITIONS])
@@ -141,6 +142,7 @@ class ModelComparison(Result):
             "gap_curves": self.gap_curves,
             "timing_s": self.timing_s,
             "contrasts": self.contrasts,
+            "interval": self.interval,
         }
 
     def findings(self) -> dict:
@@ -229,6 +231,7 @@ def compare_model(
     config: CompareConfig = CompareConfig(),
     name: str | None = None,
     shared: SharedPasses | None = None,
+    documents: Sequence[str] | None = None,
     options: RunOptions = RunOptions(),
 ) -> ModelComparison:
     """Sink rates, loss and perturbation spread with and without `<bos>`, and
@@ -249,6 +252,9 @@ def compare_model(
         shared: the passes to share with a report (`SharedPasses`; default a
             new one): filled here and handed back as `ModelComparison.shared`,
             for `build_report(..., shared=result.shared)` on the same prompts.
+        documents: each prompt's source document (at least the prompts used);
+            default: those of the named corpus `prompts` stands for (None for a
+            list or a file). With them every interval resamples documents.
         options: batch size, progress bars and the `<bos>` id of every pass.
 
     Returns:
@@ -259,7 +265,12 @@ def compare_model(
     shared = SharedPasses() if shared is None else shared
     prompts = c.prompts if prompts is None else prompts
     items = load_prompts(prompts)[:n_prompts]
-    documents = prompt_documents(prompts, len(items))  # windows of a named corpus: intervals over documents
+    if documents is None:  # windows of a named corpus: intervals over their documents
+        documents = prompt_documents(prompts, len(items))
+    elif len(documents) < len(items):
+        raise ValueError(f"{len(documents)} documents for {len(items)} prompts")
+    else:
+        documents = tuple(documents[: len(items)])
     rows, timing, t0 = {}, {}, time.perf_counter()
     swapped = swap_then_spread(model, items[:c.spread_prompts], max_tokens=c.spread_tokens, position=c.spread_position,
                                options=options)
@@ -322,6 +333,7 @@ def compare_model(
         model=name or model.cfg.model_name, n_layers=model.cfg.n_layers, n_heads=model.cfg.n_heads,
         n_prompts=len(items), max_tokens=used, spread_prompts=len(swapped.rows), spread_position=swapped.position,
         conditions=rows, dormant=dormant, gap_curves=gaps, timing_s=timing, contrasts=contrasts,
+        interval=interval_description(documents, len(items)),
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": c.spread_tokens,
                   "dormant_prompts": c.dormant_prompts, "noop_prompts": c.noop_prompts,
                   "max_tokens_requested": max_tokens},
@@ -379,8 +391,10 @@ def run(models=None, config: CompareConfig = CompareConfig(), options: RunOption
     """
     t0 = time.perf_counter()
     prompts = load_prompts(config.prompts)  # a bad file fails before the first model loads
+    documents = prompt_documents(config.prompts)
     results = []
     for name, model in each_model(config.models if models is None else models, device=options.device,
                                   dtype=options.dtype):
-        results.append(replace(compare_model(model, prompts, config=config, name=name, options=options), shared=None))
+        results.append(replace(compare_model(model, prompts, config=config, name=name, documents=documents,
+                                             options=options), shared=None))
     return Comparison(tuple(results), config, time.perf_counter() - t0)

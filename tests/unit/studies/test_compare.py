@@ -236,3 +236,31 @@ def test_noop_prompts_0_runs_the_scan_alone_on_the_same_prompts(tiny_model):
     on = compare_model(tiny_model, rows, config=CompareConfig(noop_prompts=2, noop_heads=1, **kw), options=TINY_RUN).dormant
     assert off.noop == {} and off.noop_prompts == [] and off.loss_clean is None and on.noop
     assert (off.n_prompts, off.mode_counts, off.if_else_heads) == (on.n_prompts, on.mode_counts, on.if_else_heads)
+
+
+def test_compare_with_documents_resamples_them(tiny_model):
+    """Prompts with their documents: every interval (sink rates, loss, the paired
+    contrasts, the spread curves) resamples documents; the JSON says so."""
+    from sinkmech.stats import ratio_with_ci
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(2, 50, (6, 20), generator=g).tolist()
+    config = CompareConfig(n_prompts=6, max_tokens=16, spread_prompts=4, spread_tokens=12, spread_position=2,
+                           dormant_prompts=0)
+    docs = ("a", "a", "b", "b", "c", "c", "d")  # one more than the prompts used: cut to them
+    plain = compare_model(tiny_model, rows, config=config, options=TINY_RUN)
+    res = compare_model(tiny_model, rows, config=config, documents=docs, options=TINY_RUN)
+    pre, none = res.shared.sinks["prepend"], res.shared.sinks["none"]
+    assert pre.documents == docs[:6]
+    assert res.conditions["prepend"].loss_ci == ratio_with_ci(pre.prompt_loss, pre.prompt_targets().double(),
+                                                              groups=docs[:6])
+    assert res.contrasts["loss_gap"] == ratio_with_ci(none.prompt_loss - pre.prompt_loss,
+                                                      pre.prompt_targets().double(), groups=docs[:6])
+    assert res.conditions["prepend"].loss_ci[0] == plain.conditions["prepend"].loss_ci[0]
+    assert res.conditions["prepend"].loss_ci != plain.conditions["prepend"].loss_ci
+    assert res.gap_curves["mean_change"] != plain.gap_curves["mean_change"]
+    assert [c[0] for c in res.gap_curves["mean_change"]] == [c[0] for c in plain.gap_curves["mean_change"]]
+    assert res.to_dict()["interval"] == "95 % bca bootstrap over the 3 documents the 6 prompts were cut from"
+    assert plain.to_dict()["interval"] == "95 % bca bootstrap over the 6 prompts"
+    with pytest.raises(ValueError, match="5 documents for 6 prompts"):
+        compare_model(tiny_model, rows, config=config, documents=docs[:5], options=TINY_RUN)
