@@ -26,6 +26,18 @@ def prompts(tmp_path):
 SINKS = ["sinks", "--max-tokens", "12", "--bos", "both", "--eps", "0.3", "0.5", "--batch-size", "2"]
 
 
+def whole_and_two_shards(args: list[str], tmp_path) -> tuple[dict, dict]:
+    """The command's JSON run whole, and its two shards merged (in reverse order)."""
+    full = tmp_path / "full.json"
+    assert main([*args, "--json", str(full)]) == 0
+    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
+    for i, p in enumerate(parts, 1):
+        assert main([*args, "--shard", f"{i}/2", "--json", str(p)]) == 0
+    out = tmp_path / "merged.json"
+    assert main(["merge", *map(str, reversed(parts)), "--json", str(out)]) == 0
+    return json.loads(full.read_text()), json.loads(out.read_text())
+
+
 # One split of each contract in the fast suite, the others in `make test` (slow).
 SLOW = pytest.mark.slow
 
@@ -49,15 +61,7 @@ def test_sinks_bos_position_shards_merge_to_the_unsharded_json(cli_model, prompt
     """<bos> moved after K content tokens: each shard moves it in its own prompts and keeps their
     scores on the <bos> key as rows, so the merge writes what the whole run writes (its shards
     batch their own prompts: the tiny model's forward bound)."""
-    args = [*SINKS, "--bos-position", "3", "--prompts", prompts]
-    full = tmp_path / "full.json"
-    assert main([*args, "--json", str(full)]) == 0
-    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
-    for i, p in enumerate(parts, 1):
-        assert main([*args, "--shard", f"{i}/2", "--json", str(p)]) == 0
-    out = tmp_path / "merged.json"
-    assert main(["merge", *map(str, reversed(parts)), "--json", str(out)]) == 0
-    a, b = json.loads(full.read_text()), json.loads(out.read_text())
+    a, b = whole_and_two_shards([*SINKS, "--bos-position", "3", "--prompts", prompts], tmp_path)
     assert a["conditions"]["prepend"]["bos_position"] == 3 and "bos_position" not in a["conditions"]["none"]
     assert max(max(row) for row in a["conditions"]["prepend"]["bos_scores"]) > 0.1  # scores to compare
     assert_same_json(a, b, tol=TINY_FLOAT32_RTOL)
@@ -246,14 +250,7 @@ def test_sinks_on_the_default_windows_resample_their_documents_sharded_or_not(cl
     from sinkmech.corpora import prompt_documents
 
     args = ["sinks", "--max-tokens", "12", "--bos", "both", "--n-prompts", "12", "--batch-size", "4"]
-    full = tmp_path / "full.json"
-    assert main([*args, "--json", str(full)]) == 0
-    parts = [tmp_path / f"s{i}.partial.json" for i in (1, 2)]
-    for i, p in enumerate(parts, 1):
-        assert main([*args, "--shard", f"{i}/2", "--json", str(p)]) == 0
-    out = tmp_path / "merged.json"
-    assert main(["merge", *map(str, parts), "--json", str(out)]) == 0
-    a, b = json.loads(full.read_text()), json.loads(out.read_text())
+    a, b = whole_and_two_shards(args, tmp_path)
     assert_same_json(a, b, tol=TINY_FLOAT32_RTOL)
     documents = prompt_documents(None, 12)
     assert len(set(documents)) < 12  # the first windows share documents
