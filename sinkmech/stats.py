@@ -187,6 +187,20 @@ def _per_unit(x: Tensor, groups: Sequence | None) -> Tensor:
     return torch.zeros(n_docs, *x.shape[1:], dtype=x.dtype).index_add_(0, index, x)
 
 
+def unit_means(x: Float[Tensor, " prompt"], groups: Sequence | None = None) -> Float[Tensor, " unit"]:
+    """Per-unit means of per-prompt values (NaNs dropped): the mean of each
+    document's prompts with `groups` (documents in order of first appearance;
+    one with no value gives NaN), else `x` itself. A t interval or sign-flip
+    test over these treats documents, not the windows cut from them, as the
+    independent units."""
+    x = torch.as_tensor(x, dtype=torch.float64).flatten()
+    if groups is None:
+        return x
+    keep = ~x.isnan()
+    num = _per_unit(torch.where(keep, x, torch.zeros_like(x)), groups)
+    return num / _per_unit(keep.double(), groups)
+
+
 def ratio_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"] | None = None, *,
                    groups: Sequence | None = None, level: float = LEVEL, n_boot: int = N_BOOT, seed: int = 0,
                    method: Literal["auto", "percentile", "bca"] = "auto", unit: Unit | None = None

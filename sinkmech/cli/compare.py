@@ -76,7 +76,7 @@ def markdown(results: list[ModelComparison]) -> str:
                 f"{row.mean_score:.3f}", f"{row.uniform_score:.3f}", with_ci(row.loss, row.loss_ci, ".2f"),
                 f"{row.spread:.3f}"]
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Brackets: 95 % bootstrap intervals over prompts."]
+    lines += ["", f"Brackets: {results[0].interval or '95 % bootstrap intervals over prompts'}."]
     for r in results:
         gap, rates = r.contrasts.get("loss_gap"), r.contrasts.get("sink_rate_gap", {})
         parts = [f"loss {effect_text(gap[0], gap[1:], fmt='+.2f', unit=' nats')}"] if gap else []
@@ -89,7 +89,8 @@ def markdown(results: list[ModelComparison]) -> str:
               f"the positions after a one-token swap at content position {first.spread_position}, averaged over "
               f"layers, {first.spread_prompts} prompts. The models differ in depth, so that one average does not "
               "compare them: `spread_by_depth.png` and `reach_by_depth.png` give the curves over fractional depth "
-              "with 95 % bootstrap intervals over prompts (reach: the share of later positions changed by > 0.1)."]
+              f"with 95 % bootstrap intervals over the {first.spread_prompts} swapped prompts' documents where they have "
+              "them (reach: the share of later positions changed by > 0.1)."]
     for r in results:
         f = r.findings()
         for c in CONDITIONS:

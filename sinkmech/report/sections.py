@@ -42,7 +42,7 @@ from sinkmech.plots.perturb import spread_heatmaps
 from sinkmech.plots.sinks import sink_heatmap, sink_rate_lines
 from sinkmech.prompts import CONDITION_LABELS, CONDITIONS, DEFAULT_EPS, TokenBatch, tokenize
 from sinkmech.report.context import ReportContext, Section, figure_html, head_label, table_html
-from sinkmech.stats import effect_text
+from sinkmech.stats import effect_text, interval_description
 from sinkmech.options import QUIET
 
 
@@ -58,6 +58,7 @@ def sink_section(ctx: ReportContext) -> Section:
     rows = [[f"sink rate (alpha_0 > {e:g}), % [95 % interval]"]
             + [f"{ci[c][e][0]:.1f} [{ci[c][e][1]:.1f}, {ci[c][e][2]:.1f}]" for c in CONDITIONS] for e in DEFAULT_EPS]
     contrasts = paired_contrasts(res["prepend"], res["none"], DEFAULT_EPS)
+    intervals = interval_description(res["prepend"].documents, res["prepend"].n_prompts)
     gaps = [f"eps {e}: {effect_text(v[0], v[1:], fmt='+.1f', unit=' points')}" for e, v in contrasts["sink_rate_gap"].items()]
     if "loss_gap" in contrasts:
         g = contrasts["loss_gap"]
@@ -74,7 +75,7 @@ def sink_section(ctx: ReportContext) -> Section:
         "its mean attention on position 0 over all queries; the sink rate is the % of (prompt, head) pairs "
         "with alpha_0 above epsilon.</p>"
         + table_html(["", *(CONDITION_LABELS[c] for c in CONDITIONS)], rows)
-        + "<p>Without minus with &lt;bos&gt;, paired by prompt (95 % bootstrap intervals over prompts): "
+        + f"<p>Without minus with &lt;bos&gt;, paired by prompt ({html.escape(intervals)}): "
         + html.escape("; ".join(gaps)) + ".</p>"
         + "<p>Strongest sink heads (mean alpha_0): " + html.escape("; ".join(
             f"{CONDITION_LABELS[c]}: " + ", ".join(f"{n} ({s:.2f})" for n, s in top[c]) for c in CONDITIONS))

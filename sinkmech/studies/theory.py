@@ -20,7 +20,10 @@ norms come from the exact `jacrev` or the forward-mode Hutchinson estimate
 (`validate_estimator`: every position of a few held-out prompts). Without
 `<bos>` every pair is a content pair, so the "content" and "all" numbers of
 that condition are the same by construction. Intervals: t intervals over
-prompts; paired differences also get a sign-flip permutation p-value, and
+the documents the prompts were cut from (each document's prompts averaged
+first: windows of one document are not independent), or over the prompts
+where they have no documents; paired differences also get a sign-flip
+permutation p-value over the same units, and
 `run` (the study: both models, the attention entropy beside the bound)
 corrects those p-values with Holm over every test it reports, across models
 and pair sets (`family`).
@@ -28,6 +31,7 @@ and pair sets (`family`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -40,7 +44,7 @@ from tqdm.auto import tqdm
 from sinkmech.loading.backend import Model
 from sinkmech.theory.jacobian import _check_layers, jacobian_norms, jacobian_norms_hutchinson
 from sinkmech.options import QUIET, RunOptions
-from sinkmech.corpora import default_corpus
+from sinkmech.corpora import default_corpus, prompt_documents
 from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
 from sinkmech import stats
 from sinkmech.results import Result
@@ -51,27 +55,37 @@ Estimator = Literal["exact", "hutchinson"]
 PAIR_SETS = ("all", "content", "off_diagonal")
 
 
-# Intervals over prompts
+# Intervals over documents (or prompts)
 
 
-def mean_ci(x: Tensor, level: float = stats.LEVEL) -> dict:
-    """{"mean", "ci": [lo, hi], "n", "method"}: the mean over prompts with its
-    Student t interval (`sinkmech.stats.t_interval`; NaNs dropped)."""
-    x = torch.as_tensor(x, dtype=torch.float64).flatten()
+def mean_ci(x: Tensor, groups=None, level: float = stats.LEVEL) -> dict:
+    """{"mean", "ci": [lo, hi], "n", "unit", "method"}: the mean over units with
+    its Student t interval (`sinkmech.stats.t_interval`; NaNs dropped). The
+    units are the documents `groups` names (per prompt; each document's
+    prompts averaged first, `sinkmech.stats.unit_means`), else the prompts."""
+    unit = "prompt" if groups is None else "document"
+    x = stats.unit_means(x, groups)
     x = x[~x.isnan()]
-    iv = stats.t_interval(x, level=level)
+    iv = stats.t_interval(x, level=level, unit=unit)
     if iv is None:
-        return {"mean": float(x.mean()) if len(x) else None, "ci": None, "n": len(x), "method": "t"}
-    return {"mean": iv.value, "ci": iv.ci, "n": iv.n_units, "method": "t"}
+        return {"mean": float(x.mean()) if len(x) else None, "ci": None, "n": len(x), "unit": unit, "method": "t"}
+    return {"mean": iv.value, "ci": iv.ci, "n": iv.n_units, "unit": unit, "method": "t"}
 
 
-def paired(x: Tensor) -> dict:
-    """`mean_ci` of a paired difference with its sign-flip test: `sign_flip_p`,
-    and `sign_flip_p_at_floor` where no random pattern reached the observed
-    mean (p is then only bounded: < `sign_flip_p_floor`)."""
-    test = stats.sign_flip_test(x)
-    return mean_ci(x) | {"sign_flip_p": test.p, "sign_flip_p_floor": test.floor,
-                         "sign_flip_p_at_floor": test.at_floor, "sign_flip_exact": test.exact}
+def paired(x: Tensor, groups=None) -> dict:
+    """`mean_ci` of a paired difference with its sign-flip test over the same
+    units: `sign_flip_p`, and `sign_flip_p_at_floor` where no random pattern
+    reached the observed mean (p is then only bounded: < `sign_flip_p_floor`)."""
+    test = stats.sign_flip_test(stats.unit_means(x, groups))
+    return mean_ci(x, groups) | {"sign_flip_p": test.p, "sign_flip_p_floor": test.floor,
+                                 "sign_flip_p_at_floor": test.at_floor, "sign_flip_exact": test.exact}
+
+
+def interval_text(groups, n_prompts: int, level: float = stats.LEVEL) -> str:
+    """What the study's intervals are over, in words."""
+    unit = (f"the {stats.n_documents(groups, n_prompts)} documents the {n_prompts} prompts were cut from "
+            "(each document's prompts averaged first)" if groups is not None else f"the {n_prompts} prompts")
+    return f"{100 * level:g} % Student t intervals and sign-flip tests over {unit}"
 
 
 # The test
@@ -114,7 +128,9 @@ def distance_shuffled_spearman(sens: Tensor, paths: Tensor, mask: Tensor, *, n_s
 class BoundRanking(Result):
     """`rho[c][s]` [prompt]: Spearman correlation of sensitivity and path weight
     in condition `conditions[c]` over pair set s (`PAIR_SETS`); `null[c][s]`
-    the same with the path weights shuffled among pairs at equal distance."""
+    the same with the path weights shuffled among pairs at equal distance.
+    `documents`: each prompt's source document, the unit of the intervals
+    (None: the prompts themselves)."""
 
     rho: dict[str, dict[str, Float[Tensor, " prompt"]]]
     null: dict[str, dict[str, Float[Tensor, " prompt"]]]
@@ -123,31 +139,35 @@ class BoundRanking(Result):
     n_layers: int
     estimator: str
     n_probes: int | None
+    documents: tuple[str, ...] | None = None
 
     @property
     def n_prompts(self) -> int:
         return len(next(iter(next(iter(self.rho.values())).values())))
 
     def summary(self) -> dict:
-        """Means with t intervals over prompts per condition and pair set; the
-        observed minus the null; none minus prepend (paired, with its
-        sign-flip p-value)."""
+        """Means with t intervals over documents (or prompts) per condition and
+        pair set; the observed minus the null; none minus prepend (paired, with
+        its sign-flip p-value)."""
+        docs = self.documents
         out: dict = {}
         for s in PAIR_SETS:
             cell: dict = {}
             for c in self.conditions:
-                cell[c] = mean_ci(self.rho[c][s])
-                cell[c]["null"] = mean_ci(self.null[c][s])
-                cell[c]["minus_null"] = paired(self.rho[c][s] - self.null[c][s])
+                cell[c] = mean_ci(self.rho[c][s], docs)
+                cell[c]["null"] = mean_ci(self.null[c][s], docs)
+                cell[c]["minus_null"] = paired(self.rho[c][s] - self.null[c][s], docs)
             if set(self.conditions) == {"prepend", "none"}:
                 diff = self.rho["none"][s] - self.rho["prepend"][s]
-                cell["none_minus_prepend"] = paired(diff)
+                cell["none_minus_prepend"] = paired(diff, docs)
             out[s] = cell
         return out
 
     def to_dict(self) -> dict:
         return {"n_prompts": self.n_prompts, "n_tokens": self.n_tokens, "n_layers": self.n_layers,
-                "estimator": self.estimator, "n_probes": self.n_probes, **self.summary(),
+                "estimator": self.estimator, "n_probes": self.n_probes,
+                "n_documents": stats.n_documents(self.documents, self.n_prompts),
+                "interval": interval_text(self.documents, self.n_prompts), **self.summary(),
                 "per_prompt": {c: {s: self.rho[c][s].tolist() for s in PAIR_SETS} for c in self.conditions}}
 
     def to_dataframe(self):
@@ -303,12 +323,16 @@ def measure(model: Model, config: TheoryConfig = TheoryConfig(), options: RunOpt
     t0 = time.perf_counter()
     br = bound_ranking(model, prompts[: c.prompts], max_tokens=c.tokens, estimator=c.estimator, n_probes=c.probes,
                        n_shuffles=c.shuffles, chunk_size=c.chunk_size, options=options)
+    br = dataclasses.replace(br, documents=prompt_documents(None, c.prompts))
     out |= {k: v for k, v in br.to_dict().items() if k not in ("n_prompts", "n_tokens", "estimator", "n_probes")}
     out["bound_seconds"] = round(time.perf_counter() - t0, 1)
     ent = entropy_per_prompt(model, prompts[: c.entropy_prompts], c.entropy_tokens, options)
-    out["entropy_setting"] = {"prompts": c.entropy_prompts, "tokens": c.entropy_tokens}
-    out["normalized_entropy"] = {cond: mean_ci(ent[i]) for i, cond in enumerate(CONDITIONS)}
-    out["normalized_entropy"]["none_minus_prepend"] = paired(ent[1] - ent[0])
+    docs = prompt_documents(None, c.entropy_prompts)
+    out["entropy_setting"] = {"prompts": c.entropy_prompts, "tokens": c.entropy_tokens,
+                              "n_documents": stats.n_documents(docs, c.entropy_prompts),
+                              "interval": interval_text(docs, c.entropy_prompts)}
+    out["normalized_entropy"] = {cond: mean_ci(ent[i], docs) for i, cond in enumerate(CONDITIONS)}
+    out["normalized_entropy"]["none_minus_prepend"] = paired(ent[1] - ent[0], docs)
     return out
 
 
@@ -407,6 +431,7 @@ def text(result: Theory) -> str:
 
     lines = []
     for name, r in result.per_model.items():
+        lines.append(f"{name} bound ranking: {r['n_prompts']} prompts x {r['n_tokens']} tokens; {r['interval']}")
         if "validation" in r:
             v = r["validation"]
             lines.append(f"{name} estimator check ({v['n_prompts']} prompts x {v['n_tokens']} tokens, {v['n_probes']} "

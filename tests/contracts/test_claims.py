@@ -206,7 +206,10 @@ def test_the_theory_study_writes_paired_intervals_its_holm_family_and_findings(c
     assert v["n_prompts"] == 2 and v["n_tokens"] == 4 and len(v["bound_spearman_exact"]) == 4  # 2 prompts x 2 conditions
     assert v["n_entries"] == 2 * (5 * 6 // 2) + 2 * (4 * 5 // 2)  # every causal entry, with and without <bos>
     assert r["n_prompts"] == 3 and r["n_tokens"] == 5 and r["estimator"] == "hutchinson"
-    assert r["normalized_entropy"]["prepend"]["n"] == 4
+    # intervals over the documents the windows come from (3 and 4 windows here cut from 2 documents)
+    assert r["n_documents"] == 2 and "2 documents the 3 prompts" in r["interval"]
+    assert r["normalized_entropy"]["prepend"]["n"] == 2 and r["normalized_entropy"]["prepend"]["unit"] == "document"
+    assert r["entropy_setting"]["n_documents"] == 2
     found = result.findings()["tiny.theory"]
     assert not any(".per_prompt" in k for k in found)
     assert found["tiny.theory.normalized_entropy.none.mean"] == r["normalized_entropy"]["none"]["mean"]

@@ -57,6 +57,23 @@ def test_theory_intervals_are_the_package_t_interval_and_sign_flip_test():
     assert d["sign_flip_p"] == pytest.approx(2 / 16) and d["sign_flip_exact"] and not d["sign_flip_p_at_floor"]
 
 
+def test_theory_intervals_over_documents_average_each_documents_prompts_first():
+    """Windows of one document are one unit: the interval is the t interval of
+    the document means and the sign-flip test runs over them; a document per
+    prompt is the prompt interval; a document of NaNs is dropped."""
+    x = torch.tensor([1.0, 3.0, 2.0, 5.0, 7.0, 6.0])
+    docs = ("a", "a", "b", "c", "c", "c")
+    means = torch.tensor([2.0, 2.0, 6.0])
+    out = mean_ci(x, docs)
+    assert out["n"] == 3 and out["unit"] == "document" and out["mean"] == pytest.approx(float(means.mean()))
+    assert out["ci"] == pytest.approx(mean_ci(means)["ci"])
+    assert mean_ci(x, tuple("abcdef")) == mean_ci(x) | {"unit": "document"}
+    d = paired(x, docs)
+    assert d["sign_flip_p"] == pytest.approx(2 / 8) and d["sign_flip_exact"]  # 3 units: 8 patterns, 2 as extreme
+    assert mean_ci(torch.tensor([1.0, float("nan"), 2.0, 4.0]), ("a", "b", "b", "c"))["n"] == 3
+    assert mean_ci(torch.tensor([1.0, float("nan"), 3.0]), ("a", "b", "c"))["n"] == 2
+
+
 def test_distance_null_finds_path_information_and_not_distance_alone():
     """Planted: sensitivity = the path weight (information beyond distance) is
     far above the null; sensitivity that follows distance only is not."""
