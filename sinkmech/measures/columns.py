@@ -17,11 +17,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from sinkmech.hooks import act_name, cached_run, expand_kv
-from sinkmech.loading.attention import attention_interface, forward_chunks
+from sinkmech.loading.attention import attention_interface, forward_chunks, layer_windows
 from sinkmech.loading.backend import IS_BRIDGE, has_learned_sinks
 from sinkmech.measures.definitions import check_rows, query_mean
 from sinkmech.measures import fused
-from sinkmech.measures.fused import Attention, Sees, recording, register, resolve_attention, visible
+from sinkmech.measures.fused import Attention, Sees, StandIn, recording, register, resolve_attention, visible
 from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll
 
 
@@ -68,7 +68,7 @@ class AttentionColumns:
 
 def attention_columns(model, tokens: Tensor, *, keys: Sequence[int] = (0,), loss_mask: Tensor | None = None,
                       chunk: int | None = None, stream: tuple[int, int] | None = None,
-                      attention: Attention = "fused") -> AttentionColumns:
+                      attention: Attention = "fused", stand_in: StandIn | None = None) -> AttentionColumns:
     """One no-grad forward pass of right-padded `tokens` [batch pos]. Fused, it
     never holds a T x T pattern: on the Bridge through transformers' attention
     interface and `fused_attention`; on TransformerLens 3.9 in query chunks
@@ -84,14 +84,29 @@ def attention_columns(model, tokens: Tensor, *, keys: Sequence[int] = (0,), loss
         stream: (W, keep): every layer under StreamingLLM's sliding window of W
             keys with the first `keep` kept (`sinkmech.context.stream`), or None.
         attention: "fused", "pattern", or "auto" (`resolve_attention` on the length).
+        stand_in: sink logits (and values) in key 0's place in the rows where
+            `stream` (keeping no first key) drops it (`sinkmech.measures.fused.StandIn`);
+            its mass is then the columns' `sink`.
     """
     if stream is not None and (stream[0] < 1 or stream[1] < 0):
         raise ValueError(f"a stream window is (W >= 1, keep >= 0), got {stream}")
+    if stand_in is not None:
+        if stream is None or stream[1] != 0:
+            raise ValueError("a stand-in sink replaces the first key where a stream window drops it: give a stream "
+                             "that keeps no first key (W, 0)")
+        if has_learned_sinks(model):
+            raise ValueError("this model has learned sinks of its own: a stand-in sink would add a second one")
+        L, H = model.cfg.n_layers, model.cfg.n_heads
+        if tuple(stand_in.logits.shape) != (L, H) or (
+                stand_in.values is not None and tuple(stand_in.values.shape) != (L, H, model.cfg.d_head)):
+            raise ValueError(f"stand-in sink logits {list(stand_in.logits.shape)} (values "
+                             f"{None if stand_in.values is None else list(stand_in.values.shape)}) do not fit this "
+                             f"model: {L} layers x {H} heads, d_head {model.cfg.d_head}")
     if resolve_attention(attention, int(tokens.shape[1])) == "pattern":
         run = _pattern_columns
     else:
         run = _bridge_columns if IS_BRIDGE else _chunked_columns
-    return run(model, tokens, tuple(keys), loss_mask, chunk or fused.CHUNK, stream)
+    return run(model, tokens, tuple(keys), loss_mask, chunk or fused.CHUNK, stream, stand_in)
 
 
 def _token_losses(model, resid: Tensor, tokens: Tensor, mask: Tensor, start: int, out: Tensor) -> None:
@@ -109,7 +124,7 @@ def _token_losses(model, resid: Tensor, tokens: Tensor, mask: Tensor, start: int
             out[:, a:b] = torch.where(scored, nll.float().cpu(), out[:, a:b])
 
 
-def _bridge_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionColumns:
+def _bridge_columns(model, tokens, keys, loss_mask, chunk, stream, stand_in) -> AttentionColumns:
     L = model.cfg.n_layers
     resid = torch.zeros(L, *tokens.shape)
 
@@ -119,7 +134,7 @@ def _bridge_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionC
     hooks = [(act_name("resid_post", l), resid_hook) for l in range(L)]
     last = act_name("resid_post", L - 1)
     token_loss = None
-    with attention_interface(model, register()), recording(keys, stream) as rec:
+    with attention_interface(model, register()), recording(keys, stream, stand_in) as rec:
         _, cache = cached_run(model, tokens, [last], hooks, stop_at_layer=L)
     if loss_mask is not None:
         token_loss = torch.full(tokens.shape, float("nan"))
@@ -136,33 +151,51 @@ def _bridge_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionC
     )
 
 
-def _column_buffers(model, tokens, keys) -> dict[str, Tensor | None]:
+def _column_buffers(model, tokens, keys, stand_in=None) -> dict[str, Tensor | None]:
     L, H, (B, T) = model.cfg.n_layers, model.cfg.n_heads, tokens.shape
+    sink = has_learned_sinks(model) or stand_in is not None
     return {"weights": torch.zeros(L, B, H, len(keys), T), "value_norm": torch.zeros(L, B, H, T),
-            "resid_norm": torch.zeros(L, B, T), "sink": torch.zeros(L, B, H, T) if has_learned_sinks(model) else None}
+            "resid_norm": torch.zeros(L, B, T), "sink": torch.zeros(L, B, H, T) if sink else None}
 
 
-def _column_hooks(model, keys, stream, out: dict):
+def _column_hooks(model, keys, stream, out: dict, stand_in: StandIn | None = None):
     """`hooks(start)`: the hooks that read the pattern block of the queries
     start .. (a chunk, or the whole pass from 0) into the buffers `out`, with
-    StreamingLLM's window on the scores when `stream` is given."""
+    StreamingLLM's window on the scores when `stream` is given, and the
+    stand-in sink where it drops key 0 (its mass from the masked scores'
+    log-sum-exp, the row rescaled on the pattern, m u added to the head's output)."""
     L = model.cfg.n_layers
     sees = None if stream is None else Sees(stream=stream[0], keep=stream[1])
     weights, value_norm, resid, sink = out["weights"], out["value_norm"], out["resid_norm"], out["sink"]
+    windows = layer_windows(model) if stand_in is not None else None
 
     def hooks(start: int):
+        held: dict[int, Tensor] = {}
+
         def scores_hook(scores, hook):  # StreamingLLM's window on the [query key] block
             seen = visible(torch.arange(start, start + scores.shape[-2]), torch.arange(scores.shape[-1]), sees)
-            return scores.masked_fill(~seen.to(scores.device), float("-inf"))
+            scores = scores.masked_fill(~seen.to(scores.device), float("-inf"))
+            if stand_in is not None:
+                l = hook.layer()
+                rows = stand_in.rows(torch.arange(start, start + scores.shape[-2]), windows[l], stream)
+                held[l] = stand_in.mass(l, scores.float().logsumexp(-1), rows.to(scores.device))
+            return scores
 
         def pattern_hook(pattern, hook):  # [batch head_index query key_pos]: keys 0 .. the block's last query
             l, stop = hook.layer(), start + pattern.shape[-2]
+            if stand_in is not None:
+                pattern = pattern * (1.0 - held[l]).to(pattern.dtype)[..., None]
             check_rows(pattern, torch.ones(pattern.shape[0], stop - start), l, learned=sink is not None)
             for i, key in enumerate(keys):
                 if key < pattern.shape[-1]:  # a later key gets no attention from these queries
                     weights[l, :, :, i, start:stop] = pattern[..., key].float().cpu()
             if sink is not None:
                 sink[l, :, :, start:stop] = (1.0 - pattern.float().sum(-1)).cpu()
+            return pattern if stand_in is not None else None
+
+        def z_hook(z, hook):  # [batch query head_index d_head]: the stand-in's m u
+            written = stand_in.write(hook.layer(), held.pop(hook.layer()))
+            return z + written.transpose(1, 2).to(z.dtype)
 
         def value_hook(v, hook):
             norms = expand_kv(model, v).float().norm(dim=-1)  # [batch, query, head_index]
@@ -172,6 +205,8 @@ def _column_hooks(model, keys, stream, out: dict):
             resid[hook.layer(), :, start : start + x.shape[1]] = x.float().norm(dim=-1).cpu()
 
         per_layer = [(act_name("attn_scores", l), scores_hook) for l in range(L)] if sees is not None else []
+        per_layer += ([(act_name("z", l), z_hook) for l in range(L)]
+                      if stand_in is not None and stand_in.values is not None else [])
         return per_layer + [h for l in range(L) for h in ((act_name("pattern", l), pattern_hook),
                                                           (act_name("v", l), value_hook),
                                                           (act_name("resid_post", l), resid_hook))]
@@ -179,9 +214,9 @@ def _column_hooks(model, keys, stream, out: dict):
     return hooks
 
 
-def _chunked_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionColumns:
-    out = _column_buffers(model, tokens, keys)
-    hooks = _column_hooks(model, keys, stream, out)
+def _chunked_columns(model, tokens, keys, loss_mask, chunk, stream, stand_in) -> AttentionColumns:
+    out = _column_buffers(model, tokens, keys, stand_in)
+    hooks = _column_hooks(model, keys, stream, out, stand_in)
     token_loss = None if loss_mask is None else torch.full(tokens.shape, float("nan"))
     for start, last in forward_chunks(model, tokens, hooks, chunk=chunk):
         if token_loss is not None:
@@ -189,13 +224,13 @@ def _chunked_columns(model, tokens, keys, loss_mask, chunk, stream) -> Attention
     return AttentionColumns(**out, token_loss=token_loss)
 
 
-def _pattern_columns(model, tokens, keys, loss_mask, chunk, stream) -> AttentionColumns:
+def _pattern_columns(model, tokens, keys, loss_mask, chunk, stream, stand_in) -> AttentionColumns:
     """The same quantities read off each layer's whole pattern in its hook (the pattern path)."""
 
     L = model.cfg.n_layers
-    out = _column_buffers(model, tokens, keys)
+    out = _column_buffers(model, tokens, keys, stand_in)
     last = act_name("resid_post", L - 1)
-    _, cache = cached_run(model, tokens, [last], _column_hooks(model, keys, stream, out)(0), stop_at_layer=L)
+    _, cache = cached_run(model, tokens, [last], _column_hooks(model, keys, stream, out, stand_in)(0), stop_at_layer=L)
     token_loss = None
     if loss_mask is not None:
         token_loss = torch.full(tokens.shape, float("nan"))

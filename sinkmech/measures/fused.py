@@ -222,6 +222,60 @@ def key_weight(
     return torch.where(seen, torch.exp(scores - lse), 0.0)
 
 
+# A sink standing in for the first key where StreamingLLM's window drops it
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """Sink logits (and values) standing in for key 0 in the rows where
+    StreamingLLM's window (`stream` with keep 0) drops a key 0 the model's own
+    attention would see: in those rows a column of logit b joins the softmax
+    (mass m = e^b / (e^b + sum_j e^{s_tj}) = sigmoid(b - lse_t); every real
+    weight shrinks by 1 - m) and writes m u. The phantom sink of
+    `sinkmech.interventions.phantom` (the `logits` form) in place of the first
+    key; elsewhere nothing changes.
+
+    Attributes:
+        logits: b per (layer, head) [layer head_index]; -inf: no sink at that head.
+        values: u per (layer, head) [layer head_index d_head], or None (writes nothing).
+    """
+
+    logits: Float[Tensor, "layer head_index"]
+    values: Float[Tensor, "layer head_index d_head"] | None = None
+
+    def rows(self, queries: Tensor, window: int | None, stream: tuple[int, int]) -> Tensor:
+        """[query] bool: the rows that see key 0 under the model's own window
+        but not under the stream's."""
+        key0 = torch.zeros(1, dtype=torch.long, device=queries.device)
+        own = visible(queries, key0, Sees(window))[:, 0]
+        return own & ~visible(queries, key0, Sees(window, *stream))[:, 0]
+
+    def mass(self, layer: int, lse: Float[Tensor, "batch head_index query_pos"],
+             rows: Tensor) -> Float[Tensor, "batch head_index query_pos"]:
+        """m in the chosen rows (0 elsewhere), from the rows' log-sum-exp over the real keys."""
+        b = self.logits[layer].float().to(lse.device)[None, :, None]
+        return torch.where(rows.to(lse.device)[None, None, :], torch.sigmoid(b - lse.float()), 0.0)
+
+    def write(self, layer: int, mass: Float[Tensor, "batch head_index query_pos"]) -> Tensor | None:
+        """m u [batch head_index query_pos d_head] (None without values)."""
+        if self.values is None:
+            return None
+        return mass[..., None] * self.values[layer].float().to(mass.device)[None, :, None, :]
+
+    def apply(self, layer: int, out: Float[Tensor, "batch head_index query_pos d_head"],
+              lse: Float[Tensor, "batch head_index query_pos"], rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A head's fused output and log-sum-exp with the stand-in in `rows`:
+        (out (1 - m) + m u, the log-sum-exp with b's column, m)."""
+        mass = self.mass(layer, lse, rows)
+        out = out * (1.0 - mass)[..., None].to(out.dtype)
+        written = self.write(layer, mass)
+        if written is not None:
+            out = out + written.to(out.dtype)
+        b = self.logits[layer].float().to(lse.device)[None, :, None]
+        lse = torch.where(rows.to(lse.device)[None, None, :], torch.logaddexp(lse.float(), b), lse)
+        return out, lse, mass
+
+
 # What a forward pass records
 
 
@@ -236,10 +290,12 @@ class Recorder:
         sink: layer -> [batch head_index query_pos]: the learned sink's share (models with sink logits).
         value_norm: layer -> [batch head_index key_pos]: each key's value-vector norm, per query head.
         stream: (W, keep): StreamingLLM's window for the pass (`attend`), or None.
+        stand_in: the sink standing in for key 0 where the stream drops it (`StandIn`), or None.
     """
 
     keys: tuple[int, ...] = (0,)
     stream: tuple[int, int] | None = None
+    stand_in: StandIn | None = None
     weights: dict[int, Tensor] = field(default_factory=dict)
     sink: dict[int, Tensor] = field(default_factory=dict)
     value_norm: dict[int, Tensor] = field(default_factory=dict)
@@ -261,12 +317,18 @@ _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("sinkm
 
 
 @contextmanager
-def recording(keys: Sequence[int] = (0,), stream: tuple[int, int] | None = None) -> Iterator[Recorder]:
+def recording(keys: Sequence[int] = (0,), stream: tuple[int, int] | None = None,
+              stand_in: StandIn | None = None) -> Iterator[Recorder]:
     """`fused_attention` records into the Recorder this yields while the block
-    runs (and attends under `stream`, StreamingLLM's (W, keep), when given)."""
+    runs (and attends under `stream`, StreamingLLM's (W, keep), when given,
+    with `stand_in` in key 0's place where the stream drops it)."""
     if stream is not None and (stream[0] < 1 or stream[1] < 0):
         raise ValueError(f"a stream window is (W >= 1, keep >= 0), got {stream}")
-    rec = Recorder(keys=tuple(int(k) for k in keys), stream=None if stream is None else (int(stream[0]), int(stream[1])))
+    if stand_in is not None and (stream is None or stream[1] != 0):
+        raise ValueError("a stand-in sink replaces the first key where a stream window drops it: give a stream "
+                         "that keeps no first key (W, 0)")
+    rec = Recorder(keys=tuple(int(k) for k in keys), stream=None if stream is None else (int(stream[0]), int(stream[1])),
+                   stand_in=stand_in)
     token = _ACTIVE.set(rec)
     try:
         yield rec
@@ -290,6 +352,12 @@ def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     rec = _ACTIVE.get()
     out, lse = attend(query, key, value, scaling=scaling, softcap=softcap, window=sliding_window, sinks=s_aux,
                       stream=None if rec is None else rec.stream)
+    if rec is not None and rec.stand_in is not None:
+        if s_aux is not None:
+            raise ValueError("this model has learned sinks of its own: a stand-in sink would add a second one")
+        rows = rec.stand_in.rows(torch.arange(query.shape[-2], device=query.device), sliding_window, rec.stream)
+        out, lse, mass = rec.stand_in.apply(module.layer_idx, out, lse, rows)
+        rec.sink[module.layer_idx] = mass.cpu()
     if rec is not None:
         rec.record(module.layer_idx, query, key, value, lse, scaling=scaling, softcap=softcap,
                    window=sliding_window, sinks=s_aux)

@@ -375,6 +375,8 @@ class LongContextConfig(StudyConfig):
         stream_length: content tokens of the StreamingLLM runs (with `<bos>`); 0 skips them.
         stream_window: W, the last keys every query sees.
         stream_keep: first keys kept beside the window (0: dropped), one run each, with the W + k control.
+        stream_sinks: learned-sink files (`sinkmech fit-sinks`; `{model}` is `model`), each one more
+            stream run with the first key dropped and the file's sink logits (and values) in its place.
         collapse_repeats: k, the times a prefix's last token is repeated (`repeat_collapse`).
         collapse_prefix: content tokens of the prefix.
         attention: how the passes read attention (`sinkmech.measures.fused`).
@@ -393,6 +395,7 @@ class LongContextConfig(StudyConfig):
     stream_length: int = 8192
     stream_window: int = 1024
     stream_keep: tuple[int, ...] = (0, 1)
+    stream_sinks: tuple[str, ...] = ("figures/fit_sinks/{model}_head.json", "figures/fit_sinks/{model}_head_value.json")
     collapse_repeats: tuple[int, ...] = (16, 128, 1024, 4096)
     collapse_prefix: int = 32
     attention: Literal["fused", "pattern", "auto"] = "fused"
@@ -414,6 +417,13 @@ class LongContextConfig(StudyConfig):
             raise ConfigError(f"stream_window {self.stream_window} leaves no token to score in {self.stream_length}")
         if any(k < 0 for k in self.collapse_repeats) or any(k < 0 for k in self.stream_keep):
             raise ConfigError("collapse_repeats and stream_keep must be >= 0")
+
+    def check_inputs(self) -> None:
+        """Every learned-sink file of the stream runs, read before the model loads."""
+        from sinkmech.interventions.sink_file import read_sink_file  # light: no torch
+
+        for pattern in self.stream_sinks if self.stream_length else ():
+            read_sink_file(pattern.format(model=self.model))
 
 
 @register

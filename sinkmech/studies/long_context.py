@@ -15,7 +15,10 @@ without `<bos>` (the same content tokens, the same targets):
 - StreamingLLM (Xiao et al. 2024) at T = `stream_length` with `<bos>`: every
   layer restricted to its last W keys, the first `keep` keys kept or dropped,
   each keep k > 0 beside its control (a window of W + k keys, none the first),
-  perplexity on the same scored tokens as full attention;
+  and the first key replaced by learned sink logits (`sinkmech fit-sinks`;
+  with their fitted values where the file has them) in the rows where the
+  window drops it (`sinkmech.measures.fused.StandIn`), perplexity on the same
+  scored tokens as full attention;
 - representational collapse in length (`sinkmech.theory.sensitivity.repeat_collapse`,
   the paper's setting): a prefix whose last token is repeated k times, out to
   thousands of repeats, with and without `<bos>`.
@@ -41,6 +44,7 @@ from sinkmech.loading.attention import layer_windows
 from sinkmech.loading.backend import Model
 from sinkmech.measures.columns import attention_columns
 from sinkmech.measures.definitions import check_eps, query_mean
+from sinkmech.measures.fused import StandIn
 from sinkmech.measures.loss import target_mask
 from sinkmech.measures.sinks import format_eps
 from sinkmech.options import RunOptions
@@ -162,7 +166,9 @@ class StreamRuns:
     T: int
     window: int
     scored_from: int
-    settings: tuple[str, ...]  # "full", "keep0", "keep1", "control1" (a window of W + 1, no first key), ...
+    # "full", "keep0", "keep1", "control1" (a window of W + 1, no first key), ..., "keep0_learned_<variant>"
+    # (the first key dropped, learned sink logits in its place)
+    settings: tuple[str, ...]
     loss_sum: Float[Tensor, "prompt setting"]
     n_scored: int
 
@@ -184,33 +190,43 @@ class StreamRuns:
                 c = self.settings.index(f"control{name[4:]}")
                 out[name]["minus_control"] = _as_dict(ratio_difference_t_interval(
                     self.loss_sum[:, self.settings.index(name)], counts, self.loss_sum[:, c], counts))
+        for name in self.settings:  # learned sinks in the first key's place: against dropping it, and keeping it
+            if name.startswith("keep0_"):
+                i = self.settings.index(name)
+                for other in ("keep0", "keep1"):
+                    if other in self.settings:
+                        out[name][f"minus_{other}"] = _as_dict(ratio_difference_t_interval(
+                            self.loss_sum[:, i], counts, self.loss_sum[:, self.settings.index(other)], counts))
         return out
 
 
 def stream_runs(model: Model, texts: list[str], config: LongContextConfig, options: RunOptions,
-                full: Tensor | None = None) -> StreamRuns:
+                full: Tensor | None = None, stand_ins: dict[str, StandIn] | None = None) -> StreamRuns:
     """Full attention and StreamingLLM's windows on the same scored tokens
     (`full`: each position's loss under full attention, when a length run
-    already has it: [prompt pos], NaN where not scored)."""
+    already has it: [prompt pos], NaN where not scored; `stand_ins`: setting
+    name -> learned sinks in the first key's place, each run with it dropped)."""
     T, W, keep = config.stream_length, config.stream_window, tuple(config.stream_keep)
     batch = tokenize(model, texts, bos="prepend", max_tokens=T, bos_token_id=options.bos_token_id)
     n_pos = int(batch.lengths.min())
     start = first_scored(W, keep or (0,), n_pos, batch.offset)
-    settings = [("full", None)] + [(f"keep{k}", (W, k)) for k in keep]
-    settings += [(f"control{k}", (W + k, 0)) for k in keep if k > 0]
+    settings = [("full", None, None)] + [(f"keep{k}", (W, k), None) for k in keep]
+    settings += [(f"control{k}", (W + k, 0), None) for k in keep if k > 0]
+    settings += [(name, (W, 0), sink) for name, sink in (stand_ins or {}).items()]
     loss_sum = torch.zeros(len(batch), len(settings), dtype=torch.float64)
     for rows, part in tqdm(batch.batches(options.batch(1)), desc=f"stream T={T} W={W}",
                            disable=not options.progress, unit="prompt"):
         pos = torch.arange(part.tokens.shape[1])
         mask = (pos[None, :] >= start) & (pos[None, :] < part.lengths[:, None] - 1)
-        for i, (_, stream) in enumerate(settings):
+        for i, (_, stream, sink) in enumerate(settings):
             if stream is None and full is not None:
                 loss_sum[rows, i] = torch.where(mask, full[rows, : mask.shape[1]].double(), 0.0).sum(1)
                 continue
-            cols = attention_columns(model, part.tokens, loss_mask=mask, stream=stream, attention=config.attention)
+            cols = attention_columns(model, part.tokens, loss_mask=mask, stream=stream, attention=config.attention,
+                                     stand_in=sink)
             loss_sum[rows, i] = cols.row_loss
     n_scored = int(n_pos - 1 - start)
-    return StreamRuns(T=T, window=W, scored_from=start, settings=tuple(n for n, _ in settings), loss_sum=loss_sum,
+    return StreamRuns(T=T, window=W, scored_from=start, settings=tuple(n for n, _, _ in settings), loss_sum=loss_sum,
                       n_scored=n_scored)
 
 
@@ -306,6 +322,23 @@ class LongContextResult(Result):
         return {f"{self.model_name}.long": flatten(f"{self.model_name}.long", values)}
 
 
+def learned_stand_ins(model: Model, config: LongContextConfig) -> dict[str, StandIn]:
+    """The stream settings' learned sinks: per file of `config.stream_sinks`
+    (`{model}` filled with `config.model`), "keep0_learned_<variant>" (the
+    file name after the model's: "head", "head_value") -> its logits and
+    values, checked against the model's shape."""
+    from sinkmech.interventions.sink_file import read_sink_file
+
+    out = {}
+    for pattern in config.stream_sinks if config.stream_length else ():
+        f = read_sink_file(pattern.format(model=config.model))
+        f.check_shape(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+        variant = f.path.stem.split("_", 1)[-1] if "_" in f.path.stem else f.path.stem
+        out[f"keep0_learned_{variant}"] = StandIn(torch.tensor(f.logits),
+                                                  None if f.values is None else torch.tensor(f.values))
+    return out
+
+
 def run(model: Model | None = None, config: LongContextConfig = LongContextConfig(),
         options: RunOptions = RunOptions()) -> LongContextResult:
     """Run the study on one model, loaded with a context of at least the longest
@@ -318,6 +351,7 @@ def run(model: Model | None = None, config: LongContextConfig = LongContextConfi
     if model.cfg.n_ctx < need:
         raise ValueError(f"the study needs {need} positions but the model was loaded with a context of "
                          f"{model.cfg.n_ctx}: load it with n_ctx={need}")
+    stand_ins = learned_stand_ins(model, config)
     longest = max(*config.lengths, config.stream_length)
     texts = long_prompts_for(config.n_prompts, longest, config.topics)
     prompts = [t.text for t in texts]
@@ -325,7 +359,7 @@ def run(model: Model | None = None, config: LongContextConfig = LongContextConfi
                             keep_losses=(T, bos) == (config.stream_length, "prepend"))
                  for T in config.lengths for bos in CONDITIONS)
     full = next((r.token_loss for r in runs if r.token_loss is not None), None)
-    stream = stream_runs(model, prompts, config, options, full) if config.stream_length else None
+    stream = stream_runs(model, prompts, config, options, full, stand_ins) if config.stream_length else None
     collapse = {}
     if config.collapse_repeats:
         for bos in CONDITIONS:  # one prompt a pass: two sequences of prefix + k + 1 tokens

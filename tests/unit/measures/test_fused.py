@@ -212,3 +212,111 @@ def test_columns_read_off_the_pattern_equal_the_fused_ones(tiny_model, monkeypat
     assert (p.weights - f.weights).abs()[..., real[None, :, None, None, :].expand_as(p.weights)].max() < TOL
     assert torch.equal(p.token_loss.isnan(), f.token_loss.isnan())
     assert ((p.row_loss - f.row_loss).abs() / p.row_loss).max() < TOL
+
+
+def _stand_in_reference(model, batch, window: int, logits, values):
+    """Brute force for a stand-in sink: every layer's scores masked by the stream
+    window (first key dropped); in the rows that no longer see key 0 a column of
+    logit b is appended and the softmax taken over it (then dropped); m u added
+    to the head's output. Returns the per-prompt summed losses and each layer's
+    attention on key 0 and sink mass [batch head query]."""
+    from sinkmech.context.stream import window_hook
+    from sinkmech.hooks import act_name
+    from sinkmech.measures.loss import masked_row_losses, target_mask
+
+    L, T = model.cfg.n_layers, batch.tokens.shape[1]
+    dropped = torch.arange(T) >= window  # no sliding window of its own: key 0 leaves the rows past W
+    held, first, mass = {}, {}, {}
+
+    def scores(s, hook):
+        s = window_hook(window, 0)(s, hook)
+        b = logits[hook.layer()].double()[None, :, None, None].expand(*s.shape[:-1], 1)
+        b = torch.where(dropped[None, None, :, None], b, torch.tensor(float("-inf"), dtype=torch.float64))
+        p = torch.softmax(torch.cat([s.double(), b], -1), -1)
+        held[hook.layer()] = p
+        return s
+
+    def pattern(p, hook):
+        full = held[hook.layer()]
+        first[hook.layer()], mass[hook.layer()] = full[..., 0].float(), full[..., -1].float()
+        return full[..., :-1].to(p.dtype)
+
+    def z(z, hook):
+        m = mass[hook.layer()]
+        return z + torch.einsum("bhq,hd->bqhd", m.to(z.dtype), values[hook.layer()].to(z.dtype))
+
+    hooks = [(act_name(n, l), f) for l in range(L) for n, f in (("attn_scores", scores), ("pattern", pattern),
+                                                                  ("z", z))]
+    loss = masked_row_losses(model, batch.tokens, target_mask(batch), hooks)
+    return loss, first, mass
+
+
+@pytest.mark.parametrize("attention", ["fused", "pattern"])
+def test_a_stand_in_sink_equals_a_softmax_with_its_column_where_the_stream_drops_key_0(tiny_model, monkeypatch,
+                                                                                        attention):
+    """Learned sink logits (and values) in key 0's place where StreamingLLM's
+    window drops it: the same losses, key-0 attention and sink mass as the
+    brute-force softmax with the sink's column appended in those rows; nothing
+    changes in the rows that still see key 0; logits of -inf are the plain
+    stream; bad use refused."""
+    from sinkmech.measures.columns import attention_columns
+    from sinkmech.measures.fused import StandIn
+    from sinkmech.measures.loss import target_mask
+
+    monkeypatch.setattr(fused, "CHUNK", 5)
+    W, batch = 6, _batch(seed=5)
+    L, H, d = tiny_model.cfg.n_layers, tiny_model.cfg.n_heads, tiny_model.cfg.d_head
+    g = torch.Generator().manual_seed(0)
+    logits, values = torch.randn(L, H, generator=g) + 1.0, torch.randn(L, H, d, generator=g)
+    mask = target_mask(batch)
+    cols = attention_columns(tiny_model, batch.tokens, loss_mask=mask, stream=(W, 0), attention=attention,
+                             stand_in=StandIn(logits, values))
+    ref_loss, first, mass = _stand_in_reference(tiny_model, batch, W, logits, values)
+    assert ((cols.row_loss - ref_loss).abs() / ref_loss).max() < TOL
+    real = batch.mask[:, None, :]
+    for l in range(L):
+        assert (torch.where(real, cols.weights[l, :, :, 0] - first[l], 0.0)).abs().max() < TOL
+        assert (torch.where(real, cols.sink[l] - mass[l], 0.0)).abs().max() < TOL
+    # no sink where key 0 is still seen (1 - a row's sum: float32 rounding), some in every row past the window
+    assert cols.sink[..., :W].abs().max() < TOL and (cols.sink[:, :, :, W:][real[..., W:].expand(L, -1, H, -1)] > TOL).all()
+    plain = attention_columns(tiny_model, batch.tokens, loss_mask=mask, stream=(W, 0), attention=attention)
+    none = attention_columns(tiny_model, batch.tokens, loss_mask=mask, stream=(W, 0), attention=attention,
+                             stand_in=StandIn(torch.full((L, H), float("-inf")), values))
+    assert ((none.row_loss - plain.row_loss).abs() / plain.row_loss).max() < TOL
+    assert not torch.allclose(cols.row_loss, plain.row_loss)
+    for stream in (None, (W, 1)):
+        with pytest.raises(ValueError, match="keeps no first key"):
+            attention_columns(tiny_model, batch.tokens, stream=stream, stand_in=StandIn(logits))
+    with pytest.raises(ValueError, match="do not fit this model"):
+        attention_columns(tiny_model, batch.tokens, stream=(W, 0), stand_in=StandIn(logits[:1]))
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=loads_folder(a)) for a in ("gemma2",)])
+def test_a_stand_in_sink_leaves_the_layers_whose_own_window_already_drops_key_0(arch, matrix_folders, monkeypatch):
+    """On a model with sliding-window layers (window 4 < the stream's 6), the
+    stand-in acts only where the stream, not the model's own window, drops key
+    0: no sink mass in the sliding layers, some in the global ones; the fused
+    and pattern paths agree."""
+    from sinkmech.loading.attention import layer_windows
+    from sinkmech.loading.models import load_model
+    from sinkmech.measures.columns import attention_columns
+    from sinkmech.measures.fused import StandIn
+    from sinkmech.measures.loss import target_mask
+
+    monkeypatch.setattr(fused, "CHUNK", 5)
+    model = load_model(str(matrix_folders[arch]), device="cpu")
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    windows = layer_windows(model)
+    assert any(w is not None for w in windows) and any(w is None for w in windows), windows
+    batch = _batch(seed=6)
+    kw = dict(loss_mask=target_mask(batch), stream=(6, 0), stand_in=StandIn(torch.zeros(L, H)))
+    p = attention_columns(model, batch.tokens, attention="pattern", **kw)
+    f = attention_columns(model, batch.tokens, attention="fused", **kw)
+    assert ((p.row_loss - f.row_loss).abs() / p.row_loss).max() < TOL
+    real = batch.mask[:, None, :]
+    for l, w in enumerate(windows):
+        assert torch.where(real, p.sink[l] - f.sink[l], 0.0).abs().max() < TOL
+        if w is not None:
+            assert f.sink[l].abs().max() < TOL
+        else:
+            assert f.sink[l, 0, :, 6:].min() > 0.01

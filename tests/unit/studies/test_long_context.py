@@ -14,7 +14,7 @@ from sinkmech.studies.config import ConfigError
 from sinkmech.studies.configs import STUDIES, LongContextConfig
 
 SMALL = dict(lengths=(12, 40), n_prompts=3, buckets=(8, 32, 64), stream_length=40, stream_window=8,
-             stream_keep=(0, 1), collapse_repeats=(2, 6), collapse_prefix=8)
+             stream_keep=(0, 1), stream_sinks=(), collapse_repeats=(2, 6), collapse_prefix=8)
 
 
 def test_the_config_is_registered_reads_back_and_refuses_bad_settings():
@@ -91,6 +91,55 @@ def test_stream_reuses_full_attention_and_the_window_costs_without_the_first_key
     d = result.to_dict()
     assert set(d["stream"]["settings"]) == {"full", "keep0", "keep1", "control1"}
     assert d["stream"]["settings"]["keep1"]["minus_control"] is not None
+
+
+def _sink_file(path, model, logit: float | None, values: bool) -> str:
+    import json
+
+    L, H, d = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head
+    data = {"model": "tiny", "sink_logits": [[logit] * H for _ in range(L)],
+            "sink_values": [[[0.5] * d] * H for _ in range(L)] if values else None}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_learned_sinks_stand_in_for_the_dropped_first_key(study, tmp_path):
+    """Each learned-sink file is one more stream run, the first key dropped and
+    the file's logits in its place, compared with dropping and keeping it; a
+    file of -inf logits (no sink at any head) is the run with the key dropped;
+    a file of the wrong shape is refused before anything runs."""
+    from sinkmech.context.long_text import long_prompts_for
+    from sinkmech.studies.long_context import learned_stand_ins, stream_runs
+
+    _, model = study
+    files = (_sink_file(tmp_path / "tiny_head.json", model, 2.0, False),
+             _sink_file(tmp_path / "tiny_none.json", model, None, False),
+             _sink_file(tmp_path / "tiny_head_value.json", model, 2.0, True))
+    config = LongContextConfig(**{**SMALL, "model": "tiny", "stream_sinks": tuple(
+        f.replace("tiny_", "{model}_") for f in files)})
+    config.check_inputs()
+    sinks = learned_stand_ins(model, config)
+    assert list(sinks) == ["keep0_learned_head", "keep0_learned_none", "keep0_learned_head_value"]
+    assert sinks["keep0_learned_head"].values is None and sinks["keep0_learned_head_value"].values is not None
+    with pytest.MonkeyPatch.context() as mp:
+        toy_tokenizer(mp, model, WordTokenizer())
+        texts = [t.text for t in long_prompts_for(3, 40, LongContextConfig().topics)]
+        s = stream_runs(model, texts, config, QUIET.replace(bos_token_id=TINY_BOS), stand_ins=sinks)
+    col = {n: s.loss_sum[:, i] for i, n in enumerate(s.settings)}
+    assert torch.allclose(col["keep0_learned_none"], col["keep0"], rtol=1e-5)
+    assert not torch.allclose(col["keep0_learned_head"], col["keep0"], rtol=1e-3)
+    assert not torch.allclose(col["keep0_learned_head_value"], col["keep0_learned_head"], rtol=1e-3)
+    summary = s.summary()["keep0_learned_head"]
+    assert set(summary) >= {"loss", "minus_full", "minus_keep0", "minus_keep1"}
+    assert summary["minus_keep0"]["value"] == pytest.approx(
+        float((col["keep0_learned_head"] - col["keep0"]).sum() / (3 * s.n_scored)), rel=1e-6)
+    wrong = tmp_path / "wrong_head.json"
+    wrong.write_text('{"sink_logits": [[1.0]]}')
+    with pytest.raises(ValueError, match="do not fit this model"):
+        learned_stand_ins(model, LongContextConfig(**{**SMALL, "model": "wrong", "stream_sinks": (
+            str(tmp_path / "{model}_head.json"),)}))
+    with pytest.raises(FileNotFoundError, match="not found"):
+        LongContextConfig(**{**SMALL, "stream_sinks": (str(tmp_path / "missing.json"),)}).check_inputs()
 
 
 def test_the_result_records_its_config_sources_and_findings(study):
