@@ -15,6 +15,10 @@ not depend on the ids or the weights' values), alpha_0 of every head read by:
   `generate` one token with `output_attentions=True`, every layer's T x T kept and
   concatenated, then their importance score of every key (alpha_k), of which
   alpha_0 is key 0's (`alpha0_gu`).
+- floor: the model's own forward pass (transformers' SDPA attention), no sink
+  measure at all: what no method can beat. gu / floor is the largest ratio any
+  sink measure could reach against Gu et al.'s at that length; fused / floor
+  is what the fused path's measuring costs on top of the forward.
 
 Each (method, T) runs in its own process: the model loads (not timed), one
 warm-up at 64 tokens, then the timed pass (the fastest of `--repeats` up to
@@ -44,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-METHODS = ("fused", "pattern", "gu")
+METHODS = ("fused", "pattern", "gu", "floor")
 DEFAULT_LENGTHS = (256, 1024, 4096, 16384)
 REPEAT_UP_TO = 4096  # passes this long or shorter are timed --repeats times (the fastest counts); longer ones once
 BOS = 2  # Gemma's <bos>
@@ -70,7 +74,7 @@ def predicted_gib(method: str, T: int, n_params: int, cfg) -> float:
     square = 4 * T * T
     # Gu et al.'s code holds every layer's pattern, their concatenation, the full-size
     # tensor of query counts and the quotient at once: four L x H x T x T tensors
-    extra = {"fused": 0, "pattern": square * (2 + 3 * H), "gu": square * (2 + 3 * H + 4 * L * H)}[method]
+    extra = {"fused": 0, "floor": 0, "pattern": square * (2 + 3 * H), "gu": square * (2 + 3 * H + 4 * L * H)}[method]
     return (base + extra) / 2 ** 30
 
 
@@ -99,6 +103,15 @@ def alpha0_fused(model, ids):
     with torch.no_grad(), recording((0,)) as rec:
         model.model(input_ids=ids, use_cache=False)
     return torch.stack([rec.weights[l][0, :, 0].mean(-1) for l in sorted(rec.weights)])
+
+
+def forward_only(model, ids):
+    """The forward pass alone (SDPA attention, no lm head, nothing measured): None."""
+    import torch
+
+    with torch.no_grad():
+        model.model(input_ids=ids, use_cache=False)
+    return None
 
 
 def alpha0_pattern(model, ids):
@@ -148,7 +161,7 @@ def child(args) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    fn = {"fused": alpha0_fused, "pattern": alpha0_pattern, "gu": alpha0_gu}[args.child_method]
+    fn = {"fused": alpha0_fused, "pattern": alpha0_pattern, "gu": alpha0_gu, "floor": forward_only}[args.child_method]
     model = build_model(args)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (1, args.child_length), generator=g)
@@ -176,7 +189,7 @@ def child(args) -> None:
         "method": args.child_method, "T": args.child_length, "seconds": seconds, "times": times,
         "peak_rss_gib": peak_rss_kib() / 2 ** 20,
         "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None,
-        "alpha0": scores.tolist(),
+        "alpha0": None if scores is None else scores.tolist(),
     }, indent=None))
 
 
@@ -253,7 +266,7 @@ def agreement(rows: list[dict]) -> dict[int, float]:
 
     out = {}
     for T in sorted({r["T"] for r in rows}):
-        ran = [torch.tensor(r["alpha0"]) for r in rows if r["T"] == T and "alpha0" in r]
+        ran = [torch.tensor(r["alpha0"]) for r in rows if r["T"] == T and r.get("alpha0") is not None]
         if len(ran) > 1:
             out[T] = max(float((a - b).abs().max()) for i, a in enumerate(ran) for b in ran[i + 1:])
     return out
@@ -264,8 +277,8 @@ def table(rows: list[dict], args) -> str:
     lengths = sorted({r["T"] for r in rows})
     gpu = args.device.startswith("cuda")
     head = "| T | " + " | ".join(f"{m} s | {m} peak {'GPU' if gpu else 'RSS'} GiB" for m in args.methods)
-    lines = [head + " | gu / fused | pattern / fused | max alpha_0 gap |",
-             "|" + "---|" * (1 + 2 * len(args.methods) + 3)]
+    lines = [head + " | gu / fused | pattern / fused | gu / floor | fused / floor | max alpha_0 gap |",
+             "|" + "---|" * (1 + 2 * len(args.methods) + 5)]
     gaps = agreement(rows)
 
     def cell(r):
@@ -276,12 +289,13 @@ def table(rows: list[dict], args) -> str:
 
     for T in lengths:
         cells = [c for m in args.methods for c in cell(by[(m, T)])]
-        ratio = {}
-        for m in ("gu", "pattern"):
-            a, f = by.get((m, T), {}), by.get(("fused", T), {})
-            ratio[m] = f"{a['seconds'] / f['seconds']:.1f}x" if "seconds" in a and "seconds" in f else "-"
+        def ratio(m: str, over: str) -> str:
+            a, f = by.get((m, T), {}), by.get((over, T), {})
+            return f"{a['seconds'] / f['seconds']:.1f}x" if "seconds" in a and "seconds" in f else "-"
+
         gap = f"{gaps[T]:.1e}" if T in gaps else "-"
-        lines.append(f"| {T:,} | " + " | ".join(cells) + f" | {ratio['gu']} | {ratio['pattern']} | {gap} |")
+        ratios = [ratio("gu", "fused"), ratio("pattern", "fused"), ratio("gu", "floor"), ratio("fused", "floor")]
+        lines.append(f"| {T:,} | " + " | ".join(cells + ratios) + f" | {gap} |")
     notes = [f"- {r['method']} at T = {r['T']:,}: not run ({r['skipped']})" for r in rows if "skipped" in r]
     return "\n".join(lines + [""] + notes) + "\n"
 

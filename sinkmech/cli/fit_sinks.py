@@ -71,12 +71,17 @@ def cmd_fit_sinks(args) -> None:
     fitted = fit_sinks(model, fit, settings, fit_prompts=tuple(fit_part), options=options)
     from dataclasses import replace
 
-    fitted = replace(fitted, evaluation=evaluate_sinks(model, held, fitted, options=options))
+    from sinkmech.corpora import prompt_documents
+
+    docs = prompt_documents(args.prompts, need)  # the held-out windows' documents (None for a prompt file)
+    fitted = replace(fitted, evaluation=evaluate_sinks(model, held, fitted, options=options,
+                                                       documents=None if docs is None else docs[args.n_fit : need]))
     e = fitted.evaluation
     cell = lambda v: "n/a" if v is None else f"{v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]"  # noqa: E731
     print(f"{settings.name}: {len(fitted.heads)} sinks fitted on {len(fit)} prompts in {settings.steps} steps "
           f"(training loss {fitted.loss_trace[0]:.3f} -> {fitted.loss_trace[-1]:.3f})")
-    print(f"held out ({e['n_prompts']} prompts), nats per content target: <bos> first {e['loss']['bos'][0]:.3f}, "
+    print(f"held out ({e['n_prompts']} prompts from {e['n_documents']} documents; {e['interval']}), nats per "
+          f"content target: <bos> first {e['loss']['bos'][0]:.3f}, "
           f"no <bos> {e['loss']['none'][0]:.3f}, no <bos> with the fitted sinks {e['loss']['fitted'][0]:.3f}")
     print(f"  cost against <bos> first: no <bos> {cell(e['vs_bos']['none'])}, fitted {cell(e['vs_bos']['fitted'])}; "
           f"share of the <bos> cost recovered {cell(e['recovery'])}")
@@ -84,7 +89,7 @@ def cmd_fit_sinks(args) -> None:
     def findings_out() -> None:
         label = args.model if "/" not in args.model else Path(args.model).stem
         prefix = f"{label}.fit_sinks.{settings.name}"
-        values = {k: e[k] for k in ("n_prompts", "loss", "vs_bos", "recovery")}
+        values = {k: e[k] for k in ("n_prompts", "n_documents", "loss", "vs_bos", "recovery")}
         values |= {"n_fit_prompts": len(fit), "n_sinks": len(fitted.heads), "steps": settings.steps}
         record(args.findings, flatten(prefix, values), replace_prefix=prefix)
         print(f"recorded findings in {args.findings}", file=sys.stderr)

@@ -15,7 +15,9 @@ and token hashes) and refused for evaluation.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,7 +35,7 @@ from sinkmech.measures.loss import target_mask
 from sinkmech.options import RunOptions
 from sinkmech.prompts import TokenBatch
 from sinkmech.results import Result
-from sinkmech.stats import ratio_with_ci
+from sinkmech.stats import interval_description, n_documents, ratio_with_ci
 
 FitPer = Literal["head", "layer"]
 PER: tuple[str, ...] = ("head", "layer")
@@ -276,11 +278,13 @@ def _rows(batch: TokenBatch, pick: list[int]) -> TokenBatch:
                       batch.context_limit)
 
 
-def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, options: RunOptions = RunOptions()) -> dict:
+def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, documents: Sequence | None = None,
+                   options: RunOptions = RunOptions()) -> dict:
     """The fitted sinks on held-out prompts (content tokens, bos="none"; any prompt the
     sinks were fitted on is refused): the loss with `<bos>` first, without it, and
     without it with the fitted sinks, per content target with bootstrap intervals
-    over prompts; the share of the `<bos>` cost they recover, (none - fitted) /
+    over prompts (over their `documents`, one per prompt, where given: a cluster
+    bootstrap); the share of the `<bos>` cost they recover, (none - fitted) /
     (none - bos) as a ratio of sums; and per head the learned sink's mass against
     the attention on `<bos>` (both mean over content queries). `options.bos_token_id`:
     the `<bos>` (default the tokenizer's)."""
@@ -288,6 +292,8 @@ def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, optio
 
     if held.bos != "none":
         raise ValueError("evaluate on the content tokens without <bos> (bos='none')")
+    if documents is not None and len(documents) != len(held):
+        raise ValueError(f"{len(documents)} documents for {len(held)} held-out prompts")
     seen = set(fitted.fit_token_hashes) & set(content_rows_hashes(held))
     if seen:
         raise ValueError(f"{len(seen)} held-out prompt(s) hold the same tokens as fitting prompts: evaluate on others")
@@ -305,13 +311,15 @@ def evaluate_sinks(model: Model, held: TokenBatch, fitted: FittedSinks, *, optio
     targets = first.prompt_targets().double()
     bos = bos_mass(model, held, bos_token_id, options)
     cost = none.prompt_loss - first.prompt_loss
+    ci = functools.partial(ratio_with_ci, groups=documents)
     return {
         "n_prompts": len(held),
-        "loss": {"bos": ratio_with_ci(first.prompt_loss, targets), "none": ratio_with_ci(none.prompt_loss, targets),
-                 "fitted": ratio_with_ci(learned.prompt_loss, targets)},
-        "vs_bos": {"none": ratio_with_ci(cost, targets),
-                   "fitted": ratio_with_ci(learned.prompt_loss - first.prompt_loss, targets)},
-        "recovery": ratio_with_ci(none.prompt_loss - learned.prompt_loss, cost) if float(cost.sum()) > 0 else None,
+        "n_documents": n_documents(documents, len(held)),
+        "interval": interval_description(documents, len(held)),
+        "loss": {"bos": ci(first.prompt_loss, targets), "none": ci(none.prompt_loss, targets),
+                 "fitted": ci(learned.prompt_loss, targets)},
+        "vs_bos": {"none": ci(cost, targets), "fitted": ci(learned.prompt_loss - first.prompt_loss, targets)},
+        "recovery": ci(none.prompt_loss - learned.prompt_loss, cost) if float(cost.sum()) > 0 else None,
         "learned_mass": learned.phantom_mass.mean(0).tolist(),
         "bos_mass": bos.mean(0).tolist(),
     }

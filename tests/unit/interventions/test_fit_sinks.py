@@ -77,6 +77,15 @@ def test_fitted_sinks_recover_part_of_a_planted_bos_cost(model, corpus):
     assert e["vs_bos"]["none"][1] > 0  # the planted cost
     assert e["recovery"][1] > 0 and e["recovery"][0] < 1.5
     assert len(e["learned_mass"]) == model.cfg.n_layers and len(e["bos_mass"][0]) == model.cfg.n_heads
+    # held-out windows cut from shared documents: the intervals resample the documents (same estimates)
+    docs = tuple(f"doc{i // 4}" for i in range(len(held)))
+    grouped = evaluate_sinks(model, held, fitted, options=TINY_RUN, documents=docs)
+    assert grouped["n_documents"] == 6 and "6 documents" in grouped["interval"] and e["n_documents"] == len(held)
+    assert grouped["recovery"][0] == pytest.approx(e["recovery"][0]) and grouped["recovery"][1:] != e["recovery"][1:]
+    alone = evaluate_sinks(model, held, fitted, options=TINY_RUN, documents=tuple(map(str, range(len(held)))))
+    assert alone["recovery"] == pytest.approx(e["recovery"])  # a document per prompt: the prompt bootstrap
+    with pytest.raises(ValueError, match="documents for"):
+        evaluate_sinks(model, held, fitted, options=TINY_RUN, documents=docs[:3])
 
 
 def test_the_fit_is_seeded_and_keeps_its_settings(model, corpus):
