@@ -15,10 +15,12 @@ not depend on the ids or the weights' values), alpha_0 of every head read by:
   `generate` one token with `output_attentions=True`, every layer's T x T kept and
   concatenated, then their importance score of every key (alpha_k), of which
   alpha_0 is key 0's (`alpha0_gu`).
-- floor: the model's own forward pass (transformers' SDPA attention), no sink
-  measure at all: what no method can beat. gu / floor is the largest ratio any
-  sink measure could reach against Gu et al.'s at that length; fused / floor
-  is what the fused path's measuring costs on top of the forward.
+- floor: the model's forward pass with the attention itself skipped (each
+  layer's attention returns zeros; embeddings, projections, norms and MLPs all
+  run): the work every method does whatever it reads off attention. gu / floor
+  bounds the ratio any sink measure could reach against Gu et al.'s at that
+  length; fused / floor is what the fused path's attention and measuring cost
+  on top of it.
 
 Each (method, T) runs in its own process: the model loads (not timed), one
 warm-up at 64 tokens, then the timed pass (the fastest of `--repeats` up to
@@ -105,10 +107,18 @@ def alpha0_fused(model, ids):
     return torch.stack([rec.weights[l][0, :, 0].mean(-1) for l in sorted(rec.weights)])
 
 
-def forward_only(model, ids):
-    """The forward pass alone (SDPA attention, no lm head, nothing measured): None."""
-    import torch
+def no_attention(module, query, key, value, attention_mask, **kwargs):
+    """A transformers attention function that attends to nothing: zeros of the output's shape."""
+    return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
 
+
+def forward_only(model, ids):
+    """The forward pass with every layer's attention skipped (no lm head, nothing measured): None."""
+    import torch
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("bench_no_attention", no_attention)
+    model.config._attn_implementation = "bench_no_attention"
     with torch.no_grad():
         model.model(input_ids=ids, use_cache=False)
     return None
