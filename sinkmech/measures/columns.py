@@ -84,16 +84,14 @@ def attention_columns(model, tokens: Tensor, *, keys: Sequence[int] = (0,), loss
         stream: (W, keep): every layer under StreamingLLM's sliding window of W
             keys with the first `keep` kept (`sinkmech.context.stream`), or None.
         attention: "fused", "pattern", or "auto" (`resolve_attention` on the length).
-        stand_in: sink logits (and values) in key 0's place in the rows where
-            `stream` (keeping no first key) drops it (`sinkmech.measures.fused.StandIn`);
-            its mass is then the columns' `sink`.
+        stand_in: sink logits (and values) in the rows `StandIn.where` names (where
+            `stream`, keeping no first key, drops key 0, or every row;
+            `sinkmech.measures.fused.StandIn`); its mass is then the columns' `sink`.
     """
     if stream is not None and (stream[0] < 1 or stream[1] < 0):
         raise ValueError(f"a stream window is (W >= 1, keep >= 0), got {stream}")
     if stand_in is not None:
-        if stream is None or stream[1] != 0:
-            raise ValueError("a stand-in sink replaces the first key where a stream window drops it: give a stream "
-                             "that keeps no first key (W, 0)")
+        stand_in.check_stream(stream)
         if has_learned_sinks(model):
             raise ValueError("this model has learned sinks of its own: a stand-in sink would add a second one")
         L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -173,8 +171,9 @@ def _column_hooks(model, keys, stream, out: dict, stand_in: StandIn | None = Non
         held: dict[int, Tensor] = {}
 
         def scores_hook(scores, hook):  # StreamingLLM's window on the [query key] block
-            seen = visible(torch.arange(start, start + scores.shape[-2]), torch.arange(scores.shape[-1]), sees)
-            scores = scores.masked_fill(~seen.to(scores.device), float("-inf"))
+            if sees is not None:
+                seen = visible(torch.arange(start, start + scores.shape[-2]), torch.arange(scores.shape[-1]), sees)
+                scores = scores.masked_fill(~seen.to(scores.device), float("-inf"))
             if stand_in is not None:
                 l = hook.layer()
                 rows = stand_in.rows(torch.arange(start, start + scores.shape[-2]), windows[l], stream)
@@ -204,7 +203,8 @@ def _column_hooks(model, keys, stream, out: dict, stand_in: StandIn | None = Non
         def resid_hook(x, hook):
             resid[hook.layer(), :, start : start + x.shape[1]] = x.float().norm(dim=-1).cpu()
 
-        per_layer = [(act_name("attn_scores", l), scores_hook) for l in range(L)] if sees is not None else []
+        per_layer = ([(act_name("attn_scores", l), scores_hook) for l in range(L)]
+                     if sees is not None or stand_in is not None else [])
         per_layer += ([(act_name("z", l), z_hook) for l in range(L)]
                       if stand_in is not None and stand_in.values is not None else [])
         return per_layer + [h for l in range(L) for h in ((act_name("pattern", l), pattern_hook),

@@ -227,25 +227,41 @@ def key_weight(
 
 @dataclass(frozen=True)
 class StandIn:
-    """Sink logits (and values) standing in for key 0 in the rows where
-    StreamingLLM's window (`stream` with keep 0) drops a key 0 the model's own
-    attention would see: in those rows a column of logit b joins the softmax
-    (mass m = e^b / (e^b + sum_j e^{s_tj}) = sigmoid(b - lse_t); every real
-    weight shrinks by 1 - m) and writes m u. The phantom sink of
-    `sinkmech.interventions.phantom` (the `logits` form) in place of the first
-    key; elsewhere nothing changes.
+    """Sink logits (and values) as a column of every chosen row's softmax: in
+    those rows a column of logit b joins the softmax (mass m = e^b / (e^b +
+    sum_j e^{s_tj}) = sigmoid(b - lse_t); every real weight shrinks by 1 - m)
+    and writes m u: the phantom sink of `sinkmech.interventions.phantom` (the
+    `logits` form) on the fused path. The rows (`where`): "dropped", those
+    where StreamingLLM's window (`stream` with keep 0) drops a key 0 the
+    model's own attention would see (the sink in the first key's place);
+    "every", every row (the run without `<bos>`, as `sinks --sink-logits`).
 
     Attributes:
         logits: b per (layer, head) [layer head_index]; -inf: no sink at that head.
         values: u per (layer, head) [layer head_index d_head], or None (writes nothing).
+        where: "dropped" or "every".
     """
 
     logits: Float[Tensor, "layer head_index"]
     values: Float[Tensor, "layer head_index d_head"] | None = None
+    where: Literal["dropped", "every"] = "dropped"
 
-    def rows(self, queries: Tensor, window: int | None, stream: tuple[int, int]) -> Tensor:
-        """[query] bool: the rows that see key 0 under the model's own window
-        but not under the stream's."""
+    def __post_init__(self) -> None:
+        if self.where not in ("dropped", "every"):
+            raise ValueError(f"a stand-in sink acts where the stream drops key 0 ('dropped') or in every row "
+                             f"('every'), got {self.where!r}")
+
+    def check_stream(self, stream: tuple[int, int] | None) -> None:
+        """ValueError unless `stream` suits `where` ("dropped" needs a window that keeps no first key)."""
+        if self.where == "dropped" and (stream is None or stream[1] != 0):
+            raise ValueError("a stand-in sink replaces the first key where a stream window drops it: give a stream "
+                             "that keeps no first key (W, 0), or where='every'")
+
+    def rows(self, queries: Tensor, window: int | None, stream: tuple[int, int] | None) -> Tensor:
+        """[query] bool: the chosen rows: every one, or those that see key 0
+        under the model's own window but not under the stream's."""
+        if self.where == "every":
+            return torch.ones(len(queries), dtype=torch.bool, device=queries.device)
         key0 = torch.zeros(1, dtype=torch.long, device=queries.device)
         own = visible(queries, key0, Sees(window))[:, 0]
         return own & ~visible(queries, key0, Sees(window, *stream))[:, 0]
@@ -324,9 +340,8 @@ def recording(keys: Sequence[int] = (0,), stream: tuple[int, int] | None = None,
     with `stand_in` in key 0's place where the stream drops it)."""
     if stream is not None and (stream[0] < 1 or stream[1] < 0):
         raise ValueError(f"a stream window is (W >= 1, keep >= 0), got {stream}")
-    if stand_in is not None and (stream is None or stream[1] != 0):
-        raise ValueError("a stand-in sink replaces the first key where a stream window drops it: give a stream "
-                         "that keeps no first key (W, 0)")
+    if stand_in is not None:
+        stand_in.check_stream(stream)
     rec = Recorder(keys=tuple(int(k) for k in keys), stream=None if stream is None else (int(stream[0]), int(stream[1])),
                    stand_in=stand_in)
     token = _ACTIVE.set(rec)

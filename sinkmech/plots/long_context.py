@@ -23,9 +23,10 @@ def _interval(entry: dict | None) -> tuple[float, float, float]:
 
 
 def long_context_figure(result: dict, path: str | os.PathLike, *, eps: str = "0.3") -> Path:
-    """Three panels from `LongContextResult.to_dict()`: loss by position bucket,
-    sink rate (eps) by bucket over all heads and over the global layers' heads,
-    and the last layer's collapse distance against repeats; 95 % t intervals."""
+    """Three panels from `LongContextResult.to_dict()`: loss by position bucket
+    (with and without `<bos>`, and without it with each learned sink), sink
+    rate (eps) by bucket over all heads and over the global layers' heads, and
+    the last layer's collapse distance against repeats; 95 % t intervals."""
     T = max(result["lengths"], key=int)
     runs = result["lengths"][T]
     fig, axes = plt.subplots(1, 3, figsize=(3 * COLUMN_WIDTH, 2.8))
@@ -46,6 +47,14 @@ def long_context_figure(result: dict, path: str | os.PathLike, *, eps: str = "0.
             d = np.array([_interval(v) for v in collapse.values()])
             axes[2].errorbar(ks, d[:, 0], yerr=d[:, 1:].T, marker="o", capsize=3, color=colours[bos],
                              label=CONDITION_LABELS[bos])
+    learned = [c for c in runs if c not in CONDITIONS]  # none_learned_<variant>: no <bos>, a learned sink in every row
+    for i, label in enumerate(learned):
+        buckets = runs[label]["buckets"]
+        mids = [np.sqrt(int(k.split("-")[0]) * int(k.split("-")[1])) for k in buckets]
+        loss = np.array([_interval(b["loss"]) for b in buckets.values()])
+        axes[0].errorbar(mids, loss[:, 0], yerr=loss[:, 1:].T, marker="s", capsize=3, linestyle=":",
+                         color=("tab:green", "tab:purple", "tab:olive")[i % 3],
+                         label="no <bos>, " + label.removeprefix("none_").replace("_", " ").replace("learned", "learned sink"))
     axes[0].set(xlabel="position (content tokens)", ylabel="next-token loss (nats)", title=f"loss, T = {int(T):,}")
     axes[1].set(xlabel="position (content tokens)", ylabel=f"heads, key-0 attention > {eps} (%)",
                 title="sink rate by position")

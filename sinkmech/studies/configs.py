@@ -375,8 +375,9 @@ class LongContextConfig(StudyConfig):
         stream_length: content tokens of the StreamingLLM runs (with `<bos>`); 0 skips them.
         stream_window: W, the last keys every query sees.
         stream_keep: first keys kept beside the window (0: dropped), one run each, with the W + k control.
-        stream_sinks: learned-sink files (`sinkmech fit-sinks`; `{model}` is `model`), each one more
-            stream run with the first key dropped and the file's sink logits (and values) in its place.
+        learned_sinks: learned-sink files (`sinkmech fit-sinks`; `{model}` is `model`), each one more
+            run per length without `<bos>`, the file's sink logits (and values) in every row, and one
+            more stream run with the first key dropped and the sink in its place where the window drops it.
         collapse_repeats: k, the times a prefix's last token is repeated (`repeat_collapse`).
         collapse_prefix: content tokens of the prefix.
         attention: how the passes read attention (`sinkmech.measures.fused`).
@@ -395,7 +396,7 @@ class LongContextConfig(StudyConfig):
     stream_length: int = 8192
     stream_window: int = 1024
     stream_keep: tuple[int, ...] = (0, 1)
-    stream_sinks: tuple[str, ...] = ("figures/fit_sinks/{model}_head.json", "figures/fit_sinks/{model}_head_value.json")
+    learned_sinks: tuple[str, ...] = ("figures/fit_sinks/{model}_head.json", "figures/fit_sinks/{model}_head_value.json")
     collapse_repeats: tuple[int, ...] = (16, 128, 1024, 4096)
     collapse_prefix: int = 32
     attention: Literal["fused", "pattern", "auto"] = "fused"
@@ -419,10 +420,10 @@ class LongContextConfig(StudyConfig):
             raise ConfigError("collapse_repeats and stream_keep must be >= 0")
 
     def check_inputs(self) -> None:
-        """Every learned-sink file of the stream runs, read before the model loads."""
+        """Every learned-sink file, read before the model loads."""
         from sinkmech.interventions.sink_file import read_sink_file  # light: no torch
 
-        for pattern in self.stream_sinks if self.stream_length else ():
+        for pattern in self.learned_sinks:
             read_sink_file(pattern.format(model=self.model))
 
 

@@ -4,7 +4,9 @@ scores 0.0 on RULER-4096).
 
 On long natural text (`sinkmech.context.long_text`: documents joined by topic,
 each prompt's sources recorded), the same texts cut to each length T, with and
-without `<bos>` (the same content tokens, the same targets):
+without `<bos>`, and without it with each learned-sink file's sink logits (and
+values) in every row (`none_learned_<variant>`; the same content tokens, the
+same targets):
 
 - the next-token loss by position bucket (1-64, 65-512, ...: the target's
   content position, from 1), and the sink rate by position: per head, the
@@ -30,6 +32,7 @@ each from its own documents), the loss as a ratio of sums over prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -89,6 +92,7 @@ class LengthRun:
     first: Float[Tensor, "prompt layer head_index bucket"]
     alpha0: Float[Tensor, "prompt layer head_index"]  # Gu et al.'s alpha_0 over all T queries
     token_loss: Float[Tensor, "prompt pos"] | None = None  # kept where the stream runs reuse it (NaN: not scored)
+    sink: Float[Tensor, "prompt layer head_index bucket"] | None = None  # a learned sink's mass (learned runs)
 
     def loss(self, b: int) -> dict | None:
         return _as_dict(ratio_t_interval(self.loss_sum[:, b], self.loss_count[:, b]))
@@ -118,6 +122,10 @@ class LengthRun:
                                             self.sink_rate(e, b, global_heads) for e in eps},
                 "targets": int(self.loss_count[:, b].sum()),
             }
+        if self.sink is not None:  # the learned sink's mean mass over heads, per bucket
+            for b, (lo, hi) in enumerate(self.buckets):
+                out[bucket_label(lo, hi)]["learned_sink_mass"] = _as_dict(t_interval(self.sink[..., b].flatten(1)
+                                                                                     .double().mean(1)))
         whole = {"alpha0_sink_rate": {format_eps(e): _as_dict(t_interval(100.0 * (self.alpha0 > check_eps(e)).flatten(1)
                                                                   .double().mean(1))) for e in eps},
                  "loss": _as_dict(ratio_t_interval(self.loss_sum.sum(1), self.loss_count.sum(1)))}
@@ -125,9 +133,13 @@ class LengthRun:
 
 
 def length_run(model: Model, texts: list[str], T: int, bos: str, config: LongContextConfig,
-               options: RunOptions, *, keep_losses: bool = False) -> LengthRun:
+               options: RunOptions, *, keep_losses: bool = False, learned: tuple[str, StandIn] | None = None
+               ) -> LengthRun:
     """Loss and attention on key 0 by position bucket, one prompt per pass
-    (each position's loss kept too with `keep_losses`)."""
+    (each position's loss kept too with `keep_losses`; `learned`: (its name,
+    a sink in every row) on the run without `<bos>`, the run's label then)."""
+    if learned is not None and (bos != "none" or learned[1].where != "every"):
+        raise ValueError("a learned sink's length run is the run without <bos> with the sink in every row")
     batch = tokenize(model, texts, bos=bos, max_tokens=T, bos_token_id=options.bos_token_id)
     if int((batch.lengths - batch.offset).min()) < T:
         raise ValueError(f"a long text holds fewer than {T} content tokens: use fewer or other topics")
@@ -135,11 +147,14 @@ def length_run(model: Model, texts: list[str], T: int, bos: str, config: LongCon
     P, L, H = len(batch), model.cfg.n_layers, model.cfg.n_heads
     loss_sum, loss_count = torch.zeros(P, len(edges), dtype=torch.float64), torch.zeros(P, len(edges))
     first, alpha0 = torch.zeros(P, L, H, len(edges)), torch.zeros(P, L, H)
+    sink = None if learned is None else torch.zeros(P, L, H, len(edges))
+    label = bos if learned is None else learned[0]
     kept = torch.full(batch.tokens.shape, float("nan")) if keep_losses else None
-    for rows, part in tqdm(batch.batches(options.batch(1)), desc=f"long context T={T} bos={bos}",
+    for rows, part in tqdm(batch.batches(options.batch(1)), desc=f"long context T={T} {label}",
                            disable=not options.progress, unit="prompt"):
         mask = target_mask(part)
-        cols = attention_columns(model, part.tokens, loss_mask=mask, attention=config.attention)
+        cols = attention_columns(model, part.tokens, loss_mask=mask, attention=config.attention,
+                                 stand_in=None if learned is None else learned[1])
         loss = cols.token_loss.double()  # position p predicts content position p - offset + 2 (from 1)
         if kept is not None:
             kept[rows, : loss.shape[1]] = cols.token_loss
@@ -152,10 +167,13 @@ def length_run(model: Model, texts: list[str], T: int, bos: str, config: LongCon
             for l in range(L):  # content queries at content positions lo .. hi
                 first[rows, l, :, b] = query_mean(cols.weights[l, :, :, 0], part.lengths,
                                                   start=part.offset + lo - 1, stop=part.offset + hi)
+                if sink is not None:
+                    sink[rows, l, :, b] = query_mean(cols.sink[l], part.lengths, start=part.offset + lo - 1,
+                                                     stop=part.offset + hi)
         for l in range(L):
             alpha0[rows, l] = query_mean(cols.weights[l, :, :, 0], part.lengths)
-    return LengthRun(T=T, bos=bos, buckets=tuple(edges), loss_sum=loss_sum, loss_count=loss_count, first=first,
-                     alpha0=alpha0, token_loss=kept)
+    return LengthRun(T=T, bos=label, buckets=tuple(edges), loss_sum=loss_sum, loss_count=loss_count, first=first,
+                     alpha0=alpha0, token_loss=kept, sink=sink)
 
 
 @dataclass(frozen=True)
@@ -250,6 +268,25 @@ class LongContextResult(Result):
     def run(self, T: int, bos: str) -> LengthRun:
         return next(r for r in self.runs if r.T == T and r.bos == bos)
 
+    @property
+    def conditions(self) -> tuple[str, ...]:
+        """The runs' labels at every length: "prepend", "none", then "none_learned_<variant>"."""
+        return tuple(dict.fromkeys(r.bos for r in self.runs))
+
+    def learned_contrasts(self, T: int) -> dict:
+        """Each learned sink's run minus the run with `<bos>` and minus the run
+        without it, per bucket (the loss, nats; paired by prompt)."""
+        out = {}
+        for label in self.conditions[len(CONDITIONS):]:
+            run = self.run(T, label)
+            out[label] = {}
+            for b, (lo, hi) in enumerate(run.buckets):
+                out[label][bucket_label(lo, hi)] = {
+                    f"minus_{other}": _as_dict(ratio_difference_t_interval(
+                        run.loss_sum[:, b], run.loss_count[:, b], self.run(T, other).loss_sum[:, b],
+                        self.run(T, other).loss_count[:, b])) for other in CONDITIONS}
+        return out
+
     def contrasts(self, T: int) -> dict:
         """Without minus with `<bos>` at length T, paired by prompt (the same
         content targets and queries): per bucket the loss gap (nats) and the
@@ -284,12 +321,14 @@ class LongContextResult(Result):
             "model": self.model_name,
             "prompt_sources": list(self.sources),
             "layer_windows": list(self.windows),
-            "lengths": {str(T): {bos: self.run(T, bos).summary(self.config.eps, g) for bos in CONDITIONS}
+            "lengths": {str(T): {bos: self.run(T, bos).summary(self.config.eps, g) for bos in self.conditions}
                         for T in self.config.lengths},
             "contrasts": {str(T): self.contrasts(T) for T in self.config.lengths},
+            "learned_contrasts": {str(T): self.learned_contrasts(T) for T in self.config.lengths},
             # per prompt and bucket, what the intervals rest on: summed loss (nats) and targets
             "per_prompt": {str(T): {bos: {"loss_sum": self.run(T, bos).loss_sum.tolist(),
-                                          "loss_count": self.run(T, bos).loss_count.tolist()} for bos in CONDITIONS}
+                                          "loss_count": self.run(T, bos).loss_count.tolist()}
+                                    for bos in self.conditions}
                            for T in self.config.lengths},
             "stream": None if self.stream is None else self.stream.to_dict(),
             "collapse": self.collapse_summary(),
@@ -318,24 +357,24 @@ class LongContextResult(Result):
 
         d = self.to_dict()
         values = {"config": d["config"], "n_prompts": self.config.n_prompts, "lengths": d["lengths"],
-                  "contrasts": d["contrasts"], "stream": d["stream"], "collapse": d["collapse"]}
+                  "contrasts": d["contrasts"], "learned_contrasts": d["learned_contrasts"], "stream": d["stream"],
+                  "collapse": d["collapse"]}
         return {f"{self.model_name}.long": flatten(f"{self.model_name}.long", values)}
 
 
 def learned_stand_ins(model: Model, config: LongContextConfig) -> dict[str, StandIn]:
-    """The stream settings' learned sinks: per file of `config.stream_sinks`
-    (`{model}` filled with `config.model`), "keep0_learned_<variant>" (the
-    file name after the model's: "head", "head_value") -> its logits and
-    values, checked against the model's shape."""
+    """The learned sinks: per file of `config.learned_sinks` (`{model}` filled
+    with `config.model`), "learned_<variant>" (the file name after the
+    model's: "head", "head_value") -> its logits and values (where="dropped";
+    the length runs use them in every row), checked against the model's shape."""
     from sinkmech.interventions.sink_file import read_sink_file
 
     out = {}
-    for pattern in config.stream_sinks if config.stream_length else ():
+    for pattern in config.learned_sinks:
         f = read_sink_file(pattern.format(model=config.model))
         f.check_shape(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
         variant = f.path.stem.split("_", 1)[-1] if "_" in f.path.stem else f.path.stem
-        out[f"keep0_learned_{variant}"] = StandIn(torch.tensor(f.logits),
-                                                  None if f.values is None else torch.tensor(f.values))
+        out[f"learned_{variant}"] = StandIn(torch.tensor(f.logits), None if f.values is None else torch.tensor(f.values))
     return out
 
 
@@ -355,11 +394,17 @@ def run(model: Model | None = None, config: LongContextConfig = LongContextConfi
     longest = max(*config.lengths, config.stream_length)
     texts = long_prompts_for(config.n_prompts, longest, config.topics)
     prompts = [t.text for t in texts]
-    runs = tuple(length_run(model, prompts, T, bos, config, options,
-                            keep_losses=(T, bos) == (config.stream_length, "prepend"))
-                 for T in config.lengths for bos in CONDITIONS)
+    runs = []
+    for T in config.lengths:
+        runs += [length_run(model, prompts, T, bos, config, options,
+                            keep_losses=(T, bos) == (config.stream_length, "prepend")) for bos in CONDITIONS]
+        runs += [length_run(model, prompts, T, "none", config, options,
+                            learned=(f"none_{name}", dataclasses.replace(sink, where="every")))
+                 for name, sink in stand_ins.items()]
+    runs = tuple(runs)
     full = next((r.token_loss for r in runs if r.token_loss is not None), None)
-    stream = stream_runs(model, prompts, config, options, full, stand_ins) if config.stream_length else None
+    stream = (stream_runs(model, prompts, config, options, full, {f"keep0_{n}": s for n, s in stand_ins.items()})
+              if config.stream_length else None)
     collapse = {}
     if config.collapse_repeats:
         for bos in CONDITIONS:  # one prompt a pass: two sequences of prefix + k + 1 tokens

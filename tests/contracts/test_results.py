@@ -273,7 +273,7 @@ def _long_context(m, rows, batch):
     from sinkmech.studies.long_context import run
 
     config = LongContextConfig(lengths=(10, 20), n_prompts=2, buckets=(4, 16, 32), stream_length=20, stream_window=4,
-                               collapse_repeats=(1, 3), collapse_prefix=4)
+                               collapse_repeats=(1, 3), collapse_prefix=4, learned_sinks=())
     with pytest.MonkeyPatch.context() as mp:
         toy_tokenizer(mp, m, WordTokenizer())
         return run(m, config, QUIET.replace(bos_token_id=TINY_BOS))

@@ -320,3 +320,29 @@ def test_a_stand_in_sink_leaves_the_layers_whose_own_window_already_drops_key_0(
             assert f.sink[l].abs().max() < TOL
         else:
             assert f.sink[l, 0, :, 6:].min() > 0.01
+
+
+@pytest.mark.parametrize("attention", ["fused", "pattern"])
+def test_a_stand_in_sink_in_every_row_is_the_phantom_sink_of_the_logits_form(tiny_model, monkeypatch, attention):
+    """`where="every"` on the run without `<bos>`: the same per-prompt losses and
+    sink mass as `sink_scores(sink=PhantomSink("logits", ...))`, whose hooks
+    rescale each pattern row and add m u to the head's output."""
+    from sinkmech.interventions.phantom import PhantomSink
+    from sinkmech.measures.columns import attention_columns
+    from sinkmech.measures.fused import StandIn
+    from sinkmech.measures.loss import target_mask
+
+    monkeypatch.setattr(fused, "CHUNK", 5)
+    b = _batch(seed=7)
+    batch = TokenBatch(b.tokens[:, 1:], b.lengths - 1, "none", BOS, None)  # the same content, no <bos>
+    L, H, d = tiny_model.cfg.n_layers, tiny_model.cfg.n_heads, tiny_model.cfg.d_head
+    g = torch.Generator().manual_seed(1)
+    logits, values = torch.randn(L, H, generator=g), torch.randn(L, H, d, generator=g)
+    ref = sink_scores(tiny_model, batch, loss=True, sink=PhantomSink("logits", values, "dump", logits), options=QUIET)
+    cols = attention_columns(tiny_model, batch.tokens, loss_mask=target_mask(batch), attention=attention,
+                             stand_in=StandIn(logits, values, where="every"))
+    assert ((cols.row_loss - ref.prompt_loss).abs() / ref.prompt_loss).max() < TOL
+    stats = cols.first_key_stats(batch.lengths)
+    assert (stats["learned_sink_scores"] - ref.phantom_mass).abs().max() < TOL
+    with pytest.raises((ValueError, TypeError), match="where"):  # the suite's type checker sees it first
+        StandIn(logits, where="somewhere")

@@ -14,7 +14,7 @@ from sinkmech.studies.config import ConfigError
 from sinkmech.studies.configs import STUDIES, LongContextConfig
 
 SMALL = dict(lengths=(12, 40), n_prompts=3, buckets=(8, 32, 64), stream_length=40, stream_window=8,
-             stream_keep=(0, 1), stream_sinks=(), collapse_repeats=(2, 6), collapse_prefix=8)
+             stream_keep=(0, 1), learned_sinks=(), collapse_repeats=(2, 6), collapse_prefix=8)
 
 
 def test_the_config_is_registered_reads_back_and_refuses_bad_settings():
@@ -115,16 +115,17 @@ def test_learned_sinks_stand_in_for_the_dropped_first_key(study, tmp_path):
     files = (_sink_file(tmp_path / "tiny_head.json", model, 2.0, False),
              _sink_file(tmp_path / "tiny_none.json", model, None, False),
              _sink_file(tmp_path / "tiny_head_value.json", model, 2.0, True))
-    config = LongContextConfig(**{**SMALL, "model": "tiny", "stream_sinks": tuple(
+    config = LongContextConfig(**{**SMALL, "model": "tiny", "learned_sinks": tuple(
         f.replace("tiny_", "{model}_") for f in files)})
     config.check_inputs()
     sinks = learned_stand_ins(model, config)
-    assert list(sinks) == ["keep0_learned_head", "keep0_learned_none", "keep0_learned_head_value"]
-    assert sinks["keep0_learned_head"].values is None and sinks["keep0_learned_head_value"].values is not None
+    assert list(sinks) == ["learned_head", "learned_none", "learned_head_value"]
+    assert sinks["learned_head"].values is None and sinks["learned_head_value"].values is not None
     with pytest.MonkeyPatch.context() as mp:
         toy_tokenizer(mp, model, WordTokenizer())
         texts = [t.text for t in long_prompts_for(3, 40, LongContextConfig().topics)]
-        s = stream_runs(model, texts, config, QUIET.replace(bos_token_id=TINY_BOS), stand_ins=sinks)
+        s = stream_runs(model, texts, config, QUIET.replace(bos_token_id=TINY_BOS),
+                        stand_ins={f"keep0_{n}": v for n, v in sinks.items()})
     col = {n: s.loss_sum[:, i] for i, n in enumerate(s.settings)}
     assert torch.allclose(col["keep0_learned_none"], col["keep0"], rtol=1e-5)
     assert not torch.allclose(col["keep0_learned_head"], col["keep0"], rtol=1e-3)
@@ -136,10 +137,44 @@ def test_learned_sinks_stand_in_for_the_dropped_first_key(study, tmp_path):
     wrong = tmp_path / "wrong_head.json"
     wrong.write_text('{"sink_logits": [[1.0]]}')
     with pytest.raises(ValueError, match="do not fit this model"):
-        learned_stand_ins(model, LongContextConfig(**{**SMALL, "model": "wrong", "stream_sinks": (
+        learned_stand_ins(model, LongContextConfig(**{**SMALL, "model": "wrong", "learned_sinks": (
             str(tmp_path / "{model}_head.json"),)}))
     with pytest.raises(FileNotFoundError, match="not found"):
-        LongContextConfig(**{**SMALL, "stream_sinks": (str(tmp_path / "missing.json"),)}).check_inputs()
+        LongContextConfig(**{**SMALL, "learned_sinks": (str(tmp_path / "missing.json"),)}).check_inputs()
+
+
+def test_learned_sinks_in_every_row_of_the_run_without_bos_at_each_length(tiny_model, tmp_path):
+    """The whole study with two learned-sink files: per length one more run
+    without `<bos>` for each, labelled `none_learned_<variant>`, with the
+    sink's mass by bucket and its loss against both conditions; a file of
+    -inf logits is the run without `<bos>` bucket by bucket; the stream runs
+    gain `keep0_learned_<variant>`."""
+    from sinkmech.studies.long_context import run
+
+    files = (_sink_file(tmp_path / "tiny_head.json", tiny_model, 1.0, True),
+             _sink_file(tmp_path / "tiny_none.json", tiny_model, None, False))
+    config = LongContextConfig(**{**SMALL, "model": "tiny", "collapse_repeats": (), "learned_sinks": tuple(
+        f.replace("tiny_", "{model}_") for f in files)})
+    with pytest.MonkeyPatch.context() as mp:
+        toy_tokenizer(mp, tiny_model, WordTokenizer())
+        result = run(tiny_model, config, QUIET.replace(bos_token_id=TINY_BOS))
+    assert result.conditions == ("prepend", "none", "none_learned_head", "none_learned_none")
+    assert set(result.stream.settings) >= {"keep0_learned_head", "keep0_learned_none"}
+    for T in (12, 40):
+        off, none = result.run(T, "none_learned_none"), result.run(T, "none")
+        assert torch.allclose(off.loss_sum, none.loss_sum, rtol=1e-5) and off.sink.abs().max() < 1e-5
+        assert result.run(T, "none_learned_head").sink.min() > 0
+    d = result.to_dict()
+    bucket = d["lengths"]["40"]["none_learned_head"]["buckets"]["9-32"]
+    assert bucket["learned_sink_mass"]["value"] > 0 and "learned_sink_mass" not in d["lengths"]["40"]["none"]["buckets"]["9-32"]
+    gap = d["learned_contrasts"]["40"]["none_learned_head"]["9-32"]
+    on, pre = result.run(40, "none_learned_head"), result.run(40, "prepend")
+    assert gap["minus_prepend"]["value"] == pytest.approx(
+        float(on.loss_sum[:, 1].sum() / on.loss_count[:, 1].sum() - pre.loss_sum[:, 1].sum() / pre.loss_count[:, 1].sum()))
+    assert set(gap) == {"minus_prepend", "minus_none"}
+    from sinkmech.plots.long_context import long_context_figures
+
+    assert all(p.stat().st_size > 0 for p in long_context_figures(d, tmp_path))  # the learned runs drawn beside
 
 
 def test_the_result_records_its_config_sources_and_findings(study):
