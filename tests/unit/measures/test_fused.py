@@ -346,3 +346,33 @@ def test_a_stand_in_sink_in_every_row_is_the_phantom_sink_of_the_logits_form(tin
     assert (stats["learned_sink_scores"] - ref.phantom_mass).abs().max() < TOL
     with pytest.raises((ValueError, TypeError), match="where"):  # the suite's type checker sees it first
         StandIn(logits, where="somewhere")
+
+
+@pytest.mark.slow
+def test_gemmas_learned_sinks_stand_in_the_same_on_the_fused_and_pattern_paths(gemma):
+    """Gemma 3 270M with its fitted sink logits and values (figures/fit_sinks):
+    in the rows a 64-key window drops key 0 from, and in every row of the run
+    without `<bos>`, the chunked fused pass equals the pattern path to float32
+    rounding, and the every-row form equals `sink_scores`' phantom hooks."""
+    from pathlib import Path
+
+    from sinkmech.corpora import default_corpus
+    from sinkmech.interventions.phantom import PhantomSink
+    from sinkmech.interventions.sink_file import read_sink_file
+    from sinkmech.measures.columns import attention_columns
+    from sinkmech.measures.fused import StandIn
+    from sinkmech.measures.loss import target_mask
+    from sinkmech.prompts import tokenize
+
+    f = read_sink_file(Path(__file__).parents[3] / "figures/fit_sinks/gemma3-270m_head_value.json")
+    text = [" ".join(default_corpus()[100:104])]
+    for stream, bos, sink in (((64, 0), "prepend", StandIn(torch.tensor(f.logits), torch.tensor(f.values))),
+                              (None, "none", StandIn(torch.tensor(f.logits), torch.tensor(f.values), where="every"))):
+        batch = tokenize(gemma, text, bos=bos, max_tokens=200)
+        kw = dict(loss_mask=target_mask(batch), stream=stream, stand_in=sink)
+        p = attention_columns(gemma, batch.tokens, attention="pattern", **kw)
+        q = attention_columns(gemma, batch.tokens, attention="fused", chunk=48, **kw)
+        assert float((p.row_loss - q.row_loss).abs().max() / p.row_loss.abs().max()) < TOL
+        assert (p.sink - q.sink).abs().max() < TOL and p.sink.mean() > 0.05
+    ref = sink_scores(gemma, batch, loss=True, sink=PhantomSink("logits", sink.values, "dump", sink.logits), options=QUIET)
+    assert float((ref.prompt_loss - p.row_loss).abs().max() / ref.prompt_loss.abs().max()) < TOL
