@@ -54,7 +54,7 @@ def long_context_figure(result: dict, path: str | os.PathLike, *, eps: str = "0.
         loss = np.array([_interval(b["loss"]) for b in buckets.values()])
         axes[0].errorbar(mids, loss[:, 0], yerr=loss[:, 1:].T, marker="s", capsize=3, linestyle=":",
                          color=("tab:green", "tab:purple", "tab:olive")[i % 3],
-                         label="no <bos>, " + label.removeprefix("none_").replace("_", " ").replace("learned", "learned sink"))
+                         label="no <bos>, fitted sinks (" + label.removeprefix("none_learned_").replace("_", " + ") + ")")
     axes[0].set(xlabel="position (content tokens)", ylabel="next-token loss (nats)", title=f"loss, T = {int(T):,}")
     axes[1].set(xlabel="position (content tokens)", ylabel=f"heads, key-0 attention > {eps} (%)",
                 title="sink rate by position")
@@ -65,7 +65,11 @@ def long_context_figure(result: dict, path: str | os.PathLike, *, eps: str = "0.
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.tick_params(labelsize=7)
+    for ax in axes[::2]:
         ax.legend(fontsize=6, frameon=False)
+    axes[1].set_ylim(-5, 150)  # room above the curves for the legend
+    axes[1].set_yticks(range(0, 101, 20))
+    axes[1].legend(fontsize=6, frameon=False, loc="upper center", ncol=2, columnspacing=0.8, handlelength=1.5)
     axes[2].set_yscale("log")
     axes[2].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axes[2].yaxis.set_minor_formatter(NullFormatter())
