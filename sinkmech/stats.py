@@ -177,7 +177,7 @@ def _bootstrap_columns(num: Float[Tensor, "unit column"], den: Float[Tensor, "un
     return value, lo, hi
 
 
-def _per_unit(x: Tensor, groups: Sequence | None) -> Tensor:
+def unit_sums(x: Tensor, groups: Sequence | None) -> Tensor:
     """Sums of `x` [prompt, ...] per unit: per document with `groups`, else per prompt."""
     if groups is None:
         return x
@@ -197,8 +197,8 @@ def unit_means(x: Float[Tensor, " prompt"], groups: Sequence | None = None) -> F
     if groups is None:
         return x
     keep = ~x.isnan()
-    num = _per_unit(torch.where(keep, x, torch.zeros_like(x)), groups)
-    return num / _per_unit(keep.double(), groups)
+    num = unit_sums(torch.where(keep, x, torch.zeros_like(x)), groups)
+    return num / unit_sums(keep.double(), groups)
 
 
 def ratio_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"] | None = None, *,
@@ -213,7 +213,7 @@ def ratio_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"] 
     _check_level(level)
     num = num.double().flatten()
     den = torch.ones_like(num) if den is None else den.double().flatten()
-    nu, de = _per_unit(num, groups), _per_unit(den, groups)
+    nu, de = unit_sums(num, groups), unit_sums(den, groups)
     if float(de.sum()) == 0:
         return None
     how = bootstrap_method(len(nu)) if method == "auto" else method
@@ -237,8 +237,8 @@ def prompt_curve(x: Float[Tensor, "prompt column"], *, n_boot: int = N_BOOT, lev
         return []
     if groups is not None:
         groups = [g for g, k in zip(groups, keep.tolist()) if k]
-    nu = _per_unit(x, groups)
-    de = _per_unit(torch.ones(len(x), 1, dtype=torch.float64), groups).expand_as(nu)
+    nu = unit_sums(x, groups)
+    de = unit_sums(torch.ones(len(x), 1, dtype=torch.float64), groups).expand_as(nu)
     value, lo, hi = _bootstrap_columns(nu, de.contiguous(), level=level, n_boot=n_boot, seed=seed,
                                        method=bootstrap_method(len(nu)))
     return [[float(m), float(a), float(b)] for m, a, b in zip(value, lo, hi)]
@@ -367,35 +367,38 @@ def t_interval(x: Float[Tensor, " unit"] | Sequence[float], *, level: float = LE
 
 
 def ratio_t_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"], *,
-                     level: float = LEVEL) -> Interval | None:
+                     level: float = LEVEL, groups: Sequence | None = None) -> Interval | None:
     """sum(num) / sum(den) with a Student t interval over prompts through the
-    ratio's linearisation (per-prompt residuals num - R den; the classical
-    ratio-estimator variance), and its two-sided p-value against 0. None when
-    den sums to 0 or fewer than 2 prompts."""
-    num, den = num.double(), den.double()
+    ratio's linearisation (per-unit residuals num - R den; the classical
+    ratio-estimator variance), and its two-sided p-value against 0. With
+    `groups` (each prompt's document) the units are documents: num and den are
+    summed per document first (the cluster form). None when den sums to 0 or
+    fewer than 2 units."""
+    num, den = unit_sums(num.double(), groups), unit_sums(den.double(), groups)
     n, total = len(num), float(den.sum())
     if n < 2 or total == 0.0:
         return None
     r = float(num.sum()) / total
     resid = num - r * den
     se = math.sqrt(float((resid ** 2).sum()) * n / (n - 1)) / total
-    return t_from_se(r, se, n - 1, level=level)
+    return t_from_se(r, se, n - 1, level=level, unit="document" if groups is not None else "prompt")
 
 
 def ratio_difference_t_interval(num: Float[Tensor, " prompt"], den: Float[Tensor, " prompt"],
                                 num2: Float[Tensor, " prompt"], den2: Float[Tensor, " prompt"], *,
-                                level: float = LEVEL) -> Interval | None:
+                                level: float = LEVEL, groups: Sequence | None = None) -> Interval | None:
     """sum(num) / sum(den) - sum(num2) / sum(den2) on the same prompts, with a
-    Student t interval through both ratios' linearisation (paired by prompt),
-    as `ratio_t_interval`. None when a den sums to 0 or fewer than 2 prompts."""
-    num, den, num2, den2 = num.double(), den.double(), num2.double(), den2.double()
+    Student t interval through both ratios' linearisation (paired by prompt,
+    or with `groups` by document), as `ratio_t_interval`. None when a den sums
+    to 0 or fewer than 2 units."""
+    num, den, num2, den2 = (unit_sums(x.double(), groups) for x in (num, den, num2, den2))
     n, t1, t2 = len(num), float(den.sum()), float(den2.sum())
     if n < 2 or t1 == 0.0 or t2 == 0.0:
         return None
     r1, r2 = float(num.sum()) / t1, float(num2.sum()) / t2
     resid = (num - r1 * den) / t1 - (num2 - r2 * den2) / t2
     se = math.sqrt(float((resid ** 2).sum()) * n / (n - 1))
-    return t_from_se(r1 - r2, se, n - 1, level=level)
+    return t_from_se(r1 - r2, se, n - 1, level=level, unit="document" if groups is not None else "prompt")
 
 
 # Tests

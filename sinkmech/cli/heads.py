@@ -271,7 +271,8 @@ def merged_heads(part, args) -> None:
     model = models.load_model(s["model"])
     scan = heads_result(part, model)
     th = s["thresholds"]
-    run = argparse.Namespace(**{**vars(args), "model": s["model"], "bos": s["bos"], "noop": s["noop"],
+    run = argparse.Namespace(**{**vars(args), "model": s["model"], "prompts": s["prompts_file"], "bos": s["bos"],
+                                "noop": s["noop"],
                                 "noop_max_heads": s.get("noop_max_heads"), "high": th["high"],
                                 "low": th["low"], "noop_prompts": s["noop_prompts"], "max_tokens": s["max_tokens"],
                                 "batch_size": args.batch_size})
@@ -281,6 +282,7 @@ def merged_heads(part, args) -> None:
 def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -> None:
     """The table, the no-op check (on `noop_rows` of `prompts`, held out from the
     scan) and the outputs of `heads` (one scan, sharded or not)."""
+    from sinkmech.corpora import prompt_documents
     from sinkmech.dormant.noop import noop_check, noop_heads, with_primary
     from sinkmech.plots.core import heatmap_panels, save
 
@@ -289,8 +291,10 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
     check = None
     if check_heads and len(noop_rows):
         t0 = time.perf_counter()
+        documents = prompt_documents(args.prompts, noop_rows.stop)  # windows of one document are not independent
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
                            max_tokens=args.max_tokens, thresholds=scan.thresholds, prompt_indices=noop_rows,
+                           documents=None if documents is None else documents[noop_rows.start:],
                            options=run_options(args, bos_token_id=bos_id))
         # the primary family: the if-else heads (or the one head asked for); other candidates are secondary
         check = with_primary(check, [target] if target else scan.if_else_heads())
@@ -496,7 +500,7 @@ def print_noop(check) -> None:
     from sinkmech.hooks import head_label
 
     print(f"\nno-op check (clean loss {check.loss_clean:.3f} over {check.n_tokens} tokens): loss change in nats, per "
-          f"intervened query and in total, {100 * check.ci_level:.0f}% t interval over prompts; an interval holding 0 "
+          f"intervened query and in total, {100 * check.ci_level:.0f}% {check.interval}; an interval holding 0 "
           f"reads 'no detectable effect'; Holm p over the primary family only ({check.n_intervals} tests: per "
           f"if-else head and intervention, active minus matched control; 'holds': still below {1 - check.ci_level:.2g}); "
           f"every other interval is secondary (raw p); control: the same number of the other mode's queries at the "

@@ -16,7 +16,7 @@ from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads, with_primar
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.scan import scan_heads
-from sinkmech.corpora import load_prompts, split_corpus
+from sinkmech.corpora import load_prompts, prompt_documents, split_corpus
 from sinkmech.prompts import PromptSource
 from sinkmech.options import RunOptions
 
@@ -77,8 +77,10 @@ def discover_heads(
     checked = heads if heads is not None else noop_heads(scan, n_candidates)
     noop = None
     if checked and len(noop_rows):
+        documents = prompt_documents(prompts, noop_rows.stop)  # windows of one document are not independent
         noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos="prepend", max_tokens=max_tokens,
-                          thresholds=scan.thresholds, prompt_indices=noop_rows, options=options)
+                          thresholds=scan.thresholds, prompt_indices=noop_rows,
+                          documents=None if documents is None else documents[noop_rows.start:], options=options)
         # the primary family: the scan's if-else heads (or the heads asked for); candidates are secondary
         noop = with_primary(noop, checked if heads is not None else scan.if_else_heads())
     found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))

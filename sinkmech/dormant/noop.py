@@ -22,9 +22,10 @@ reader sees whether the cost belongs to the mode or to intervening anywhere.
 Queries of one prompt are not independent, and a dozen prompts may carry the
 active queries, so every interval is a Student t interval over prompts
 (per-prompt sums; a per-query mean through the ratio's linearisation,
-`sinkmech.stats.ratio_t_interval`), with a two-sided p-value and Holm's
-correction across every interval one check reports (`p_adjusted`,
-`detectable_adjusted` beside the raw `detectable`). Run it on prompts that did
+`sinkmech.stats.ratio_t_interval`), or, where the prompts are windows cut
+from shared documents (`documents`), over those documents (each document's
+sums), with a two-sided p-value; Holm's correction runs over the primary
+family (`primary_family`), every other interval is reported unadjusted. Run it on prompts that did
 not choose the head or its trigger (`sinkmech.dormant.discover`).
 
 The clean run also records where the head's active queries look: the share of
@@ -55,7 +56,8 @@ from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, tok
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, token_text
 from sinkmech.options import RunOptions
 from sinkmech.results import Result
-from sinkmech.stats import Interval, holm, ratio_difference_t_interval, ratio_t_interval, t_interval
+from sinkmech.stats import (Interval, unit_sums, holm, n_documents, ratio_difference_t_interval, ratio_t_interval,
+                            t_interval)
 
 
 INTERVENTIONS = ("move_to_first", "zero_out", "mean_ablate")
@@ -126,6 +128,15 @@ class NoopCheck(Result):
     # per-query cost on its active queries minus that on as many matched controls (`primary_family`);
     # every other interval is secondary and reported unadjusted
     primary_family: dict | None = None
+    n_prompts: int | None = None  # prompts checked
+    n_documents: int | None = None  # the documents they were cut from, when known: the intervals' units
+
+    @property
+    def interval(self) -> str:
+        """What the t intervals run over, in words."""
+        over = (f"the {self.n_documents} documents the {self.n_prompts} prompts were cut from (each document's loss "
+                "changes and queries summed first)" if self.n_documents is not None else "prompts")
+        return f"Student t over {over} (per-query means: the ratio's linearisation)"
 
     def to_dataframe(self):
         import pandas as pd
@@ -135,7 +146,7 @@ class NoopCheck(Result):
     def to_dict(self) -> dict:
         return {"loss_clean": self.loss_clean, "n_tokens": self.n_tokens, "bos": self.bos,
                 "high": self.high, "low": self.low, "ci_level": self.ci_level, "n_boot": self.n_boot,
-                "interval": "Student t over prompts (per-query means: the ratio's linearisation)",
+                "interval": self.interval, "n_prompts": self.n_prompts, "n_documents": self.n_documents,
                 "correction": f"Holm over the primary family only ({self.n_intervals} tests: per primary head and "
                               "intervention, active minus matched control, per query; p_adjusted); every other "
                               "interval is secondary, reported unadjusted (role 'secondary', p_adjusted null)",
@@ -169,31 +180,38 @@ def matched_control(mode: Bool[Tensor, "batch pos"], other: Bool[Tensor, "batch 
     return out
 
 
-def _summarise(sums: dict, level: float) -> dict:
+def _summarise(sums: dict, level: float, documents: Sequence | None = None) -> dict:
     """Per `<intervention>_<mode>`: counts, total and per-query effect with t
-    intervals, and the matched control with the difference from it."""
+    intervals, and the matched control with the difference from it. The units
+    are prompts, or with `documents` (each prompt's) the documents: every
+    prompt's loss change and query count summed per document first."""
     out = {}
+    g = documents
     for how in INTERVENTIONS:
         for mode in MODES:
             d, q = sums[(how, mode, "mode")]
-            n = len(d)
+            units = unit_sums(d, g)
             entry = {"n_queries": int(q.sum()), "n_prompts": int((q > 0).sum()),
-                     "total": _effect(t_interval(d, level=level, scale=float(n)) if q.sum() > 0 else None),
-                     "per_query": _effect(ratio_t_interval(d, q, level=level))}
+                     "total": _effect(t_interval(units, level=level, scale=float(len(units)),
+                                                 unit="document" if g is not None else "prompt")
+                                      if q.sum() > 0 else None),
+                     "per_query": _effect(ratio_t_interval(d, q, level=level, groups=g))}
+            if g is not None:
+                entry["n_documents"] = int((unit_sums(q, g) > 0).sum())
             dc, qc = sums[(how, mode, "control")]
             entry["matched_control"] = {
                 "n_queries": int(qc.sum()), "n_prompts": int((qc > 0).sum()),
                 "drawn_from": "the other mode at the nearest unused position in the same prompt, then between queries",
-                "per_query": _effect(ratio_t_interval(dc, qc, level=level)),
-                "difference": _effect(ratio_difference_t_interval(d, q, dc, qc, level=level)),
+                "per_query": _effect(ratio_t_interval(dc, qc, level=level, groups=g)),
+                "difference": _effect(ratio_difference_t_interval(d, q, dc, qc, level=level, groups=g)),
             }
             out[f"{how}_{mode}"] = entry
         if how == "mean_ablate":  # zero-out against mean-ablation on the same queries, paired by prompt
             for mode in MODES:
                 dz, qz = sums[("zero_out", mode, "mode")]
                 dm, qm = sums[("mean_ablate", mode, "mode")]
-                out[f"zero_out_{mode}"]["minus_mean_ablate"] = _effect(ratio_difference_t_interval(dz, qz, dm, qm,
-                                                                                                   level=level))
+                out[f"zero_out_{mode}"]["minus_mean_ablate"] = _effect(ratio_difference_t_interval(
+                    dz, qz, dm, qm, level=level, groups=g))
     return out
 
 
@@ -325,6 +343,7 @@ def noop_check(
     thresholds: Thresholds = Thresholds(),
     ci_level: float = 0.95,
     prompt_indices: Sequence[int] | None = None,
+    documents: Sequence | None = None,
     method: str = "restart",
     options: RunOptions = RunOptions(),
 ) -> NoopCheck:
@@ -342,6 +361,10 @@ def noop_check(
         ci_level: the level of the t intervals over prompts.
         prompt_indices: where these prompts sit in a larger corpus (recorded
             only, so a reader can check they are disjoint from the scan's).
+        documents: each prompt's source document (`sinkmech.corpora.prompt_documents`)
+            where windows were cut from shared documents: the intervals then
+            run over documents (each document's losses and queries summed
+            first), not over windows that are not independent.
         method: "restart" (default) restarts the intervened passes at the
             head's layer from the clean residual, on the prompts that hold an
             intervened query, the three interventions of one set of queries
@@ -367,6 +390,8 @@ def noop_check(
         check_head(model, layer, head)
     batch = as_batch(model, tokens, bos=bos, default="prepend", max_tokens=max_tokens,
                      bos_token_id=options.bos_token_id)
+    if documents is not None and len(documents) != len(batch):
+        raise ValueError(f"documents names {len(documents)} prompts' documents for {len(batch)} prompts")
     heads = [(int(l), int(h)) for l, h in heads]
     layers = sorted({l for l, _ in heads})
     batch_size = options.batch(16)
@@ -430,7 +455,7 @@ def noop_check(
     per_prompt = {lh: {} for lh in heads}
     for (lh, c), n in cell_id.items():
         per_prompt[lh][c] = (deltas[n], counts[n])
-    checks = {lh: _summarise(per_prompt[lh], ci_level) for lh in heads}
+    checks = {lh: _summarise(per_prompt[lh], ci_level, documents) for lh in heads}
     family = primary_family(checks, heads, 1 - ci_level)  # every checked head; `with_primary` narrows it
     results = []
     for lh in heads:
@@ -455,7 +480,8 @@ def noop_check(
                 "n_queries": int(n_look), **{k: float(v) for k, v in zip(LOOKS, looks[lh][:-1] / n_look)}},
         ))
     return NoopCheck(tuple(results), loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, 0,
-                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices), family["size"], family)
+                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices), family["size"], family,
+                     n_prompts=n_prompts, n_documents=None if documents is None else n_documents(documents, n_prompts))
 
 
 def _mean_outputs(model: Model, batch: TokenBatch, layers: Sequence[int], batch_size: int) -> dict[int, Tensor]:

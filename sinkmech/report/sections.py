@@ -342,7 +342,7 @@ def dormant_section(ctx: ReportContext) -> Section:
            "queries, already >= high there, it can only change a little), <i>zero out</i> (Guo et al.) sets its "
            "output to 0, <i>mean ablate</i> sets it to its mean output over these prompts (zero is off the "
            "distribution later layers saw). Next-token loss change in nats per intervened query, with a "
-           f"{100 * noop.ci_level:.0f}% t interval over prompts; an interval that holds zero reads "
+           f"{100 * noop.ci_level:.0f}% {html.escape(noop.interval)}; an interval that holds zero reads "
            f"\"no detectable effect\". Holm's correction runs over the primary family only, stated before the numbers "
            f"({noop.n_intervals} tests: for each if-else head and intervention, the cost on its active queries minus "
            "that on as many matched controls); every other interval is secondary and unadjusted "

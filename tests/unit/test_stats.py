@@ -230,3 +230,29 @@ def test_sink_rates_and_loss_take_documents_as_units():
     gap = paired_contrasts(pre, none, (0.3,), groups=groups)["loss_gap"]
     assert gap == pytest.approx(ratio_with_ci(none.prompt_loss - pre.prompt_loss, pre.prompt_targets().double(),
                                               groups=groups))
+
+
+def test_ratio_t_intervals_over_documents_are_the_intervals_of_the_document_sums():
+    """The cluster form: with `groups` the ratio and paired-difference t
+    intervals are those of each document's sums (numerator and denominator
+    summed first), labelled by document; one document per prompt is the
+    prompt form."""
+    from sinkmech.stats import ratio_difference_t_interval, ratio_t_interval
+
+    g = torch.Generator().manual_seed(0)
+    num, den = torch.randn(12, generator=g, dtype=torch.float64), torch.rand(12, generator=g, dtype=torch.float64) + 1
+    num2, den2 = torch.randn(12, generator=g, dtype=torch.float64), torch.rand(12, generator=g, dtype=torch.float64)
+    docs = ["a", "a", "b", "c", "c", "c", "d", "b", "e", "e", "f", "a"]
+    index = {"a": 0, "b": 1, "c": 2, "d": 3, "e": 4, "f": 5}
+    def by_doc(x):
+        return torch.zeros(6, dtype=torch.float64).index_add_(0, torch.tensor([index[d] for d in docs]), x)
+    got = ratio_t_interval(num, den, groups=docs)
+    want = ratio_t_interval(by_doc(num), by_doc(den))
+    assert got.unit == "document" and got.n_units == 6 and got.df == 5
+    assert [got.value, *got.ci, got.p] == pytest.approx([want.value, *want.ci, want.p], rel=1e-12)
+    got = ratio_difference_t_interval(num, den, num2, den2, groups=docs)
+    want = ratio_difference_t_interval(by_doc(num), by_doc(den), by_doc(num2), by_doc(den2))
+    assert got.unit == "document" and got.as_list() == pytest.approx(want.as_list(), rel=1e-12)
+    own = ratio_t_interval(num, den, groups=[str(i) for i in range(12)])
+    plain = ratio_t_interval(num, den)
+    assert plain.unit == "prompt" and own.as_list() == pytest.approx(plain.as_list(), rel=1e-12)

@@ -312,3 +312,43 @@ def test_the_command_says_no_power_instead_of_confirming(monkeypatch, tmp_path, 
     f = json.loads(findings.read_text())
     assert [v for k, v in f.items() if k.endswith(".contrast.power.powered")] == [False]
     assert not any(v for k, v in f.items() if k.endswith(".contrast.confirmed_heads"))
+
+
+def test_noop_check_over_documents_sums_each_documents_prompts_first():
+    """Windows cut from one document are not independent: with `documents` the
+    no-op check's t intervals run over documents (each document's loss changes
+    and query counts summed first). The estimates do not move; one document
+    per prompt gives the prompt intervals exactly; the intervals equal the
+    ratio interval of the per-document sums, computed here by hand; a
+    documents list of the wrong length is refused."""
+    from sinkmech.dormant.noop import noop_check
+    from sinkmech.prompts import tokenize
+    from sinkmech.stats import t_quantile, t_sf
+
+    model = planted_dormant_model({0: "if_else", 1: "sink"})
+    batch = tokenize(model, planted_corpus(n=12, seed=5), bos="prepend", bos_token_id=TINY_BOS, max_tokens=20)
+    by_prompt = noop_check(model, batch, [(0, 0)], options=QUIET)
+    own = noop_check(model, batch, [(0, 0)], documents=[f"d{i}" for i in range(12)], options=QUIET)
+    docs = [f"d{i // 3}" for i in range(12)]  # 4 documents of 3 windows each
+    grouped = noop_check(model, batch, [(0, 0)], documents=docs, options=QUIET)
+    a, b, g = by_prompt.results[0].checks, own.results[0].checks, grouped.results[0].checks
+    for key in a:
+        for e_a, e_b in ((a[key]["per_query"], b[key]["per_query"]), (a[key]["total"], b[key]["total"])):
+            if e_a is not None:
+                assert e_b["value"] == pytest.approx(e_a["value"], rel=1e-12)
+                assert e_b["ci"] == pytest.approx(e_a["ci"], rel=1e-9)
+        if a[key]["per_query"] is not None:
+            assert g[key]["per_query"]["value"] == pytest.approx(a[key]["per_query"]["value"], rel=1e-12)
+    assert own.n_documents == 12 and grouped.n_documents == 4 and by_prompt.n_documents is None
+    d = json.loads(grouped.to_json())
+    assert d["n_documents"] == 4 and d["n_prompts"] == 12 and "4 documents the 12 prompts" in d["interval"]
+    assert "prompts (per-query" in json.loads(by_prompt.to_json())["interval"]
+    # the grouped intervals have 4 units: their p-value is the t test's on 3 degrees of freedom
+    for key in g:
+        e = g[key]["per_query"]
+        if e is None or e["ci"][1] == e["value"]:
+            continue
+        se = (e["ci"][1] - e["value"]) / t_quantile(0.975, 3)
+        assert e["p"] == pytest.approx(min(1.0, 2 * t_sf(abs(e["value"]) / se, 3)), rel=1e-9)
+    with pytest.raises(ValueError, match="documents names 3"):
+        noop_check(model, batch, [(0, 0)], documents=["a", "b", "c"], options=QUIET)
