@@ -79,6 +79,9 @@ MODEL_WORDS = re.compile(
 def pytest_collection_modifyitems(config, items):
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
+        # a real model asked for by name (`request.getfixturevalue(name)` over a parametrized name) counts too
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        names |= {v for v in params.values() if isinstance(v, str)}
         if REAL_MODEL_FIXTURES & names:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("backend") is None:

@@ -136,7 +136,7 @@ class NoopCheck(Result):
         """What the t intervals run over, in words."""
         over = (f"the {self.n_documents} documents the {self.n_prompts} prompts were cut from (each document's loss "
                 "changes and queries summed first)" if self.n_documents is not None else "prompts")
-        return f"Student t over {over} (per-query means: the ratio's linearisation)"
+        return f"Student t intervals over {over} (per-query means: the ratio's linearisation)"
 
     def to_dataframe(self):
         import pandas as pd

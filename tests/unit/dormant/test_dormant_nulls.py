@@ -342,7 +342,7 @@ def test_noop_check_over_documents_sums_each_documents_prompts_first():
     assert own.n_documents == 12 and grouped.n_documents == 4 and by_prompt.n_documents is None
     d = json.loads(grouped.to_json())
     assert d["n_documents"] == 4 and d["n_prompts"] == 12 and "4 documents the 12 prompts" in d["interval"]
-    assert "prompts (per-query" in json.loads(by_prompt.to_json())["interval"]
+    assert "t intervals over prompts (per-query" in json.loads(by_prompt.to_json())["interval"]
     # the grouped intervals have 4 units: their p-value is the t test's on 3 degrees of freedom
     for key in g:
         e = g[key]["per_query"]
