@@ -243,8 +243,8 @@ def run_all(args) -> list[dict]:
     for method in args.methods:
         stopped = None
         for T in sorted(args.lengths):
-            if stopped:
-                rows.append({"method": method, "T": T, "skipped": stopped})
+            if stopped:  # a longer prompt needs at least as much: say where the method stopped
+                rows.append({"method": method, "T": T, "skipped": f"not tried: {method} stopped at a shorter length"})
                 continue
             need = predicted_gib(method, T, n_params, cfg)
             if need > limit:
