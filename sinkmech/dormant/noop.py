@@ -56,8 +56,8 @@ from sinkmech.measures.loss import UNEMBED_ROWS, next_token_nll, nll_chunks, tok
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch, token_text
 from sinkmech.options import RunOptions
 from sinkmech.results import Result
-from sinkmech.stats import (Interval, unit_sums, holm, n_documents, ratio_difference_t_interval, ratio_t_interval,
-                            t_interval)
+from sinkmech.stats import (Interval, holm, n_documents, ratio_difference_t_interval, ratio_t_interval, t_interval,
+                            unit_sums)
 
 
 INTERVENTIONS = ("move_to_first", "zero_out", "mean_ablate")

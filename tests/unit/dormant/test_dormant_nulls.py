@@ -318,9 +318,10 @@ def test_noop_check_over_documents_sums_each_documents_prompts_first():
     """Windows cut from one document are not independent: with `documents` the
     no-op check's t intervals run over documents (each document's loss changes
     and query counts summed first). The estimates do not move; one document
-    per prompt gives the prompt intervals exactly; the intervals equal the
-    ratio interval of the per-document sums, computed here by hand; a
-    documents list of the wrong length is refused."""
+    per prompt gives the prompt intervals exactly; grouped, each interval's p
+    is the t test's on (documents - 1) degrees of freedom (the cluster form
+    against per-document sums by hand: tests/unit/test_stats.py); a documents
+    list of the wrong length is refused."""
     from sinkmech.dormant.noop import noop_check
     from sinkmech.prompts import tokenize
     from sinkmech.stats import t_quantile, t_sf
