@@ -227,6 +227,16 @@ def seed_findings(flat: dict, tag: str, rows: list[dict], key) -> None:
         depth_contrasts(flat, tag, {k: {r["seed"]: (r, t) for r, t in pairs} for k, pairs in groups.items()})
 
 
+def own_length(row: dict) -> dict | None:
+    """A row's sink statistics at its model's own training length (T - 1
+    content tokens): its `own_length` record, or the row itself where it was
+    scored on all T - 1 tokens anyway (the shortest context); None for a row
+    scored on fewer tokens that predates the record."""
+    if row.get("own_length"):
+        return row["own_length"]
+    return row if row.get("score_tokens") == row["context_length"] - 1 else None
+
+
 def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
     """Across the seed tables of the context-length experiment: per context, the
     mean and 95 % t interval over seeds of max alpha_0 (with and without
@@ -248,11 +258,11 @@ def context_length_findings(flat: dict, out: Path, prefix: str) -> None:
               "none.max_head_score": lambda r, t: t["max_head_score"],
               "prepend.sink_rate.0.3": lambda r, t: r["sink_rate"]["0.3"],
               "loss_gap": lambda r, t: t["val_loss"] - r["val_loss"]}
-    if all(r.get("own_length") and t.get("own_length") for pairs in by_t.values() for r, t in pairs):
+    if all(own_length(r) and own_length(t) for pairs in by_t.values() for r, t in pairs):
         # every model also scored at its own training length (T - 1 tokens), not only at the shortest context's
-        series |= {"own_length.prepend.max_head_score": lambda r, t: r["own_length"]["max_head_score"],
-                   "own_length.none.max_head_score": lambda r, t: t["own_length"]["max_head_score"],
-                   "own_length.prepend.sink_rate.0.3": lambda r, t: r["own_length"]["sink_rate"]["0.3"]}
+        series |= {"own_length.prepend.max_head_score": lambda r, t: own_length(r)["max_head_score"],
+                   "own_length.none.max_head_score": lambda r, t: own_length(t)["max_head_score"],
+                   "own_length.prepend.sink_rate.0.3": lambda r, t: own_length(r)["sink_rate"]["0.3"]}
     base = "train.context_length_seeds"
     flat[f"{base}.lengths"] = ",".join(str(T) for T in lengths)
     for T in lengths:

@@ -221,6 +221,51 @@ def test_logs_that_predate_a_field_are_reused_only_for_its_default():
     assert layer_rates(none, 2) == {"layer_sink_rate": {"0.3": [0.0, 0.0], "0.8": [0.0, 0.0]}}
 
 
+def test_context_length_findings_score_each_model_at_its_own_length_too(tmp_path):
+    """Three seed tables of two contexts: max alpha_0 at each model's own
+    training length gets its own mean and interval over seeds and its own slope
+    per doubling (by hand), beside the shortest-context scoring; tables without
+    `own_length` give no such series (never a half-filled one)."""
+    from sinkmech.studies.training_findings import context_length_findings
+
+    def rows(seed: int, own: bool) -> list[dict]:
+        out = []
+        for T in (32, 64):
+            for bos in (True, False):
+                a = 0.1 * seed + T / 100 + (0.0 if bos else -0.2)
+                r = {"seed": seed, "context_length": T, "inference_bos": bos, "max_head_score": a,
+                     "sink_rate": {"0.3": 100.0 if bos else 0.0}, "val_loss": 2.0 + (0.0 if bos else 0.01 * seed)}
+                if own and T == 32:  # the shortest context is scored on all its T - 1 tokens: no record needed
+                    r |= {"score_tokens": 31, "max_head_score": a / 2, "sink_rate": {"0.3": 50.0 + seed}}
+                elif own:
+                    r["own_length"] = {"max_head_score": a / 2, "sink_rate": {"0.3": 50.0 + seed}}
+                out.append(r)
+        return out
+
+    for own in (True, False):
+        out = tmp_path / str(own)
+        out.mkdir()
+        for seed in (0, 1, 2):
+            name = "context_length.json" if seed == 0 else f"seed{seed}_context_length.json"
+            (out / name).write_text(json.dumps(rows(seed, own)))
+        flat: dict = {}
+        context_length_findings(flat, out, "")
+        base = "train.context_length_seeds"
+        assert flat[f"{base}.T64.prepend.max_head_score.mean"] == pytest.approx(0.74)
+        assert flat[f"{base}.T64.none.max_head_score.mean"] == pytest.approx(0.54)
+        if not own:
+            assert not any(".own_length." in k for k in flat)
+            continue
+        own_alpha = [seed_interval([(0.1 * s + T / 100) / 2 for s in (0, 1, 2)]) for T in (32, 64)]
+        for T, want in zip((32, 64), own_alpha):
+            for stat in ("mean", "lo", "hi"):
+                assert flat[f"{base}.T{T}.own_length.prepend.max_head_score.{stat}"] == pytest.approx(want[stat])
+        assert flat[f"{base}.T32.own_length.prepend.sink_rate.0.3.mean"] == pytest.approx(51.0)
+        # alpha_0 at its own length grows by 0.32 / 2 per doubling in every seed
+        assert flat[f"{base}.slope_per_doubling.own_length.prepend.max_head_score.mean"] == pytest.approx(0.16)
+        assert flat[f"{base}.slope_per_doubling.own_length.none.max_head_score.mean"] == pytest.approx(0.16)
+
+
 def test_context_length_seeds_plot_reads_the_findings(tmp_path):
     from sinkmech.plots.training import context_length_seeds_plot
 
@@ -230,6 +275,10 @@ def test_context_length_seeds_plot_reads_the_findings(tmp_path):
         for key in ("prepend.max_head_score", "none.max_head_score", "loss_gap"):
             flat.update({f"{base}.T{T}.{key}.{s}": v for s, v in (("mean", 0.5), ("lo", 0.4), ("hi", 0.6))})
     assert context_length_seeds_plot(flat, tmp_path / "c.png").stat().st_size > 0
+    for T in (32, 64):  # with each model also scored at its own length: drawn dashed beside
+        for key in ("own_length.prepend.max_head_score", "own_length.none.max_head_score"):
+            flat.update({f"{base}.T{T}.{key}.{s}": v for s, v in (("mean", 0.3), ("lo", 0.2), ("hi", 0.4))})
+    assert context_length_seeds_plot(flat, tmp_path / "o.png").stat().st_size > 0
     with pytest.raises(ValueError, match="no context-length"):
         context_length_seeds_plot({}, tmp_path / "d.png")
 
