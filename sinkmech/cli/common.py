@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,9 +69,12 @@ def dataclass_defaults(module: str, cls: str) -> dict:
     raise LookupError(f"{module} defines no class {cls}")
 
 
+@functools.lru_cache(maxsize=None)
 def _source(module: str) -> ast.Module:
     """The parsed source of sinkmech module `module` (found under this package's
-    folder: `find_spec` would import its parent packages)."""
+    folder: `find_spec` would import its parent packages), parsed once per
+    process: every parser built reads its defaults from the same few modules,
+    and the callers only read the tree."""
     root = Path(__file__).resolve().parents[1]
     parts = module.split(".")
     if parts[0] != root.name:

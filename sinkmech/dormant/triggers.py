@@ -50,6 +50,7 @@ a scan rebuilt from sums alone falls back to the Poisson tail and says so
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
@@ -306,8 +307,7 @@ def judge_by_prompt(
     out = [[list(row) for row in layer] for layer in triggers]
     chosen = {(l, h): triggers[l][h].index(c) for l in range(L) for h in range(H)
               if (c := chosen_trigger(triggers[l][h], min_lift)) is not None}
-    g = torch.Generator().manual_seed(seed)
-    perms = torch.argsort(torch.rand(n_permutations, len(rows), generator=g), dim=1) if len(rows) else None
+    perms = pairings(n_permutations, len(rows), seed) if len(rows) else None
     for where in WHERES:
         cells = [(l, h, i) for l in range(L) for h in range(H) for i, t in enumerate(triggers[l][h]) if t.where == where]
         if not cells:
@@ -366,6 +366,15 @@ def _pairing_excess(where, j, a, obs, expected, tok, ok, okf, cand, kidx, scale,
     paired_obs = act @ x.T  # [i, k]
     paired_exp = scale[:, None] * ((x * rate[None, :]) @ okf.T).T  # positions real in prompt i
     return paired_obs - paired_exp
+
+
+@functools.lru_cache(maxsize=4)
+def pairings(n_permutations: int, n: int, seed: int) -> Int[Tensor, "permutation prompt"]:
+    """`n_permutations` random orders of `n` prompts drawn from `seed`: the
+    same for the same arguments, so they are drawn (20,000 sorts) once per
+    process, not once per scan (read only: `permutation_p` indexes them)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.argsort(torch.rand(n_permutations, n, generator=g), dim=1)
 
 
 def permutation_p(pairs: Float[Tensor, "prompt prompt"], perms: Int[Tensor, "permutation prompt"]) -> float:
