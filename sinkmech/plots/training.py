@@ -212,19 +212,19 @@ def context_length_seeds_plot(flat: Mapping, path: str | os.PathLike, *, title: 
     lengths = [int(t) for t in str(flat[f"{base}.lengths"]).split(",")]
     robust = {int(t) for t in str(flat.get(f"{base}.robust_lengths", "")).split(",") if t}
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), constrained_layout=True)
-    alpha = [("prepend.max_head_score", "with <bos>", "tab:blue", "o-"),
-             ("none.max_head_score", "without <bos>", "tab:orange", "o-")]
+    alpha = [("prepend.max_head_score", "with <bos>, on the shortest context's tokens", "tab:blue", "o-"),
+             ("none.max_head_score", "without <bos>, on the shortest context's tokens", "tab:orange", "o-")]
     if all(f"{base}.T{T}.own_length.prepend.max_head_score.mean" in flat for T in lengths):
         # every model also scored at its own training length (T - 1 tokens)
-        alpha += [("own_length.prepend.max_head_score", "with <bos>, scored at its own T", "tab:blue", "s--"),
-                  ("own_length.none.max_head_score", "without <bos>, scored at its own T", "tab:orange", "s--")]
+        alpha += [("own_length.prepend.max_head_score", "with <bos>, at its own T", "tab:blue", "s--"),
+                  ("own_length.none.max_head_score", "without <bos>, at its own T", "tab:orange", "s--")]
     for ax, series in ((axes[0], alpha), (axes[1], (("loss_gap", "loss without <bos> - with", "tab:red", "o-"),))):
         for key, label, color, style in series:
             mean = [flat[f"{base}.T{T}.{key}.mean"] for T in lengths]
             lo = [flat[f"{base}.T{T}.{key}.lo"] for T in lengths]
             hi = [flat[f"{base}.T{T}.{key}.hi"] for T in lengths]
             ax.fill_between(lengths, lo, hi, color=color, alpha=0.15 if style == "o-" else 0.07)
-            ax.plot(lengths, mean, style, color=color, label=f"{label} (mean, 95 % interval over seeds)")
+            ax.plot(lengths, mean, style, color=color, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [f"{T}{'' if T in robust else ' (not robust)'}" for T in lengths], fontsize=8)
         ax.set_xlabel("training context length T", fontsize=9)

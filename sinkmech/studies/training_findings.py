@@ -381,10 +381,7 @@ def write_findings(out: Path, prefix: str = "") -> dict:
     write_text(out / f"{prefix}findings_train.json", findings_text(flat))
     if "train.context_length_seeds.lengths" in flat:  # the intervals over seeds, drawn from the findings
         context_length_seeds_plot(flat, out / f"{prefix}context_length_seeds.png",
-                                  title=f"Context length, seeds {flat['train.context_length_seeds.seeds']}: "
-                                        "every model scored on the same tokens"
-                                        + (" (dashed: also at its own length)"
-                                           if "train.context_length_seeds.slope_per_doubling.own_length"
-                                              ".prepend.max_head_score.mean" in flat else ""))
+                                  title=f"Context length, seeds {flat['train.context_length_seeds.seeds']} "
+                                        "(mean and 95 % t interval over seeds)")
     print(f"wrote {len(flat)} values to {out / (prefix + 'findings_train.json')}")
     return flat
