@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from sinkmech.dormant.triggers import Trigger, chosen_trigger
+from sinkmech.dormant.triggers import Trigger, TriggerRule, chosen_trigger
 
 Mode = Literal["sink", "active", "if_else", "mixed", "insufficient"]
 # "insufficient": too few queries for any label (see Thresholds.min_queries).
@@ -75,6 +75,10 @@ class Thresholds:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
         if self.min_lift < 1.0 or self.min_count < 1 or self.max_output_ratio <= 0 or self.min_prompts < 1:
             raise ValueError("need min_lift >= 1, min_count >= 1, min_prompts >= 1 and max_output_ratio > 0")
+
+    def trigger_rule(self, n_tests: int) -> TriggerRule:
+        """The trigger validation rule at this family-wise level over `n_tests` heads (Bonferroni)."""
+        return TriggerRule(self.min_lift, self.min_count, self.min_prompts, self.alpha / n_tests)
 
 
 def mode_meaning(th: Thresholds) -> dict[str, str]:

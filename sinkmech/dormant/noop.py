@@ -131,6 +131,14 @@ class NoopCheck(Result):
     n_prompts: int | None = None  # prompts checked
     n_documents: int | None = None  # the documents they were cut from, when known: the intervals' units
 
+    def at(self, prompt_indices: Sequence[int]) -> NoopCheck:
+        """This check with where its prompts sit in a larger corpus recorded
+        (one index per prompt checked)."""
+        indices = tuple(int(i) for i in prompt_indices)
+        if self.n_prompts is not None and len(indices) != self.n_prompts:
+            raise ValueError(f"{len(indices)} prompt indices for a check of {self.n_prompts} prompts")
+        return replace(self, prompt_indices=indices)
+
     @property
     def interval(self) -> str:
         """What the t intervals run over, in words."""
@@ -342,7 +350,6 @@ def noop_check(
     max_tokens: int | None = None,
     thresholds: Thresholds = Thresholds(),
     ci_level: float = 0.95,
-    prompt_indices: Sequence[int] | None = None,
     documents: Sequence | None = None,
     method: str = "restart",
     options: RunOptions = RunOptions(),
@@ -359,8 +366,6 @@ def noop_check(
         thresholds: its query-mode cuts `high` and `low` say which queries are
             dormant and active (use the scan's: `scan.thresholds`).
         ci_level: the level of the t intervals over prompts.
-        prompt_indices: where these prompts sit in a larger corpus (recorded
-            only, so a reader can check they are disjoint from the scan's).
         documents: each prompt's source document (`sinkmech.corpora.prompt_documents`)
             where windows were cut from shared documents: the intervals then
             run over documents (each document's losses and queries summed
@@ -377,7 +382,10 @@ def noop_check(
         options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
-        NoopCheck with one NoopResult per head, in the given order.
+        NoopCheck with one NoopResult per head, in the given order. Where the
+        prompts sit in a larger corpus is the caller's to record
+        (`check.at(prompt_indices)`), so a reader can check they are disjoint
+        from the scan's.
     """
     high, low = thresholds.high, thresholds.low
     if not 0.0 <= low < high <= 1.0:
@@ -479,9 +487,9 @@ def noop_check(
             active_looks=None if n_look == 0 else {
                 "n_queries": int(n_look), **{k: float(v) for k, v in zip(LOOKS, looks[lh][:-1] / n_look)}},
         ))
-    return NoopCheck(tuple(results), loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level, 0,
-                     None if prompt_indices is None else tuple(int(i) for i in prompt_indices), family["size"], family,
-                     n_prompts=n_prompts, n_documents=None if documents is None else n_documents(documents, n_prompts))
+    return NoopCheck(tuple(results), loss_sum / n_tokens, n_tokens, batch.bos, high, low, ci_level,
+                     n_intervals=family["size"], primary_family=family, n_prompts=n_prompts,
+                     n_documents=None if documents is None else n_documents(documents, n_prompts))
 
 
 def _mean_outputs(model: Model, batch: TokenBatch, layers: Sequence[int], batch_size: int) -> dict[int, Tensor]:

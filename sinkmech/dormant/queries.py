@@ -132,8 +132,8 @@ def triggers_at(rec: QueryRecords, th: Thresholds, heads: list[tuple[int, int]],
     counter.add_layer(0, rec.tokens, active, rec.key[:, ls, hs], ids)
     found, _ = counter.finalize(decode=decode, min_count=th.min_count, top_k=top_k,
                                 min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha, n_tests=L * H)
-    found = judge_by_prompt(found, rec.tokens, rec.valid, active[:, None], rec.key[:, ls, hs][:, None], min_lift=th.min_lift,
-                            min_count=th.min_count, min_prompts=th.min_prompts, max_p=th.alpha / (L * H))
+    found = judge_by_prompt(found, rec.tokens, rec.valid, active[:, None], rec.key[:, ls, hs][:, None],
+                            rule=th.trigger_rule(L * H))
     return {lh: found[0][i] for i, lh in enumerate(heads)}
 
 

@@ -258,8 +258,7 @@ class _Accumulator:
                                                 min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha)
         if records is not None:  # prompts as the unit; without records (summed shards) the Poisson tail stays
             triggers = judge_by_prompt(triggers, records.tokens, records.valid, records.active(th.low), records.key,
-                                       min_lift=th.min_lift, min_count=th.min_count, min_prompts=th.min_prompts,
-                                       max_p=th.alpha / (best.numel()),
+                                       rule=th.trigger_rule(best.numel()),
                                        prompt_ids=torch.arange(self.first_prompt, self.first_prompt + len(records.tokens)))
         div = lambda a, b: (a / b).float()  # noqa: E731  (0/0 -> NaN: that mode never occurred)
         bands = {}

@@ -260,6 +260,24 @@ class TriggerCounter:
 N_PERMUTATIONS = 20000  # floor 1 / 20001 = 5e-5: below the Bonferroni level of a model of up to 1,000 heads
 
 
+@dataclass(frozen=True)
+class TriggerRule:
+    """When a trigger is validated on the validation prompts: lift >= `min_lift`
+    on >= `min_count` active queries in >= `min_prompts` prompts, p <= `max_p`
+    (the Bonferroni level: `Thresholds.trigger_rule` builds it from `alpha`
+    and the heads tested)."""
+
+    min_lift: float
+    min_count: int
+    min_prompts: int
+    max_p: float
+
+    def holds(self, t: Trigger, p: float | None) -> bool:
+        return (t.validated_lift is not None and t.validated_lift >= self.min_lift
+                and t.count_validated >= self.min_count and t.prompts_validated >= self.min_prompts
+                and p is not None and p <= self.max_p)
+
+
 def judge_by_prompt(
     triggers: list[list[list[Trigger]]],
     tokens: Int[Tensor, "prompt pos"],
@@ -267,18 +285,16 @@ def judge_by_prompt(
     active: Bool[Tensor, "prompt layer head_index pos"],
     key: Int[Tensor, "prompt layer head_index pos"],
     *,
-    min_lift: float,
-    min_count: int,
-    min_prompts: int,
-    max_p: float,
+    rule: TriggerRule,
     prompt_ids: Int[Tensor, " prompt"] | None = None,
     n_permutations: int = N_PERMUTATIONS,
     seed: int = 0,
 ) -> list[list[list[Trigger]]]:
     """Every trigger judged again with the prompt as the unit (the module
     docstring): `trigger_test` "prompt_t", `trigger_p` the one-sided t test's
-    p-value over the validation prompts, `validated` re-decided on it (the
-    count, prompt and lift rules unchanged, `max_p` the Bonferroni level).
+    p-value over the validation prompts, `validated` re-decided on it by
+    `rule` (the count, prompt and lift rules unchanged, `max_p` the
+    Bonferroni level).
     Each head's chosen trigger (`chosen_trigger`, the one its label reads)
     also gets the permutation test over prompts (`trigger_p_perm`, reported
     beside the t test, not read by the label) and its coverage of the head's
@@ -306,7 +322,7 @@ def judge_by_prompt(
     at_place = {"query": tok, "previous": torch.roll(tok, 1, dims=1)}
     out = [[list(row) for row in layer] for layer in triggers]
     chosen = {(l, h): triggers[l][h].index(c) for l in range(L) for h in range(H)
-              if (c := chosen_trigger(triggers[l][h], min_lift)) is not None}
+              if (c := chosen_trigger(triggers[l][h], rule.min_lift)) is not None}
     perms = pairings(n_permutations, len(rows), seed) if len(rows) else None
     for where in WHERES:
         cells = [(l, h, i) for l in range(L) for h in range(H) for i, t in enumerate(triggers[l][h]) if t.where == where]
@@ -343,10 +359,7 @@ def judge_by_prompt(
                           "n_active_validated": int(n_act),
                           "coverage": float(obs[:, j].sum()) / n_act if n_act else None,
                           "coverage_beyond_chance": float(excess[:, j].sum()) / n_act if n_act else None}
-            p = extra["trigger_p"]
-            ok_v = (t.validated_lift is not None and t.validated_lift >= min_lift and t.count_validated >= min_count
-                    and t.prompts_validated >= min_prompts and p is not None and p <= max_p)
-            out[l][h][i] = replace(t, validated=bool(ok_v), **extra)
+            out[l][h][i] = replace(t, validated=rule.holds(t, extra["trigger_p"]), **extra)
     return out
 
 

@@ -352,12 +352,15 @@ def recording(keys: Sequence[int] = (0,), stream: tuple[int, int] | None = None,
 
 
 def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, *,
-                    scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None,
-                    softcap: float | None = None, s_aux: Tensor | None = None, **kwargs) -> tuple[Tensor, None]:
+                    scaling: float | None = None, dropout: float = 0.0, **arch) -> tuple[Tensor, None]:
     """A transformers attention function (`ALL_ATTENTION_FUNCTIONS`): query
     [batch head_index pos d_head], key and value [batch kv_head pos d_head]
-    -> the output [batch pos head_index d_head] and no weights. Causal, with the
-    model's soft-cap, sliding window and learned sink logits (`s_aux`)."""
+    -> the output [batch pos head_index d_head] and no weights. Causal, with
+    what the architecture passes among `arch`: its soft-cap (`softcap`),
+    sliding window (`sliding_window`) and learned sink logits (`s_aux`); the
+    rest of what transformers passes (position ids, cache arguments) is not
+    read."""
+    sliding_window, softcap, s_aux = arch.get("sliding_window"), arch.get("softcap"), arch.get("s_aux")
     if dropout:
         raise ValueError("fused_attention runs without attention dropout (put the model in eval mode)")
     check_right_padded(attention_mask)

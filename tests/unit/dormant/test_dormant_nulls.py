@@ -54,12 +54,12 @@ def test_a_head_that_follows_its_prompt_has_no_trigger_at_the_prompt_level():
     # the prompt-level tests do not: the t test ...
     assert t.trigger_test == "prompt_t" and t.trigger_p > 0.05 and not t.validated
     # ... nor the permutation test over prompts, run on it as if it were the chosen one
-    from sinkmech.dormant.triggers import judge_by_prompt
+    from sinkmech.dormant.triggers import TriggerRule, judge_by_prompt
 
     rec = scan.records
     only = [[[t] if (l, h) == (0, 0) else [] for h in range(scan.n_heads)] for l in range(scan.n_layers)]
-    (judged,) = judge_by_prompt(only, rec.tokens, rec.valid, rec.active(th.low), rec.key, min_lift=th.min_lift,
-                                min_count=th.min_count, min_prompts=th.min_prompts, max_p=max_p)[0][0]
+    rule = TriggerRule(th.min_lift, th.min_count, th.min_prompts, max_p)
+    (judged,) = judge_by_prompt(only, rec.tokens, rec.valid, rec.active(th.low), rec.key, rule=rule)[0][0]
     assert judged.trigger_p > 0.05 and judged.trigger_p_perm > 0.05 and not judged.validated
     assert judged.coverage > 0.3 and abs(judged.coverage_beyond_chance) < 0.05  # common there, but no more than chance
     (good,) = [t for t in scan.triggers[0][1] if (t.token_id, t.where) == (TRIGGER, "query")]
@@ -230,14 +230,14 @@ def test_calibration_recovers_planted_heads_labels_no_null_and_picks_its_cut_by_
 
 def _judged_on(active: torch.Tensor, tokens: torch.Tensor, seed: int):
     """The permutation test of TRIGGER@query for each head of `active` [prompt, head, pos]."""
-    from sinkmech.dormant.triggers import Trigger, judge_by_prompt
+    from sinkmech.dormant.triggers import Trigger, TriggerRule, judge_by_prompt
 
     n, H, P = active.shape
     valid = torch.ones(n, P, dtype=torch.bool)
     valid[:, 0] = False
     cand = [[[Trigger("t", TRIGGER, "query", 10, 1.0, 5.0, 9.0, None, 3, 10, 1.0, 5.0, 5)] for _ in range(H)]]
     judged = judge_by_prompt(cand, tokens, valid, active[:, None] & valid[:, None, None], torch.zeros(n, 1, H, P,
-                             dtype=torch.long), min_lift=3.0, min_count=5, min_prompts=3, max_p=0.05,
+                             dtype=torch.long), rule=TriggerRule(min_lift=3.0, min_count=5, min_prompts=3, max_p=0.05),
                              n_permutations=500, seed=seed)
     return [judged[0][h][0] for h in range(H)]
 
