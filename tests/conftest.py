@@ -8,19 +8,30 @@ import inspect
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-# Imported before sinkmech: jaxtyping's import hook (pytest --jaxtyping-packages) gives the
-# cached bytecode of every module imported while a sinkmech module loads its own name, so
-# without these (and with PYTHONDONTWRITEBYTECODE) each test run compiled transformers,
-# TransformerLens, pandas and sympy from source: seconds per run.
-import matplotlib.pyplot  # noqa: F401
-import transformer_lens  # noqa: F401
 
-from sinkmech.loading.backend import CAPABILITIES, Model
+if TYPE_CHECKING:
+    import torch
 
-from helpers.tiny import make_tiny
+    from sinkmech.loading.backend import Model
+
+
+def pytest_configure(config):
+    """In each process that runs tests: import what sinkmech imports before sinkmech (below),
+    and build each jaxtyping checker once. pytest-xdist's controller (`-n 2`) runs no test,
+    so it skips both (5 s of imports it would not use)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    # Imported before sinkmech: jaxtyping's import hook (pytest --jaxtyping-packages) gives the
+    # cached bytecode of every module imported while a sinkmech module loads its own name, so
+    # without these (and with PYTHONDONTWRITEBYTECODE) each test run compiled transformers,
+    # TransformerLens, pandas and sympy from source: seconds per run.
+    import matplotlib.pyplot  # noqa: F401
+    import transformer_lens  # noqa: F401
+
+    _reuse_jaxtyping_checkers()
 
 
 def _reuse_jaxtyping_checkers() -> None:
@@ -53,9 +64,6 @@ def _reuse_jaxtyping_checkers() -> None:
         return checked[key]
 
     jd._make_fn_with_signature, jd._apply_typechecker = make_once, apply_once
-
-
-_reuse_jaxtyping_checkers()
 
 _TESTS = Path(__file__).resolve().parent
 # Fixtures that load a real model: every test using one is marked `slow`
@@ -90,6 +98,8 @@ def pytest_collection_modifyitems(config, items):
 
 def _touches_model(item) -> bool:
     """Whether the test, its fixtures or the tests/ helpers they call can touch a model."""
+    from torch import nn
+
     funcs = [getattr(item, "function", None)]
     for defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values():
         funcs += [d.func for d in defs]
@@ -112,7 +122,7 @@ def _touches_model(item) -> bool:
         names = _code_names(code) | set(code.co_varnames) | set(code.co_cellvars)
         for name in names:
             obj = scope.get(name)
-            if isinstance(obj, torch.nn.Module):  # a model built when the module was imported
+            if isinstance(obj, nn.Module):  # a model built when the module was imported
                 return True
             if inspect.ismodule(obj) and _in_tests(obj):  # helpers reached as module.attribute
                 funcs += [getattr(getattr(obj, n), "__wrapped__", getattr(obj, n)) for n in names
@@ -164,6 +174,8 @@ def _code_names(code) -> set[str]:
 def _pure_tests_build_no_model(request, monkeypatch):
     """A test marked `pure` is left out of the TransformerLens 4 suite: on 3.9, building a
     model in one fails, so a test that touches a model cannot be left out by mistake."""
+    from sinkmech.loading.backend import CAPABILITIES
+
     if not CAPABILITIES.from_config or request.node.get_closest_marker("pure") is None:
         return
 
@@ -185,12 +197,16 @@ _GUARD = getattr(_pure_tests_build_no_model, "__wrapped__", _pure_tests_build_no
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Model:
+    from helpers.tiny import make_tiny
+
     return make_tiny()
 
 
 @pytest.fixture(scope="session")
 def tiny_tokens() -> torch.Tensor:
     """Content tokens [6, 12], ids in [2, 50) so none collides with <bos>."""
+    import torch
+
     g = torch.Generator().manual_seed(0)
     return torch.randint(2, 50, (6, 12), generator=g)
 
@@ -223,7 +239,7 @@ def gemma_transformers():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setattr(socket.socket, "connect", lambda self, address, *a, **k: pytest.fail(f"network: {address!r}"))
-        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype="float32",
                                                     attn_implementation="eager").eval()
 
 

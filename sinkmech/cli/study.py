@@ -85,9 +85,9 @@ def add_field_flag(group, name: str, hint: Any, default: Any, help_: str) -> Non
         group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
     elif get_origin(base) is tuple:
         item = get_args(base)[0]
-        group.add_argument(flag, nargs="+", type=value_type(item), metavar=_metavar(item), **kw)
+        group.add_argument(flag, nargs="+", type=FieldValue(item), metavar=_metavar(item), **kw)
     else:
-        group.add_argument(flag, type=value_type(base, none=optional), metavar=_metavar(base, optional), **kw)
+        group.add_argument(flag, type=FieldValue(base, none=optional), metavar=_metavar(base, optional), **kw)
 
 
 def _strip_none(hint: Any) -> tuple[Any, bool]:
@@ -111,10 +111,20 @@ def _metavar(hint: Any, optional: bool = False) -> str:
     return f"{names}|none" if optional else names
 
 
-def value_type(hint: Any, *, none: bool = False):
+@dataclasses.dataclass(frozen=True)
+class FieldValue:
     """A flag type: the text as the annotation's value (`none` allowed when the field may be None)."""
-    def parse(text: str):
-        if none and text.lower() == "none":
+
+    hint: Any
+    none: bool = dataclasses.field(default=False, kw_only=True)
+
+    @property
+    def __name__(self) -> str:  # argparse names the type in its messages
+        return getattr(self.hint, "__name__", "value")
+
+    def __call__(self, text: str):
+        hint = self.hint
+        if self.none and text.lower() == "none":
             return None
         if get_origin(hint) is Literal:
             for choice in get_args(hint):
@@ -133,9 +143,6 @@ def value_type(hint: Any, *, none: bool = False):
             except ValueError:
                 raise FlagValueError(f"takes {'whole ' if hint is int else ''}numbers, got {text!r}") from None
         return text
-
-    parse.__name__ = getattr(hint, "__name__", "value")
-    return parse
 
 
 def study_config(args):
