@@ -228,15 +228,16 @@ def gemma() -> Model:
 def gemma_transformers():
     """transformers' own Gemma 3 270M read from the same GGUF (its own reader), eager
     attention, float32: the reference the backend checks compare against, read once
-    per test run (reading the GGUF takes most of a minute on 2 cores)."""
+    per test run (the GGUF's metadata parsed once for the config, tokenizer and weights)."""
     import socket
 
     from transformers import AutoModelForCausalLM
 
+    from sinkmech.loading.gguf import one_reader_per_file
     from sinkmech.loading.models import packaged_gguf_path
 
     path = packaged_gguf_path("gemma3-270m")
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, one_reader_per_file():
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setattr(socket.socket, "connect", lambda self, address, *a, **k: pytest.fail(f"network: {address!r}"))
         return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype="float32",

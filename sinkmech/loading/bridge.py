@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from sinkmech.loading.cache import ModelCache, packaged_gguf_path, packaged_sha256
-from sinkmech.loading.gguf import GGUFError, check_gguf_file
+from sinkmech.loading.gguf import GGUFError, check_gguf_file, one_reader_per_file
 from sinkmech.loading.names import ModelSource, check_hf_folder, unknown_model
 
 HF_ENTRY_VERSION = 1
@@ -76,8 +76,9 @@ def read_gguf_transformers(path: Path):
 
     folder, name = str(path.parent), path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        with one_reader_per_file():  # the config, the tokenizer and the weights: one parse of the file
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except Exception as e:
         raise GGUFError(f"transformers cannot read {path}: {type(e).__name__}: {e}") from e
     # The weights are already dequantized; a config that still says GGUF would

@@ -24,7 +24,9 @@ import torch
 
 from sinkmech.loading.backend import Model, move
 from sinkmech.loading.cache import ModelCache, entry_key, packaged_gguf_path, packaged_sha256
-from sinkmech.loading.gguf import SUPPORTED_ARCHITECTURES, GGUFError, check_gguf_file, gguf_metadata, read_gguf
+from sinkmech.loading.gguf import (
+    SUPPORTED_ARCHITECTURES, GGUFError, check_gguf_file, gguf_metadata, one_reader_per_file, read_gguf,
+)
 from sinkmech.loading.names import ModelSource, check_hf_folder, folder_architecture, unknown_model
 
 BRIDGE_LOADS = ("the TransformerBridge backend loads it: TransformerLens 4 (`make setup-tl4`, "
@@ -143,14 +145,15 @@ def convert_gguf(
         The model and the context length the file was trained for.
     """
     path = check_gguf_file(path)
-    meta = gguf_metadata(path)
-    arch = str(meta.get("general.architecture"))
-    context_length = meta.get(f"{arch}.context_length")
-    context_length = int(context_length) if context_length is not None else None
-    if arch in SUPPORTED_ARCHITECTURES:
-        model = _llama_from_gguf(path, n_ctx)
-    else:
-        model = _convert_with_transformers(path, arch, meta, n_ctx=n_ctx, tl_name=tl_name)
+    with one_reader_per_file():
+        meta = gguf_metadata(path)
+        arch = str(meta.get("general.architecture"))
+        context_length = meta.get(f"{arch}.context_length")
+        context_length = int(context_length) if context_length is not None else None
+        if arch in SUPPORTED_ARCHITECTURES:
+            model = _llama_from_gguf(path, n_ctx)
+        else:
+            model = _convert_with_transformers(path, arch, meta, n_ctx=n_ctx, tl_name=tl_name)
     return model, context_length
 
 

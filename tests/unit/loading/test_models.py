@@ -265,3 +265,35 @@ def test_load_model_reads_the_spec_once_and_hands_the_loader_its_source(tmp_path
     assert (source.kind, source.location, source.name, source.architecture) == ("folder", str(folder), "hf",
                                                                                 "unnamed architecture")
     assert kw == {"device": "cpu", "dtype": torch.float32, "n_ctx": 16, "cache": None}
+
+
+def test_one_reader_per_file_parses_each_file_once_and_restores_the_reader(tmp_path):
+    """Inside the block every opening of one file (sinkmech's and transformers', both through
+    `gguf.GGUFReader`) gets the same reader; another file its own; nested blocks share the
+    outer one's; afterwards, and after an error, `gguf.GGUFReader` is the real class again."""
+    import gguf
+
+    from sinkmech.loading.gguf import gguf_metadata, one_reader_per_file
+
+    paths = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_block_count(1)
+        writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        paths.append(path)
+    real = gguf.GGUFReader
+    with one_reader_per_file():
+        first = gguf.GGUFReader(paths[0])
+        assert gguf.GGUFReader(str(paths[0])) is first and gguf.GGUFReader(paths[1]) is not first
+        with one_reader_per_file():
+            assert gguf.GGUFReader(paths[0]) is first
+        assert gguf_metadata(paths[0])["llama.block_count"] == 1
+    assert gguf.GGUFReader is real and gguf.GGUFReader(paths[0]) is not first
+    with pytest.raises(RuntimeError), one_reader_per_file():
+        raise RuntimeError("a failed conversion")
+    assert gguf.GGUFReader is real
