@@ -154,8 +154,12 @@ browser:
 	fi
 
 # The README's test command: both suites (TransformerLens 3.9 and 4.3), without
-# the end-to-end runs marked long and the slow checks marked extended.
-test: both-suites
+# the end-to-end runs marked long and the slow checks marked extended. On a fresh
+# clone the two environments are built side by side first (pip waits on downloads
+# and disk as much as on a core).
+test:
+	$(MAKE) -j2 setup setup-tl4
+	$(MAKE) both-suites
 
 # What CI adds after make test (.ci/run): the checks marked extended, both suites.
 test-extended:

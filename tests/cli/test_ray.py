@@ -1,7 +1,9 @@
 """The Ray engine on a local 2-worker cluster: `sinks --ray --workers 2` equals the
 single-process run; a worker that dies is restarted and its shard retried; a
 shard that keeps failing ends the run naming it. Every test here starts a Ray
-cluster (tens of seconds on two cores), so all are marked slow."""
+cluster (tens of seconds on two cores), so all are marked slow; the other commands
+on the cluster (each its own use of the same engine: 20-50 s apiece) are marked
+extended, for make test-extended and CI."""
 
 from __future__ import annotations
 
@@ -120,6 +122,7 @@ def test_heads_and_ablate_on_ray_equal_the_single_process_run(tmp_path):
         assert_same_json(json.loads(single.read_text()), json.loads(dist.read_text()), **tol)
 
 
+@pytest.mark.extended  # the engine is the one `sinks --ray` checks in make test; here each command's use of it
 def test_length_on_ray_equals_the_single_process_run(tmp_path, capsys):
     """Both stages on the cluster (the scores, the heads chosen on the driver, the costs), SmolLM2,
     3 windows of the default corpus cut to 4 and 8 tokens, one top head; the single run batches the 3
@@ -145,6 +148,7 @@ def test_length_on_ray_equals_the_single_process_run(tmp_path, capsys):
     assert capsys.readouterr().err.count("3 of 3 shards already") == 2  # no worker starts in either stage
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(("args", "tol"), [
     # patch: its clean runs take all of a shard's prompts in one pass whatever --batch-size, so
     # 3 prompts against 1 round differently in float32: KLs agree to 3.4e-6 relative (measured),
