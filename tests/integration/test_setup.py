@@ -44,8 +44,9 @@ def test_as_root_make_installs_chromium_with_apt_get(tmp_path):
 
 def test_every_test_target_checks_the_browser_and_runs_ruff():
     text = (ROOT / "Makefile").read_text()
-    # `make test` (the README's command and CI's) is both suites side by side
-    assert re.search(r"^test: both-suites$", text, re.M)
+    # `make test` (the README's command and CI's): both environments built side by side, then both suites
+    rule = re.search(r"^test:\n((?:\t.*\n)+)", text, re.M)
+    assert rule and rule.group(1).splitlines() == ["\t$(MAKE) -j2 setup setup-tl4", "\t$(MAKE) both-suites"]
     for target in ("both-suites", "test-tl3", "test-fast"):
         rule = re.search(rf"^{target}: (.*)\n((?:\t.*\n)+)", text, re.M)
         assert rule and "browser" in rule.group(1).split(), target
