@@ -228,8 +228,8 @@ class ModelCache:
         model = self.load(key, device=device, n_ctx=n_ctx)
         if model is not None:
             return model
-        print(f"note: converting the model once into the cache at {self.entry_dir(key)} (minutes on a CPU: about "
-              "2 for Gemma 3 270M, 30 s for SmolLM2, on 2 cores); later loads read it back in seconds",
+        print(f"note: converting the model once into the cache at {self.entry_dir(key)} (on 2 CPU cores about "
+              "40 s for Gemma 3 270M, 10 s for SmolLM2); later loads read it back in seconds",
               file=sys.stderr, flush=True)
         built, context_length = build()
         self.store(key, built, context_length=context_length)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import sysconfig
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -48,9 +49,16 @@ VAL_EVERY = 20  # every 20th text document (by a stable hash) is held out
 def python_docs() -> tuple[str, ...]:
     """Documents: every `pydoc_data.topics` entry, then every module, class and
     function docstring (> 40 characters) of the top-level standard library."""
+    return tuple(_python_docs_in_order())
+
+
+def _python_docs_in_order() -> Iterator[str]:
+    """`python_docs`, one document at a time: a module is parsed only when
+    its documents are reached (a run that keeps the first few hundred KB
+    reads the topics alone)."""
     from pydoc_data.topics import topics
 
-    docs = [topics[k] for k in sorted(topics)]
+    yield from (topics[k] for k in sorted(topics))
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.glob("*.py")):
         try:
@@ -61,8 +69,7 @@ def python_docs() -> tuple[str, ...]:
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
                 if doc and len(doc) > 40:
-                    docs.append(doc)
-    return tuple(docs)
+                    yield doc
 
 
 @lru_cache(maxsize=1)
@@ -87,6 +94,13 @@ def corpus_documents(corpus: TextCorpus = "docs") -> tuple[str, ...]:
     return python_docs() + (stdlib_sources() if corpus == "docs+source" else ())
 
 
+def _documents_in_order(corpus: TextCorpus) -> Iterator[str]:
+    """`corpus_documents(corpus)`, one at a time, each source read only when reached."""
+    yield from _python_docs_in_order()
+    if corpus == "docs+source":
+        yield from stdlib_sources()
+
+
 def text_streams(
     *, limit_bytes: int | None = None, corpus: TextCorpus = "docs"
 ) -> tuple[Int[Tensor, " train_tokens"], Int[Tensor, " val_tokens"]]:
@@ -102,7 +116,8 @@ def text_streams(
     parts: dict[str, list[Tensor]] = {"train": [], "val": []}
     bos = torch.tensor([TEXT_VOCAB], dtype=torch.long)
     used = 0
-    for doc in corpus_documents(corpus):
+    # with a limit, only the documents before it are read (the same ones, in the same order)
+    for doc in corpus_documents(corpus) if limit_bytes is None else _documents_in_order(corpus):
         data = doc.encode("utf-8")
         if not data:
             continue

@@ -150,6 +150,12 @@ def test_the_larger_text_corpus_adds_the_stdlib_sources():
     train_docs, _ = text_streams(limit_bytes=200_000)
     train_both, _ = text_streams(limit_bytes=200_000, corpus="docs+source")
     assert torch.equal(train_docs, train_both)  # the sources follow the docs: a small limit sees only docs
+    # with a limit the documents are read one at a time, as far as the limit: the same ones, in order
+    from itertools import islice
+
+    from sinkmech.train.data import _documents_in_order
+
+    assert tuple(islice(_documents_in_order("docs+source"), 600)) == docs[:600]  # the topics and some modules
     with pytest.raises((ValueError, TypeCheckError)):  # the literal is type-checked before __post_init__
         TrainConfig(text_corpus="web")
 
