@@ -182,7 +182,7 @@ test-long: $(STAMP) browser
 	$(BIN)/python -m pytest -q -m long
 
 # The tests that load no real model, start no Ray cluster, train nothing and
-# spawn few processes (about 76 s on 2 cores): two pytest-xdist workers of
+# spawn few processes (about 60 s on 2 cores): two pytest-xdist workers of
 # one thread each, one per core.
 test-fast: $(STAMP) browser
 	$(BIN)/ruff check
