@@ -295,7 +295,7 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
         check = noop_check(model, prompts[noop_rows.start:noop_rows.stop], check_heads, bos=args.bos,
                            max_tokens=args.max_tokens, thresholds=scan.thresholds,
                            documents=None if documents is None else documents[noop_rows.start:],
-                           options=run_options(args, bos_token_id=bos_id)).at(noop_rows)
+                           options=run_options(args, bos_token_id=bos_id)).at_prompts(noop_rows)
         # the primary family: the if-else heads (or the one head asked for); other candidates are secondary
         check = with_primary(check, [target] if target else scan.if_else_heads())
         if len(noop_rows) < FULL_NOOP_PROMPTS or len(check_heads) < len(every):

@@ -81,7 +81,7 @@ def discover_heads(
         noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos="prepend", max_tokens=max_tokens,
                           thresholds=scan.thresholds,
                           documents=None if documents is None else documents[noop_rows.start:],
-                          options=options).at(noop_rows)
+                          options=options).at_prompts(noop_rows)
         # the primary family: the scan's if-else heads (or the heads asked for); candidates are secondary
         noop = with_primary(noop, checked if heads is not None else scan.if_else_heads())
     found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))

@@ -131,7 +131,7 @@ class NoopCheck(Result):
     n_prompts: int | None = None  # prompts checked
     n_documents: int | None = None  # the documents they were cut from, when known: the intervals' units
 
-    def at(self, prompt_indices: Sequence[int]) -> NoopCheck:
+    def at_prompts(self, prompt_indices: Sequence[int]) -> NoopCheck:
         """This check with where its prompts sit in a larger corpus recorded
         (one index per prompt checked)."""
         indices = tuple(int(i) for i in prompt_indices)
@@ -384,7 +384,7 @@ def noop_check(
     Returns:
         NoopCheck with one NoopResult per head, in the given order. Where the
         prompts sit in a larger corpus is the caller's to record
-        (`check.at(prompt_indices)`), so a reader can check they are disjoint
+        (`check.at_prompts(prompt_indices)`), so a reader can check they are disjoint
         from the scan's.
     """
     high, low = thresholds.high, thresholds.low

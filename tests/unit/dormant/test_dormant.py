@@ -387,10 +387,10 @@ def test_token_batch_is_the_primary_input(planted):
     b = noop_check(model, corpus[:8], [(0, 0)], bos="prepend", max_tokens=20, options=TINY_RUN)
     assert a.results == b.results
     # where the checked prompts sit in the corpus is recorded on the result, one index per prompt
-    assert a.prompt_indices is None and a.at(range(8, 16)).prompt_indices == tuple(range(8, 16))
-    assert json.loads(a.at(range(8, 16)).to_json())["prompt_indices"] == list(range(8, 16))
+    assert a.prompt_indices is None and a.at_prompts(range(8, 16)).prompt_indices == tuple(range(8, 16))
+    assert json.loads(a.at_prompts(range(8, 16)).to_json())["prompt_indices"] == list(range(8, 16))
     with pytest.raises(ValueError, match="7 prompt indices for a check of 8 prompts"):
-        a.at(range(7))
+        a.at_prompts(range(7))
     with pytest.raises(ValueError, match="does not match"):
         scan_heads(model, batch, bos="none", options=QUIET)
     with pytest.raises(ValueError, match="max_tokens"):
