@@ -105,18 +105,23 @@ def test_truncated_file(tmp_path):
         read_gguf(cut)
 
 
-@needs(any_architecture=False, why="where every architecture loads, transformers reads gpt2 GGUF files")
-def test_unsupported_architecture_is_named(tmp_path):
+def _one_block_gguf(path, arch: str):
+    """A GGUF file of `arch` that says it has one block and holds one zero embedding."""
     import gguf
 
-    path = tmp_path / "gpt2.gguf"
-    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+@needs(any_architecture=False, why="where every architecture loads, transformers reads gpt2 GGUF files")
+def test_unsupported_architecture_is_named(tmp_path):
+    path = _one_block_gguf(tmp_path / "gpt2.gguf", "gpt2")
     with pytest.raises(GGUFError, match="unsupported GGUF architecture 'gpt2'"):
         load_model(str(path))
 
@@ -275,17 +280,7 @@ def test_one_reader_per_file_parses_each_file_once_and_restores_the_reader(tmp_p
 
     from sinkmech.loading.gguf import gguf_metadata, one_reader_per_file
 
-    paths = []
-    for name in ("a", "b"):
-        path = tmp_path / f"{name}.gguf"
-        writer = gguf.GGUFWriter(str(path), "llama")
-        writer.add_block_count(1)
-        writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        paths.append(path)
+    paths = [_one_block_gguf(tmp_path / f"{name}.gguf", "llama") for name in ("a", "b")]
     real = gguf.GGUFReader
     with one_reader_per_file():
         first = gguf.GGUFReader(paths[0])
