@@ -40,6 +40,11 @@ class Result:
         """Long format: one row per measured cell."""
         raise NotImplementedError(f"{type(self).__name__} must define to_dataframe()")
 
+    def notes(self) -> list[str]:
+        """What a reader should know about how this result was run (a first look
+        and what the whole run would take): the command line prints them after it."""
+        return []
+
     def to_json(self, **options) -> str:
         """`to_dict(**options)` as strict JSON on one line: NaN and infinities are null."""
         return json_text(self.to_dict(**options), indent=None)

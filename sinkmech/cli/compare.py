@@ -5,6 +5,7 @@ without `<bos>`, and the dormant-head scan, for each model; one folder out
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,9 +13,10 @@ from typing import TYPE_CHECKING
 
 from sinkmech.cli.common import (
     add_attention,
-    Distinct, FlagValueError, UsageError, model_name, non_negative_int, output_file, output_folder, positive_int,
+    Distinct, FlagValueError, UsageError, max_heads_arg, model_name, non_negative_int, output_file, output_folder, positive_int,
     prompts_arg, run_options,
 )
+from sinkmech.dormant.first_look import FULL_NOOP_PROMPTS, NOOP_MAX_HEADS, NOOP_PROMPTS
 from sinkmech.files import check_output_dir, json_text, staged_dir, write_text
 from sinkmech.findings import flatten, record, report_findings
 
@@ -40,15 +42,19 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--spread-prompts", type=positive_int, default=16, help="prompts for the one-token swap (default 16)")
     p.add_argument("--spread-tokens", type=positive_int, default=48, help="content tokens per prompt for the swap (default 48)")
     p.add_argument("--dormant-prompts", type=non_negative_int, default=64, help="prompts for the dormant-head scan (0: skip it)")
-    p.add_argument("--noop-prompts", type=non_negative_int, default=32,
-                   help="prompts held out from the scan for the no-op check of the top candidates (default 32; 0: "
-                        "the scan only, the no-op check left to `sinkmech heads`)")
+    p.add_argument("--noop-prompts", type=non_negative_int, default=NOOP_PROMPTS,
+                   help=f"prompts held out from the scan for the no-op check of the top candidates (default "
+                        f"{NOOP_PROMPTS}, a first look; the findings check {FULL_NOOP_PROMPTS}; 0: the scan only, the "
+                        "no-op check left to `sinkmech heads`)")
+    p.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+                   help=f"check at most N of those heads, the if-else heads first (default {NOOP_MAX_HEADS}, a first "
+                        "look; 'all': every one; the run says what the whole check would take)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier comparison in --out (as a whole)")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
                    help="also write the first model's report page (`sinkmech report` with its defaults and this "
                         "command's --prompts, --n-prompts, --max-tokens, --batch-size, --dormant-prompts (as its "
-                        "scan prompts) and --noop-prompts) into DIR, reusing this command's model load, sink passes "
+                        "scan prompts), --noop-prompts and --noop-max-heads) into DIR, reusing this command's model load, sink passes "
                         "and dormant-head discovery; --overwrite and --findings apply to it too")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
@@ -113,7 +119,9 @@ def markdown(results: list[ModelComparison]) -> str:
         lines += ["", f"**{r.model}, dormant heads** ({d.n_prompts} prompts, with `<bos>`): "
                   + ", ".join(f"{n} {m}" for m, n in d.mode_counts.items())
                   + (f"; if-else heads: {', '.join(d.if_else_heads)}" if d.if_else_heads else "; no head passes the if-else rule")
-                  + (f". No-op check on {len(d.noop_prompts)} prompts held out from the scan: loss change per "
+                  + (f". No-op check of {len(d.noop)} of the {len(d.noop_covers) or len(d.noop)} heads it covers "
+                     "(every if-else head, then the closest candidates) on "
+                     f"{len(d.noop_prompts)} prompts held out from the scan: loss change per "
                      "intervened query, nats, with 95 % t intervals over prompts (an interval holding 0: no "
                      "detectable effect; Holm's correction over the primary family, active minus matched control per "
                      "if-else head and intervention (`compare.json`, `checks`: `role` and `p_adjusted`); other "
@@ -157,7 +165,7 @@ def write_report(args, model, name: str, prompts, shared) -> None:
     report = build_report(model, args.report, model_label=name, prompts=prompts, n_prompts=args.n_prompts,
                           max_tokens=args.max_tokens, options=run_options(args), overwrite=args.overwrite,
                           scan_prompts=args.dormant_prompts or ReportContext.scan_prompts,
-                          noop_prompts=args.noop_prompts, shared=shared)
+                          noop_prompts=args.noop_prompts, noop_max_heads=args.noop_max_heads, shared=shared)
     if args.findings is not None:
         label = name if "/" not in name else Path(name).stem
         record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")
@@ -172,7 +180,7 @@ def compare_config(args):
     return CompareConfig(models=tuple(names), prompts=None if args.prompts is None else str(args.prompts),
                          n_prompts=args.n_prompts, max_tokens=args.max_tokens, spread_prompts=args.spread_prompts,
                          spread_tokens=args.spread_tokens, dormant_prompts=args.dormant_prompts,
-                         noop_prompts=args.noop_prompts)
+                         noop_prompts=args.noop_prompts, noop_max_heads=args.noop_max_heads)
 
 
 def cmd_compare(args) -> None:
@@ -227,5 +235,7 @@ def write_comparison(args, comparison) -> None:
             record(args.findings, flatten(f"{r.model}.compare", r.findings()), replace_prefix=f"{r.model}.compare")
         print(f"recorded findings in {args.findings}")
     print(markdown(results))
+    for note in comparison.notes(all_heads="all"):
+        print(note, file=sys.stderr)
     print(f"wrote {args.out}/compare.json, compare.md, first_token_score.png, spread.png "
           f"in {comparison.seconds:.0f} s")

@@ -65,6 +65,15 @@ def positive_int(text: str) -> int:
     return _bounded(text, int, 1)
 
 
+def max_heads_arg(text: str) -> int | None:
+    """--noop-max-heads: a whole number >= 1, or 'all' (None: no cap)."""
+    if text == "all":
+        return None
+    if not text.strip().isdigit():
+        raise FlagValueError(f"takes a whole number >= 1 or 'all', got {text!r}")
+    return positive_int(text)
+
+
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (a count where 0 turns something off, a position, a layer)."""
     return _bounded(text, int, 0)

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sinkmech.cli.common import (
-    BOS_HELP, FlagValueError, UsageError, add_attention, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
-    load_model_arg, non_negative_int, output_file, positive_int, run_options, write_results,
+    BOS_HELP, UsageError, add_attention, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
+    load_model_arg, max_heads_arg, non_negative_int, output_file, positive_int, run_options, write_results,
 )
+from sinkmech.dormant.first_look import FULL_NOOP_PROMPTS, NOOP_MAX_HEADS, NOOP_PROMPTS, first_look_note
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
 from sinkmech.sharding.resume import already_done, prompts_sha256
 from sinkmech.findings import flatten, record
@@ -114,22 +115,6 @@ def cmd_contrast(args, a: list, b: list) -> None:
         print(f"wrote {path}", file=sys.stderr)
 
     write_results(args, payload, png_out)
-
-
-NOOP_PROMPTS = 8  # the no-op check's held-out prompts when the corpus has room: a first look
-NOOP_MAX_HEADS = 4  # ... on at most this many heads (None: all)
-
-
-def max_heads_arg(text: str) -> int | None:
-    """--noop-max-heads: a whole number >= 1, or 'all' (None: no cap)."""
-    if text == "all":
-        return None
-    if not text.strip().isdigit():
-        raise FlagValueError(f"takes a whole number >= 1 or 'all', got {text!r}")
-    return positive_int(text)
-
-
-FULL_NOOP_PROMPTS = 64  # what `make findings` checks on (its cost is printed after a first look)
 
 
 def noop_split(n_prompts: int, asked: int | None) -> int:
@@ -298,13 +283,9 @@ def heads_output(args, model, prompts, scan, bos_id, target, noop_rows: range) -
                            options=run_options(args, bos_token_id=bos_id)).at_prompts(noop_rows)
         # the primary family: the if-else heads (or the one head asked for); other candidates are secondary
         check = with_primary(check, [target] if target else scan.if_else_heads())
-        if len(noop_rows) < FULL_NOOP_PROMPTS or len(check_heads) < len(every):
-            scale = max(FULL_NOOP_PROMPTS, len(noop_rows)) / len(noop_rows) * len(every) / len(check_heads)
-            minutes = (time.perf_counter() - t0) * scale / 60
-            print(f"note: the no-op check ran on {len(check_heads)} of the {len(every)} heads it covers (every if-else "
-                  f"head and {args.noop} candidates) and {len(noop_rows)} held-out prompts: a first look (wide "
-                  f"intervals); --noop-max-heads all --noop-prompts {max(FULL_NOOP_PROMPTS, len(noop_rows))} checks "
-                  f"every one (about {minutes:.0f} min at this speed)", file=sys.stderr)
+        note = first_look_note(len(check_heads), len(every), len(noop_rows), time.perf_counter() - t0)
+        if note is not None:
+            print(note, file=sys.stderr)
     if not target:  # --head L.H prints just that head's profile
         print_heads_table(scan, args.top)
     if target:

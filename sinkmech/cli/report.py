@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, model_name, non_negative_int, output_file,
+    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, max_heads_arg, model_name, non_negative_int, output_file,
     output_folder,
     positive_int,
     prompts_arg, run_options,
 )
+from sinkmech.dormant.first_look import NOOP_MAX_HEADS, NOOP_PROMPTS, first_look_note
 from sinkmech.files import check_output_dir
 from sinkmech.findings import record, report_findings
 from sinkmech.loading.names import DEFAULT_MODEL
@@ -21,6 +23,10 @@ SECTION_SIZES = ("spread_prompts", "scan_prompts", "noop_prompts", "ablation_pro
                  "beyond_prompts", "stream_tokens", "stream_window", "length_prompts", "length_tokens", "length_steps")
 
 
+NOOP_PROMPTS_HELP = (f"default 0: no no-op check (`sinkmech heads` runs it); {NOOP_PROMPTS}: a first look on at most "
+                     "--noop-max-heads heads, and the run says what the whole check would take")
+
+
 def add_report_parser(sub) -> None:
     defaults = dataclass_defaults("sinkmech.report.context", "ReportContext")
     p = sub.add_parser("report", help="one-page offline report: figures, summary.json and circuitsvis views")
@@ -28,7 +34,9 @@ def add_report_parser(sub) -> None:
     p.add_argument("--out", type=output_folder, required=True,
                    help="output folder (index.html, summary.json, figures/; missing folders are created)")
     p.add_argument("--prompts", default=None, help="text file (one prompt per line) or JSONL with a 'text' field; default: the Python docs corpus")
-    p.add_argument("--n-prompts", type=positive_int, default=170, help="prompts for the sink scores (default 170, as in the paper)")
+    p.add_argument("--n-prompts", type=positive_int, default=defaults["n_prompts"],
+                   help=f"prompts for the sink scores (default {defaults['n_prompts']}, as `make demo`; the paper's 170 "
+                        "takes about a minute more on 2 CPU cores)")
     p.add_argument("--max-tokens", type=positive_int, default=64, help="content tokens per prompt (default 64)")
     p.add_argument("--batch-size", type=positive_int, default=16, help=BATCH_HELP)
     p.add_argument("--heads", type=positive_int, default=3, help="how many top / least sink-like heads to show up close")
@@ -39,7 +47,10 @@ def add_report_parser(sub) -> None:
         default = defaults[name]
         kind = non_negative_int if name == "noop_prompts" else positive_int  # 0: no no-op check
         sizes.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
-                           help=f"default {default}" + ("; 0: none" if name == "noop_prompts" else ""))
+                           help=NOOP_PROMPTS_HELP if name == "noop_prompts" else f"default {default}")
+    sizes.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+                       help=f"check at most N of the no-op check's heads, the if-else heads first (default "
+                            f"{NOOP_MAX_HEADS}, a first look; 'all': every one; the run says what that would take)")
     p.add_argument("--findings", type=output_file, default=None,
                    help="merge the quotable numbers into this findings file (e.g. figures/findings.json)")
     p.add_argument("--overwrite", action="store_true",
@@ -68,12 +79,20 @@ def cmd_report(args) -> None:
         view_tokens=args.view_tokens,
         view_prompts=args.view_prompts,
         overwrite=args.overwrite,
+        noop_max_heads=args.noop_max_heads,
         **{name: getattr(args, name) for name in SECTION_SIZES},
     )
     if args.findings is not None:
         label = args.model if "/" not in args.model else Path(args.model).stem
         record(args.findings, report_findings(label, report.summary), replace_prefix=f"{label}.report")
         print(f"recorded findings in {args.findings}")
+    noop = report.summary["sections"].get("dormant", {}).get("noop")
+    note = noop and first_look_note(len(noop["heads"]), len(noop["heads_covered"]), noop["n_prompts"], noop["seconds"])
+    if note:
+        print(note, file=sys.stderr)
+    elif not args.noop_prompts:
+        print(f"note: no no-op check of the dormant heads here (--noop-prompts {NOOP_PROMPTS} adds a first look; "
+              "`sinkmech heads` runs the check)", file=sys.stderr)
     rates = report.summary["sections"]["sinks"]["sink_rate"]
     for bos, r in rates.items():
         print(f"sink rate bos={bos}: " + ", ".join(f"eps {e}: {v:.1f}%" for e, v in r.items()))

@@ -193,6 +193,8 @@ def cmd_study(args) -> None:
     t0 = time.perf_counter()
     result = config.run(study_models(config, options), options)
     print(f"study {config.study}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    for note in result.notes():
+        print(note, file=sys.stderr)
     if args.json is not None:
         write_json(args.json, result.to_dict())
     if getattr(args, "figures", None) is not None:

@@ -9,9 +9,11 @@ no-op check on the next `noop_prompts`, which neither saw.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from sinkmech.loading.backend import Model
+from sinkmech.dormant.first_look import first_look_note
 from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads, with_primary
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.result import HeadScan
@@ -29,6 +31,16 @@ class Discovery:
     noop: NoopCheck | None
     scan_prompts: tuple[int, ...]  # corpus indices the scan used
     noop_prompts: tuple[int, ...]  # corpus indices the no-op check used (disjoint)
+    noop_covers: tuple[tuple[int, int], ...] = ()  # every head the check covers: if-else heads, then candidates
+    noop_seconds: float = 0.0  # what the check took (its cost on more heads or prompts scales from it)
+
+    def first_look_note(self, *, all_heads: str = "all") -> str | None:
+        """What the no-op check left out and what the whole check would take
+        (`sinkmech.dormant.first_look`); None when no check ran or it was whole."""
+        if self.noop is None:
+            return None
+        return first_look_note(len(self.noop.results), len(self.noop_covers), len(self.noop_prompts),
+                               self.noop_seconds, all_heads=all_heads)
 
     def to_dict(self) -> dict:
         return {"scan_prompts": list(self.scan_prompts), "noop_prompts": list(self.noop_prompts)}
@@ -41,19 +53,22 @@ def discover_heads(
     scan_prompts: int | None = None,
     noop_prompts: int = 32,
     n_candidates: int = 3,
-    heads: list[tuple[int, int]] | None = None,
+    max_heads: int | None = None,
     max_tokens: int = 64,
     thresholds: Thresholds = Thresholds(),
     memo: dict | None = None,
     options: RunOptions = RunOptions(),
 ) -> Discovery:
     """`scan_heads` on the first prompts, then `noop_check` of every if_else
-    head and the `n_candidates` closest besides (or of `heads`) on the next
-    `noop_prompts` (0: no check), both with `<bos>` prepended.
+    head and the `n_candidates` closest besides on the next `noop_prompts`
+    (0: no check), both with `<bos>` prepended.
 
     Args:
         prompts: see `sinkmech.corpora.load_prompts`.
         scan_prompts: prompts to scan (default: all but the no-op ones).
+        max_heads: check at most this many of those heads, the if-else heads
+            first (None: every one). A check's cost grows with its heads and
+            prompts; `Discovery.first_look_note` says what the whole one takes.
         thresholds: the scan's cuts and rules (`scan_heads`); the no-op check
             uses its query-mode cuts.
         memo: a dict shared between callers in one process (`compare --report`
@@ -67,24 +82,24 @@ def discover_heads(
     key = None
     if memo is not None:
         # the model itself, not its id: the memo keeps it alive, so no later model can reuse the key
-        key = (model, repr(items[: noop_rows.stop]), len(scan_rows), len(noop_rows), n_candidates,
-               None if heads is None else tuple(heads), max_tokens, thresholds, options.batch_size,
-               options.bos_token_id)
+        key = (model, repr(items[: noop_rows.stop]), len(scan_rows), len(noop_rows), n_candidates, max_heads,
+               max_tokens, thresholds, options.batch_size, options.bos_token_id)
         if key in memo:
             return memo[key]
     scan = scan_heads(model, items[scan_rows.start:scan_rows.stop], bos="prepend", max_tokens=max_tokens,
                       thresholds=thresholds, options=options)
-    checked = heads if heads is not None else noop_heads(scan, n_candidates)
-    noop = None
+    covers = noop_heads(scan, n_candidates)
+    checked = covers if max_heads is None else covers[:max_heads]
+    noop, t0 = None, time.perf_counter()
     if checked and len(noop_rows):
         documents = prompt_documents(prompts, noop_rows.stop)  # windows of one document are not independent
         noop = noop_check(model, items[noop_rows.start:noop_rows.stop], checked, bos="prepend", max_tokens=max_tokens,
                           thresholds=scan.thresholds,
                           documents=None if documents is None else documents[noop_rows.start:],
                           options=options).at_prompts(noop_rows)
-        # the primary family: the scan's if-else heads (or the heads asked for); candidates are secondary
-        noop = with_primary(noop, checked if heads is not None else scan.if_else_heads())
-    found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows))
+        # the primary family: the scan's if-else heads; candidates are secondary
+        noop = with_primary(noop, scan.if_else_heads())
+    found = Discovery(scan, noop, tuple(scan_rows), tuple(noop_rows), tuple(covers), time.perf_counter() - t0)
     if memo is not None:
         memo[key] = found
     return found

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from sinkmech.dormant.first_look import NOOP_MAX_HEADS
 from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
@@ -34,7 +35,7 @@ class ReportContext:
     model: Model
     out: Path
     prompts: PromptSource = None
-    n_prompts: int = 170
+    n_prompts: int = 80  # the sink scores: `make demo`'s size (the paper's 170 is one flag away)
     max_tokens: int = 64
     token_str: TokenStr | None = None
     n_heads: int = 3
@@ -44,7 +45,10 @@ class ReportContext:
     # count capped by n_prompts and each length by max_tokens
     spread_prompts: int = 8  # token swaps, with and without <bos>
     scan_prompts: int = 64  # dormant-head scan
-    noop_prompts: int = 8  # no-op check of every if_else head and the top candidates (a first look; 0: none)
+    # the no-op check of the if_else heads and the top candidates: opt in (`sinkmech heads` runs it), then
+    # at most noop_max_heads of them, the if-else heads first (None: every one)
+    noop_prompts: int = 0
+    noop_max_heads: int | None = NOOP_MAX_HEADS
     ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
     ablation_tokens: int = 16
     # the sections beyond the paper (sections.py, after the interventions): small, so the default

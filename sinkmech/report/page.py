@@ -77,7 +77,7 @@ def build_report(
         options: batch size, progress bars and the `<bos>` id every section runs with.
         **settings: ReportContext fields: prompts, n_prompts, max_tokens,
             token_str, n_heads, view_tokens, view_prompts, spread_prompts,
-            scan_prompts, noop_prompts, ablation_prompts, ablation_tokens, the
+            scan_prompts, noop_prompts, noop_max_heads, ablation_prompts, ablation_tokens, the
             beyond-the-paper sizes, and `shared` (`compare_model`'s passes).
 
     Returns:
@@ -95,6 +95,8 @@ def build_report(
         required = [k for k in SETTINGS if k not in OPTIONAL_SETTINGS]
         raise ValueError(f"report settings must be >= 1 ({', '.join(required)}) or >= 0 "
                          f"({', '.join(OPTIONAL_SETTINGS)}, 0: left out); got {', '.join(f'{k}={getattr(check, k)}' for k in low)}")
+    if check.noop_max_heads is not None and check.noop_max_heads < 1:
+        raise ValueError(f"noop_max_heads must be >= 1 or None (every head), got {check.noop_max_heads}")
     with staged_dir(out, overwrite=overwrite, what="report folder") as tmp:
         summary, files = _build(model, tmp, sections, model_label, settings)
     return Report(out / "index.html", out / "summary.json", tuple(out / f for f in files), summary)
@@ -116,7 +118,7 @@ def _build(model, out: Path, sections, model_label, settings) -> tuple[dict, lis
         "model": label,
         "n_layers": model.cfg.n_layers,
         "n_heads": model.cfg.n_heads,
-        "settings": {k: getattr(ctx, k) for k in SETTINGS},
+        "settings": {**{k: getattr(ctx, k) for k in SETTINGS}, "noop_max_heads": ctx.noop_max_heads},
         "timing_s": timing,
         "sections": {s.key: s.summary for s in done},
     }

@@ -253,8 +253,8 @@ def dormant_section(ctx: ReportContext) -> Section:
     items = ctx.first(ctx.scan_prompts + ctx.noop_prompts)
     n_noop = min(ctx.noop_prompts, len(items) // 2)  # held out from the scan
     disc = discover_heads(model, items, scan_prompts=min(ctx.scan_prompts, len(items) - n_noop), noop_prompts=n_noop,
-                          n_candidates=ctx.n_heads, max_tokens=ctx.max_tokens, memo=ctx.discoveries(),
-                          options=ctx.options)
+                          n_candidates=ctx.n_heads, max_heads=ctx.noop_max_heads, max_tokens=ctx.max_tokens,
+                          memo=ctx.discoveries(), options=ctx.options)
     scan, noop = disc.scan, disc.noop
     found = scan.if_else_heads()
     ranked = found or scan.ranked()
@@ -320,6 +320,7 @@ def dormant_section(ctx: ReportContext) -> Section:
         "noop": None if noop is None else {
             "n_prompts": len(disc.noop_prompts), "prompt_indices": list(disc.noop_prompts),
             "loss_clean": noop.loss_clean, "ci_level": noop.ci_level,
+            "heads_covered": [head_label(*hd) for hd in disc.noop_covers], "seconds": round(disc.noop_seconds, 2),
             "heads": {head_label(r.layer, r.head): r.to_dict() for r in noop.results}},
     }
     body = (
@@ -336,8 +337,12 @@ def dormant_section(ctx: ReportContext) -> Section:
         f"p <= {th.alpha:g} / {scan.n_layers * scan.n_heads} heads (last column). What each label means: "
         + html.escape("; ".join(f"{k}: {v}" for k, v in mode_meaning(th).items())) + ".</p>"
         + (f"<p>No-op check on {len(disc.noop_prompts)} prompts held out from the scan (prompts "
-           f"{disc.noop_prompts[0]}-{disc.noop_prompts[-1]}; the scan used 0-{disc.scan_prompts[-1]}), for every if-else "
-           f"head and the {ctx.n_heads} closest candidates besides. Three interventions, each on the head's dormant and "
+           f"{disc.noop_prompts[0]}-{disc.noop_prompts[-1]}; the scan used 0-{disc.scan_prompts[-1]}), "
+           + (f"for every if-else head and the {ctx.n_heads} closest candidates besides. "
+              if len(noop_results) >= len(disc.noop_covers) else
+              f"for the first {len(noop_results)} of the {len(disc.noop_covers)} heads it covers (every if-else head, "
+              f"then the {ctx.n_heads} closest candidates): a first look (--noop-max-heads all checks every one). ")
+           + "Three interventions, each on the head's dormant and "
            "on its active queries: <i>move to first</i> puts all of its attention on the first token (on dormant "
            "queries, already >= high there, it can only change a little), <i>zero out</i> (Guo et al.) sets its "
            "output to 0, <i>mean ablate</i> sets it to its mean output over these prompts (zero is off the "
@@ -349,8 +354,9 @@ def dormant_section(ctx: ReportContext) -> Section:
            f"(clean loss {noop.loss_clean:.3f}). The matched "
            "control zeroes as many of the head's dormant queries at the nearest positions; the last column is where "
            "the active queries' attention goes. Totals per mode are in summary.json.</p>" + noop_table
-           if noop is not None else "<p>No no-op check: none asked for (no-op prompts 0), or too few prompts to hold "
-                                    "some out from the scan.</p>")
+           if noop is not None else "<p>No no-op check: none asked for (no-op prompts 0, the default: "
+                                    "<code>--noop-prompts 8</code> adds a first look, <code>sinkmech heads</code> runs "
+                                    "the check), or too few prompts to hold some out from the scan.</p>")
         + figure_html(bar_figs, "Value norms and head-output norms of the candidates "
                       "(no bar: the head never was in that mode)", ctx.out)
         + figure_html(band_figs, f"Norm bands of {head_label(*best)}", ctx.out)

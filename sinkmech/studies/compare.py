@@ -74,6 +74,16 @@ class DormantSummary:
     loss_clean: float | None
     sweep: list[dict] = field(default_factory=list)  # labels at other (high, low) cuts
     noop_prompts: list[int] = field(default_factory=list)  # held out from the scan
+    noop_covers: list[str] = field(default_factory=list)  # every head the check covers (it ran on the first ones)
+    noop_seconds: float = 0.0  # what the check took
+
+    def first_look_note(self, *, all_heads: str = "all") -> str | None:
+        """What the no-op check left out and what the whole check would take
+        (`sinkmech.dormant.first_look`); None when it was whole or did not run."""
+        from sinkmech.dormant.first_look import first_look_note
+
+        return first_look_note(len(self.noop), len(self.noop_covers), len(self.noop_prompts), self.noop_seconds,
+                               all_heads=all_heads) if self.noop else None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -246,7 +256,8 @@ def compare_model(
             content position `spread_position`) on the first `spread_prompts`
             prompts, cut to `spread_tokens` content tokens; the dormant-head scan
             on the first `dormant_prompts` prompts and the no-op check of the
-            if_else heads and the `noop_heads` closest candidates on the next
+            if_else heads and the `noop_heads` closest candidates (at most
+            `noop_max_heads` of them, the if-else heads first) on the next
             `noop_prompts` (held out from the scan).
         name: the model's name in the result (default its cfg name).
         shared: the passes to share with a report (`SharedPasses`; default a
@@ -312,8 +323,8 @@ def compare_model(
         pool = load_prompts(prompts)
         n_noop = min(c.noop_prompts, len(pool) // 2)  # held out from the scan
         disc = discover_heads(model, pool, scan_prompts=min(c.dormant_prompts, len(pool) - n_noop),
-                              noop_prompts=n_noop, n_candidates=c.noop_heads, max_tokens=max_tokens,
-                              memo=shared.discoveries, options=options)
+                              noop_prompts=n_noop, n_candidates=c.noop_heads, max_heads=c.noop_max_heads,
+                              max_tokens=max_tokens, memo=shared.discoveries, options=options)
         scan, noop = disc.scan, disc.noop
         found = scan.if_else_heads()
         checked = [(r.layer, r.head) for r in noop.results] if noop is not None else found
@@ -326,6 +337,8 @@ def compare_model(
             loss_clean=None if noop is None else noop.loss_clean,
             sweep=list(scan.sweep or ()),
             noop_prompts=list(disc.noop_prompts),
+            noop_covers=[head_label(*hd) for hd in disc.noop_covers],
+            noop_seconds=round(disc.noop_seconds, 2),
         )
         timing["dormant"] = round(time.perf_counter() - t0, 2)
     shared.n_prompts, shared.max_tokens = len(items), max_tokens
@@ -336,6 +349,7 @@ def compare_model(
         interval=interval_description(documents, len(items)),
         settings={"eps": [format_eps(e) for e in eps], "spread_tokens": c.spread_tokens,
                   "dormant_prompts": c.dormant_prompts, "noop_prompts": c.noop_prompts,
+                  "noop_max_heads": c.noop_max_heads,
                   "max_tokens_requested": max_tokens},
         shared=shared,
     )
@@ -371,6 +385,12 @@ class Comparison(Result):
         import pandas as pd
 
         return pd.concat([r.to_dataframe() for r in self.models], ignore_index=True)
+
+    def notes(self, *, all_heads: str = "none") -> list[str]:
+        """Each model's first-look note on its no-op check (what it left out, what
+        the whole check would take); `all_heads`: how the command spells no cap."""
+        notes = [(r.model, r.dormant.first_look_note(all_heads=all_heads)) for r in self.models if r.dormant]
+        return [f"{name}: {note}" for name, note in notes if note]
 
     def findings(self) -> dict[str, dict]:
         """{prefix: flat values} for `sinkmech.findings.record`: each model's under `<model>.compare`."""

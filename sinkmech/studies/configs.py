@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from sinkmech.dormant.first_look import NOOP_MAX_HEADS, NOOP_PROMPTS
 from sinkmech.studies.config import ConfigError, StudyConfig
 
 STUDIES: dict[str, type[StudyConfig]] = {}
@@ -43,8 +44,11 @@ class CompareConfig(StudyConfig):
         "spread_position": "content position of the swapped token (earlier when the prompts are shorter)",
         "eps": "sink-rate thresholds",
         "dormant_prompts": "prompts for the dormant-head scan (0: skip it)",
-        "noop_prompts": "prompts held out from the scan for the no-op check (0: none)",
+        "noop_prompts": "prompts held out from the scan for the no-op check (a first look; the findings check 64; "
+                        "0: none)",
         "noop_heads": "closest candidates checked besides the if-else heads",
+        "noop_max_heads": "check at most this many of those heads, the if-else heads first (a first look; none: "
+                          "every one; the run says what the whole check would take)",
     }
 
     models: tuple[str, ...] = ("smollm2", "gemma3-270m")
@@ -56,8 +60,9 @@ class CompareConfig(StudyConfig):
     spread_position: int = 4  # sinkmech.interventions.recipes.SPREAD_POSITION
     eps: tuple[float, ...] = (0.3, 0.8)  # sinkmech.prompts.DEFAULT_EPS
     dormant_prompts: int = 64
-    noop_prompts: int = 32
+    noop_prompts: int = NOOP_PROMPTS
     noop_heads: int = 3
+    noop_max_heads: int | None = NOOP_MAX_HEADS
 
     def check(self) -> None:
         for key in ("n_prompts", "max_tokens", "spread_prompts", "spread_tokens"):
@@ -65,6 +70,8 @@ class CompareConfig(StudyConfig):
                 raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.dormant_prompts < 0 or self.noop_prompts < 0 or self.noop_heads < 0:
             raise ConfigError("dormant_prompts, noop_prompts and noop_heads must be >= 0")
+        if self.noop_max_heads is not None and self.noop_max_heads < 1:
+            raise ConfigError(f"noop_max_heads must be >= 1 or none (every head), got {self.noop_max_heads}")
         if not 0 <= self.spread_position < self.spread_tokens - 1:
             raise ConfigError(f"spread_position must lie in [0, {self.spread_tokens - 1}), got {self.spread_position}")
         if not self.models:  # whether each loads here is the command line's check, before the first loads

@@ -231,6 +231,40 @@ def test_discovery_checks_heads_on_prompts_the_scan_never_saw(planted):
         split_corpus(10, 6, 5)
 
 
+def test_a_capped_discovery_checks_the_first_heads_it_covers_and_says_what_the_rest_would_cost(planted):
+    """max_heads: the check runs on the first heads of those it covers (the
+    if-else heads first); the Discovery keeps them all and the check's time, and
+    its note scales that time to every head on FULL_NOOP_PROMPTS prompts."""
+    from sinkmech.dormant.discover import discover_heads
+
+    model, corpus, _ = planted
+    whole = discover_heads(model, corpus[:40], noop_prompts=4, n_candidates=2, max_tokens=12, options=TINY_RUN)
+    capped = discover_heads(model, corpus[:40], noop_prompts=4, n_candidates=2, max_heads=1, max_tokens=12,
+                            options=TINY_RUN)
+    assert whole.noop_covers == capped.noop_covers and whole.noop_covers[0] == (0, 0) and len(whole.noop_covers) == 2
+    assert [(r.layer, r.head) for r in whole.noop.results] == list(whole.noop_covers)
+    assert [(r.layer, r.head) for r in capped.noop.results] == list(capped.noop_covers[:1])
+    a, b = capped.noop.results[0].to_dict(), whole.noop.results[0].to_dict()  # the same head, prompts and numbers
+    assert (a["n_dormant"], a["n_active"]) == (b["n_dormant"], b["n_active"])
+    for k in ("per_query_dormant", "per_query_active", "zero_dormant", "zero_active"):  # float32 losses, summed
+        assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    assert capped.noop_seconds > 0
+    note = capped.first_look_note()
+    assert "1 of the 2 heads" in note and "4 held-out prompts" in note and "--noop-max-heads all --noop-prompts 64" in note
+
+
+def test_the_first_look_note_scales_the_time_to_every_head_and_the_findings_prompts():
+    from sinkmech.dormant.first_look import FULL_NOOP_PROMPTS, first_look_note
+
+    note = first_look_note(4, 12, 8, 30.0)  # 30 s x 12 / 4 heads x 64 / 8 prompts = 12 min
+    assert "4 of the 12 heads" in note and "about 12 min" in note and f"--noop-prompts {FULL_NOOP_PROMPTS}" in note
+    assert "--noop-max-heads none" in first_look_note(4, 12, 8, 30.0, all_heads="none")
+    assert "about 3 min" in first_look_note(12, 12, 8, 22.5)  # every head, too few prompts: still a first look
+    assert "--noop-prompts 100 checks every one on 100 prompts" in first_look_note(2, 4, 100, 60.0)
+    assert first_look_note(12, 12, FULL_NOOP_PROMPTS, 30.0) is None  # already whole
+    assert first_look_note(0, 12, 8, 0.0) is None  # nothing ran
+
+
 def test_a_shared_memo_reuses_a_discovery_only_for_the_same_model_prompts_and_settings(planted, monkeypatch):
     """`compare --report` shares its scan and no-op check with the report through
     `memo`: a second call with the same inputs returns the stored Discovery (the
@@ -251,9 +285,10 @@ def test_a_shared_memo_reuses_a_discovery_only_for_the_same_model_prompts_and_se
     assert other is not first and len(calls) == 2
     assert discover.discover_heads(model, corpus[:20], memo=memo, **{**kw, "max_tokens": 10}) is not first
     assert discover.discover_heads(model, corpus[:20], memo=memo, **{**kw, "n_candidates": 2}) is not first
-    assert len(calls) == 4 and len(memo) == 4
+    assert discover.discover_heads(model, corpus[:20], memo=memo, **{**kw, "max_heads": 1}) is not first
+    assert len(calls) == 5 and len(memo) == 5
     # without a memo nothing is stored or reused
-    assert discover.discover_heads(model, corpus[:20], **kw) is not first and len(calls) == 5
+    assert discover.discover_heads(model, corpus[:20], **kw) is not first and len(calls) == 6
 
 
 def test_streamed_profile_equals_brute_force():
@@ -578,7 +613,7 @@ def test_noop_heads_takes_the_if_else_heads_first_and_caps_them():
     (a first look), 'all' every one; a bad value is refused by the flag's type."""
     from types import SimpleNamespace
 
-    from sinkmech.cli.heads import max_heads_arg
+    from sinkmech.cli.flags import max_heads_arg
     from sinkmech.dormant.noop import noop_heads
 
     scan = SimpleNamespace(if_else_heads=lambda: [(3, 1), (0, 2)], ranked=lambda: [(3, 1), (5, 0), (0, 2), (1, 1), (2, 2)])

@@ -11,6 +11,7 @@ from helpers.tiny import TINY_BOS
 from helpers.tolerance import TINY_FORWARD
 from helpers.tiny import TINY_RUN
 from sinkmech.studies.compare import compare_model
+from sinkmech.studies.config import ConfigError
 from sinkmech.studies.configs import CompareConfig
 from sinkmech.measures.loss import content_loss
 from sinkmech.interventions.perturb import corpus_swaps, perturbation_spread
@@ -224,6 +225,7 @@ def test_a_report_reuses_compares_dormant_head_discovery(tiny_model, tmp_path):
     assert len(memo) == 1  # nothing new was run
     fresh = build_report(tiny_model, tmp_path / "fresh", **kw)
     a, b = reused.summary["sections"]["dormant"], fresh.summary["sections"]["dormant"]
+    assert a["noop"].pop("seconds") > 0 and b["noop"].pop("seconds") > 0  # what each check took: the one timing
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert set(res.dormant.noop) and set(res.dormant.noop) <= set(json.dumps(a).replace('"', " ").split())
 
@@ -236,6 +238,28 @@ def test_noop_prompts_0_runs_the_scan_alone_on_the_same_prompts(tiny_model):
     on = compare_model(tiny_model, rows, config=CompareConfig(noop_prompts=2, noop_heads=1, **kw), options=TINY_RUN).dormant
     assert off.noop == {} and off.noop_prompts == [] and off.loss_clean is None and on.noop
     assert (off.n_prompts, off.mode_counts, off.if_else_heads) == (on.n_prompts, on.mode_counts, on.if_else_heads)
+
+
+def test_noop_max_heads_checks_the_first_heads_covered_and_the_result_says_what_the_rest_would_cost(tiny_model):
+    """noop_max_heads caps the no-op check (the if-else heads first); the summary
+    keeps every head it covers and the check's time; the study's notes then say
+    what the whole check would take, and there is none for a whole check."""
+    from sinkmech.studies.compare import Comparison
+
+    rows = torch.randint(2, 50, (12, 16), generator=torch.Generator().manual_seed(4)).tolist()
+    kw = dict(n_prompts=8, max_tokens=12, spread_prompts=2, spread_tokens=10, spread_position=2, dormant_prompts=8,
+              noop_prompts=4, noop_heads=3)
+    capped = compare_model(tiny_model, rows, config=CompareConfig(noop_max_heads=2, **kw), options=TINY_RUN)
+    whole = compare_model(tiny_model, rows, config=CompareConfig(noop_max_heads=None, **kw), options=TINY_RUN)
+    d, w = capped.dormant, whole.dormant
+    assert d.noop_covers == w.noop_covers and len(d.noop_covers) >= 3
+    assert list(d.noop) == d.noop_covers[:2] and list(w.noop) == w.noop_covers
+    assert d.noop_seconds > 0 and capped.settings["noop_max_heads"] == 2
+    notes = Comparison((capped,), CompareConfig(**kw), 1.0).notes()
+    assert len(notes) == 1 and f"2 of the {len(d.noop_covers)} heads" in notes[0] and "--noop-max-heads none" in notes[0]
+    assert "--noop-max-heads all" in Comparison((capped,), CompareConfig(**kw), 1.0).notes(all_heads="all")[0]
+    with pytest.raises(ConfigError, match="noop_max_heads"):
+        CompareConfig(noop_max_heads=0)
 
 
 def test_compare_with_documents_resamples_them(tiny_model):
