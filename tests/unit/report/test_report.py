@@ -43,7 +43,7 @@ def built(tiny_model, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     rep = report.build_report(
         tiny_model, out, model_label="tiny", prompts=prompts, n_prompts=12, max_tokens=16,
-        token_str=planted_str, n_heads=2, view_tokens=12, view_prompts=2,
+        token_str=planted_str, n_heads=2, view_tokens=12, view_prompts=2, noop_prompts=8,  # the no-op check asked for
         options=TINY_RUN,
     )
     return rep
@@ -228,7 +228,8 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     out = tmp_path / "rep"
     args = ["report", "--model", "smollm2", "--out", str(out), "--n-prompts", "8", "--max-tokens", "8",
             "--heads", "2", "--view-tokens", "10", "--view-prompts", "1", "--beyond-prompts", "2",
-            "--stream-tokens", "48", "--stream-window", "16", "--length-prompts", "2", "--length-tokens", "32", "--length-steps", "1"]
+            "--stream-tokens", "48", "--stream-window", "16", "--length-prompts", "2", "--length-tokens", "32", "--length-steps", "1",
+            "--noop-prompts", "8", "--noop-max-heads", "1"]
     assert cli.main(args) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["model"] == "smollm2" and s["n_layers"] == 30 and s["settings"]["n_prompts"] == 8
@@ -242,7 +243,9 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     # 8 prompts: the scan sees 4, the no-op check runs on the other 4 (held out from the scan).
     assert sec["dormant"]["n_prompts"] == 4 and sum(sec["dormant"]["mode_counts"].values()) == 270
     noop = sec["dormant"]["noop"]
-    assert noop is None or (noop["n_prompts"] == 4 and set(noop["prompt_indices"]).isdisjoint(range(4)))
+    assert noop["n_prompts"] == 4 and set(noop["prompt_indices"]).isdisjoint(range(4))
+    assert len(noop["heads"]) == 1 and list(noop["heads"]) == noop["heads_covered"][:1]  # --noop-max-heads 1
+    assert s["settings"]["noop_max_heads"] == 1
     assert (sec["ablation"]["n_prompts"], sec["ablation"]["max_tokens"]) == (4, 8)
     assert np.asarray(sec["ablation"]["effects"]).shape == (30, 9) and min(map(min, sec["ablation"]["effects"])) >= -1e-6
     # The real <bos> string "<|im_start|>" reaches the page as text.

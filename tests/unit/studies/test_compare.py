@@ -99,9 +99,15 @@ def test_compare_cli_writes_table_and_figures(smollm2, tmp_path, monkeypatch, ca
     monkeypatch.setattr(models, "load_model", lambda *a, **k: smollm2)
     out = tmp_path / "cmp"
     args = ["compare", "--models", "smollm2", "--out", str(out), "--n-prompts", "4", "--max-tokens", "12",
-            "--spread-prompts", "2", "--spread-tokens", "10", "--dormant-prompts", "4", "--noop-prompts", "2"]
+            "--spread-prompts", "2", "--spread-tokens", "10", "--dormant-prompts", "4", "--noop-prompts", "2",
+            "--noop-max-heads", "1"]
     assert cli.main(args) == 0
     data = json.loads((out / "compare.json").read_text())
+    d = data["models"][0]["dormant"]
+    assert len(d["noop"]) == 1 and list(d["noop"]) == d["noop_covers"][:1] and len(d["noop_covers"]) > 1
+    err = capsys.readouterr().err  # the first look says what it left out and how to ask for the whole check
+    assert f"smollm2: note: the no-op check ran on 1 of the {len(d['noop_covers'])} heads" in err
+    assert "--noop-max-heads all --noop-prompts 64" in err
     assert [r["bos"] for r in data["table"]] == ["prepend", "none"]
     assert set(data["models"][0]["conditions"]["none"]) >= {"sink_rate", "loss", "spread", "per_layer_score"}
     assert (out / "first_token_score.png").stat().st_size > 1000 and (out / "spread.png").exists()
