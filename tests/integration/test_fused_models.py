@@ -2,7 +2,7 @@
 Gemma 3's 512-key sliding window: 640 content tokens of long natural text, the
 fused path in query chunks of 256 (three chunks; on the Bridge the sliding
 layers' chunks and the global layers' fused kernel), with a moved `<bos>` and
-the loss. Tolerance as in tests/unit/measures/test_fused.py: float32 rounding
+the loss, on one prompt. Tolerance as in tests/unit/measures/test_fused.py: float32 rounding
 of scores summed over d_head <= 256 terms and rows over <= 641 keys, ~1e-6 on
 a score in [0, 1]; 1e-5 per head."""
 
@@ -23,7 +23,7 @@ TOL = 1e-5
 def test_fused_scores_equal_the_pattern_path_on_the_offline_models(name, request, monkeypatch):
     model = request.getfixturevalue(name)
     monkeypatch.setattr(fused, "CHUNK", 256)
-    texts = [t.text for t in long_prompts_for(2, 640)]
+    texts = [t.text for t in long_prompts_for(1, 640)]  # one prompt: the window and the chunks are per prompt
     batch = tokenize(model, texts, bos="prepend", max_tokens=640)
     kw = dict(loss=True, bos_position=5, options=QUIET.replace(batch_size=1))
     p = sink_scores(model, batch, attention="pattern", **kw)

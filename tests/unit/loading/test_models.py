@@ -51,8 +51,11 @@ PARITY_PROMPTS = [
 def test_smollm2_logits_match_transformers_gguf_loader(smollm2):
     from transformers import AutoModelForCausalLM
 
+    from sinkmech.loading.gguf import one_reader_per_file
+
     path = smollm2_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with one_reader_per_file():  # transformers reads the file three times (config, tokenizer, weights): parse it once
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     hf.eval()
     bos = bos_token_id(smollm2)
     worst = 0.0
