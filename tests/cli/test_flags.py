@@ -53,6 +53,9 @@ def test_train_defaults_are_the_config_defaults():
     (["compare", "--out", "unused", "--models", "smollm2", "smollm2"], "error: --models lists smollm2 more than once"),
     (["length", "--lengths", "64", "1"], "error: --lengths must be >= 2, got 1"),
     (["massive", "--sun-min-ratio", "-1"], "error: --sun-min-ratio must be >= 0, got -1.0"),
+    (["compare", "--out", "unused", "--noop-max-heads", "some"], "error: --noop-max-heads takes a whole number >= 1 or 'all'"),
+    (["report", "--out", "unused", "--noop-max-heads", "0"], "error: --noop-max-heads must be >= 1, got 0"),
+    (["study", "compare", "--noop-max-heads", "0"], "error: --noop-max-heads must be >= 1 or none (every head), got 0"),
 ])
 def test_flags_added_since_are_checked_by_their_type(argv, start, monkeypatch, capsys):
     """The flags main gained after the first flag-type pass (--device, the shard and Ray
