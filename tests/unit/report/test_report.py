@@ -254,3 +254,23 @@ def test_smollm2_report_end_to_end(smollm2, tmp_path, monkeypatch):
     assert all(v["tags"] for v in dom.views)
     assert "<|im_start|>" in "".join(v["text"] for v in dom.views)
     assert all(img.get("data-loaded") == "yes" for img in dom.images)
+
+
+def test_a_capped_no_op_check_says_on_the_page_what_it_left_out(tiny_model, prompts, tmp_path):
+    """--noop-max-heads 1: the check runs on the first head it covers, and the page and
+    summary say how many it covers; without --noop-prompts there is no check and the
+    page says how to ask for one."""
+    from sinkmech.report.sections import dormant_section
+
+    kw = dict(sections=[dormant_section], prompts=prompts, n_prompts=12, max_tokens=16, n_heads=2, options=TINY_RUN)
+    capped = report.build_report(tiny_model, tmp_path / "capped", noop_prompts=4, noop_max_heads=1, **kw)
+    noop = capped.summary["sections"]["dormant"]["noop"]
+    assert list(noop["heads"]) == noop["heads_covered"][:1] and len(noop["heads_covered"]) >= 2
+    assert capped.summary["settings"]["noop_max_heads"] == 1
+    page = capped.index.read_text()
+    assert f"for the first 1 of the {len(noop['heads_covered'])} heads it covers" in page
+    off = report.build_report(tiny_model, tmp_path / "off", **kw)
+    assert off.summary["sections"]["dormant"]["noop"] is None
+    assert "<code>--noop-prompts 8</code> adds a first look" in off.index.read_text()
+    with pytest.raises(ValueError, match="noop_max_heads"):
+        report.build_report(tiny_model, tmp_path / "bad", noop_max_heads=0, **kw)
