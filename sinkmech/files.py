@@ -129,16 +129,28 @@ def staged_dir(out: str | os.PathLike, *, overwrite: bool, what: str = "output f
 
 
 def finite_or_none(value):
-    """`value` with every NaN / infinite float replaced by None (JSON null), recursively."""
+    """`value` with every NaN / infinite float replaced by None (JSON null), at any
+    depth (dicts stay dicts, lists and tuples become lists). One loop over an
+    explicit stack, with no call per value: a result holds ~10^5 numbers."""
     import math
 
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_none(v) for v in value]
-    return value
+    box: list = [value]  # the root as an item: written over in place by its cleaned copy
+    stack: list = [(box, box)]
+    while stack:
+        source, target = stack.pop()
+        for k, v in (source.items() if isinstance(source, dict) else enumerate(source)):
+            if isinstance(v, float):
+                out = v if math.isfinite(v) else None
+            elif isinstance(v, dict):
+                out = {}
+                stack.append((v, out))
+            elif isinstance(v, (list, tuple)):
+                out = [None] * len(v)
+                stack.append((v, out))
+            else:
+                out = v
+            target[k] = out  # a dict's key, or an index of a list made to size
+    return box[0]
 
 
 def json_text(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import sys
 import time
@@ -49,12 +50,8 @@ def add_one_study(names, name: str, cls) -> None:
                    help="settings from a .toml or .json config, or from a result JSON that recorded one (its "
                         "\"config\"); flags given beside it override it")
     settings = q.add_argument_group(f"settings (fields of {cls.__name__}; default: the Config's)")
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in GENERIC:
-            raise TypeError(f"{cls.__name__}.{f.name}: a study setting may not be named like the generic flag "
-                            f"--{f.name.replace('_', '-')}")
-        add_field_flag(settings, f.name, hints[f.name], f.default, cls.help.get(f.name, ""))
+    for flag, kw in field_flags(cls):
+        settings.add_argument(flag, **kw)
     q.add_argument("--json", type=output_file, default=None,
                    help="write the result, with the config it ran, as JSON here ('-': stdout)")
     if cls.has_findings:
@@ -73,8 +70,25 @@ def add_one_study(names, name: str, cls) -> None:
     q.set_defaults(func=cmd_study)
 
 
-def add_field_flag(group, name: str, hint: Any, default: Any, help_: str) -> None:
-    """`--name` for a Config field: its values parsed as the annotation says."""
+@functools.cache
+def field_flags(cls) -> tuple[tuple[str, dict], ...]:
+    """(`--name`, add_argument's keywords) for each field of a Config, its values
+    parsed as the annotation says; worked out once per class (every parser
+    build reads them)."""
+    from sinkmech.studies.config import field_hints
+
+    hints = field_hints(cls)
+    flags = []
+    for f in dataclasses.fields(cls):
+        if f.name in GENERIC:
+            raise TypeError(f"{cls.__name__}.{f.name}: a study setting may not be named like the generic flag "
+                            f"--{f.name.replace('_', '-')}")
+        flags.append(field_flag(f.name, hints[f.name], f.default, cls.help.get(f.name, "")))
+    return tuple(flags)
+
+
+def field_flag(name: str, hint: Any, default: Any, help_: str) -> tuple[str, dict]:
+    """`--name` for a Config field and add_argument's keywords for it."""
     base, optional = _strip_none(hint)
     shown = " ".join(map(_text, default)) if isinstance(default, tuple) else _text(default)
     if "default" not in help_:  # a help that says its default itself keeps it
@@ -82,12 +96,11 @@ def add_field_flag(group, name: str, hint: Any, default: Any, help_: str) -> Non
     kw = dict(dest=f"set_{name}", default=argparse.SUPPRESS, help=help_.replace("%", "%%"))
     flag = "--" + name.replace("_", "-")
     if base is bool:
-        group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
-    elif get_origin(base) is tuple:
+        return flag, dict(action=argparse.BooleanOptionalAction, **kw)
+    if get_origin(base) is tuple:
         item = get_args(base)[0]
-        group.add_argument(flag, nargs="+", type=FieldValue(item), metavar=_metavar(item), **kw)
-    else:
-        group.add_argument(flag, type=FieldValue(base, none=optional), metavar=_metavar(base, optional), **kw)
+        return flag, dict(nargs="+", type=FieldValue(item), metavar=_metavar(item), **kw)
+    return flag, dict(type=FieldValue(base, none=optional), metavar=_metavar(base, optional), **kw)
 
 
 def _strip_none(hint: Any) -> tuple[Any, bool]:

@@ -6,6 +6,7 @@ the command line checks a config before torch loads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
@@ -32,7 +33,7 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         """Every field checked against its annotation (a list becomes a tuple), then `check`."""
-        hints = typing.get_type_hints(type(self))
+        hints = field_hints(type(self))
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, coerce(getattr(self, f.name), hints[f.name], f.name))
         self.check()
@@ -61,7 +62,7 @@ class StudyConfig:
         if unknown:
             raise ConfigError(f"unknown setting(s) for the study {cls.study!r}: {', '.join(unknown)} "
                               f"(known: {', '.join(fields)})")
-        hints = typing.get_type_hints(cls)  # lists read as the tuples the fields hold (a type-checked __init__ wants them)
+        hints = field_hints(cls)  # lists read as the tuples the fields hold (a type-checked __init__ wants them)
         return cls(**{k: coerce(v, hints[k], k) for k, v in values.items()})  # and checked again by __post_init__
 
     @classmethod
@@ -116,6 +117,13 @@ class StudyConfig:
     def replace(self, **changes) -> StudyConfig:
         """A copy with `changes`, checked as `from_dict` checks them."""
         return type(self).from_dict({**self.to_dict(), **changes})
+
+
+@functools.cache
+def field_hints(cls: type) -> dict[str, Any]:
+    """A Config class's resolved field annotations (resolved once per class: every
+    config built, read or turned into flags needs them)."""
+    return typing.get_type_hints(cls)
 
 
 def coerce(value: Any, hint: Any, name: str) -> Any:

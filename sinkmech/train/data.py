@@ -61,15 +61,21 @@ def _python_docs_in_order() -> Iterator[str]:
     yield from (topics[k] for k in sorted(topics))
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.glob("*.py")):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) > 40:
-                    yield doc
+        yield from _module_docs(path)
+
+
+@lru_cache(maxsize=None)
+def _module_docs(path: Path) -> tuple[str, ...]:
+    """The module, class and function docstrings (> 40 characters) of one source
+    file, in the order `ast.walk` meets them (parsed once per process); none
+    for a file that does not parse."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return ()
+    docs = (ast.get_docstring(node) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
+    return tuple(doc for doc in docs if doc and len(doc) > 40)
 
 
 @lru_cache(maxsize=1)
