@@ -7,10 +7,8 @@ import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, max_heads_arg, model_name, non_negative_int, output_file,
-    output_folder,
-    positive_int,
-    prompts_arg, run_options,
+    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, max_heads_arg, model_name,
+    non_negative_int, output_file, output_folder, positive_int, prompts_arg, run_options,
 )
 from sinkmech.dormant.first_look import NOOP_MAX_HEADS, NOOP_PROMPTS, first_look_note
 from sinkmech.files import check_output_dir
