@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from sinkmech.cli.common import (
     add_attention,
     BOS_HELP,
-    FlagValueError,
     UsageError,
     add_intervention_common,
     add_metric,
     check_metric_answers,
     answers,
+    count_or_all,
     load_model_arg,
     positive_int,
     prompts_arg,
@@ -39,7 +39,7 @@ def add_ablate_parser(sub) -> None:
     p.add_argument("--bos", choices=["prepend", "none"], default="prepend", help=BOS_HELP)
     p.add_argument("--attribution", action="store_true", help="also estimate by attribution patching and print its correlation")
     p.add_argument("--top", type=positive_int, default=10, help="heads listed, by effect (default 10)")
-    p.add_argument("--prompt-batch", type=prompt_batch_arg, default=None, metavar="N|all",
+    p.add_argument("--prompt-batch", type=count_or_all, default=None, metavar="N|all",
                    help="prompts per group of forward passes (default all: a shard's prompts in one group, the fast "
                         "sweep; --shard / --ray runs then equal the whole run to float32 rounding, within 1e-5 of the "
                         "largest effect). 1 runs each prompt on its own (1.5x slower at 4 prompts on 2 CPU cores, "
@@ -50,15 +50,6 @@ def add_ablate_parser(sub) -> None:
     add_shard_flags(p, ray=True)
     add_attention(p, needs_pattern="edits each head's attention pattern (mask_first, all_to_first, drop_sink)")
     p.set_defaults(func=cmd_ablate)
-
-
-def prompt_batch_arg(text: str) -> int | None:
-    """--prompt-batch: a positive integer, or 'all' (None: one group)."""
-    if text == "all":
-        return None
-    if not text.strip().isdigit():
-        raise FlagValueError(f"takes a whole number >= 1 or 'all', got {text!r}")
-    return positive_int(text)
 
 
 @dataclass(frozen=True, kw_only=True)

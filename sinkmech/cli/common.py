@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sinkmech.cli.flags import (  # noqa: F401  (re-exported: every command imports its flag types from here)
     IMAGE_SUFFIXES, Distinct, FlagValueError, Parser, UsageError, at_least, device_name, eps_value, finite_float,
-    fraction, head_spec, image_file, max_heads_arg, model_name, non_negative_float, non_negative_int, note_missing_folder,
+    fraction, head_spec, image_file, count_or_all, model_name, non_negative_float, non_negative_int, note_missing_folder,
     output_file, output_folder, positive_float, positive_int, share_below_one, token_text_flag,
 )
 from sinkmech.files import json_text, write_text

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from sinkmech.cli.common import (
     add_attention,
-    Distinct, FlagValueError, UsageError, max_heads_arg, model_name, non_negative_int, output_file, output_folder, positive_int,
+    Distinct, FlagValueError, UsageError, count_or_all, model_name, non_negative_int, output_file, output_folder, positive_int,
     prompts_arg, run_options,
 )
 from sinkmech.dormant.first_look import FULL_NOOP_PROMPTS, NOOP_MAX_HEADS, NOOP_PROMPTS
@@ -46,7 +46,7 @@ def add_compare_parser(sub) -> None:
                    help=f"prompts held out from the scan for the no-op check of the top candidates (default "
                         f"{NOOP_PROMPTS}, a first look; the findings check {FULL_NOOP_PROMPTS}; 0: the scan only, the "
                         "no-op check left to `sinkmech heads`)")
-    p.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+    p.add_argument("--noop-max-heads", type=count_or_all, default=NOOP_MAX_HEADS, metavar="N|all",
                    help=f"check at most N of those heads, the if-else heads first (default {NOOP_MAX_HEADS}, a first "
                         "look; 'all': every one; the run says what the whole check would take)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per forward pass")

@@ -65,8 +65,8 @@ def positive_int(text: str) -> int:
     return _bounded(text, int, 1)
 
 
-def max_heads_arg(text: str) -> int | None:
-    """--noop-max-heads: a whole number >= 1, or 'all' (None: no cap)."""
+def count_or_all(text: str) -> int | None:
+    """A whole number >= 1, or 'all' (None: no cap, one group): --noop-max-heads, --prompt-batch."""
     if text == "all":
         return None
     if not text.strip().isdigit():

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sinkmech.cli.common import (
     BOS_HELP, UsageError, add_attention, add_bos_token, add_common, bos_token_arg, finite_float, fraction, head_spec,
-    load_model_arg, max_heads_arg, non_negative_int, output_file, positive_int, run_options, write_results,
+    load_model_arg, count_or_all, non_negative_int, output_file, positive_int, run_options, write_results,
 )
 from sinkmech.dormant.first_look import FULL_NOOP_PROMPTS, NOOP_MAX_HEADS, NOOP_PROMPTS, first_look_note
 from sinkmech.cli.shard import BosTokenTask, add_shard_flags, base_settings, model_settings, run_command_on_ray, shard_run
@@ -37,7 +37,7 @@ def add_heads_parser(sub) -> None:
                    "chosen on the even-numbered prompts and must pass these on the odd-numbered ones")
     p.add_argument("--noop", type=non_negative_int, default=3, help="run the no-op check on every if-else head plus this many top "
                    "candidates (0: off)")
-    p.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+    p.add_argument("--noop-max-heads", type=count_or_all, default=NOOP_MAX_HEADS, metavar="N|all",
                    help=f"check at most N of those heads, the if-else heads first (default {NOOP_MAX_HEADS}, a first "
                         "look; 'all': every one, as the findings do; the run says what the whole check would take)")
     p.add_argument("--noop-prompts", type=positive_int, default=None, help="prompts used by the no-op check, held out from "

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from sinkmech.cli.common import (
-    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, max_heads_arg, model_name,
+    BATCH_HELP, MODEL_HELP, add_attention, dataclass_defaults, load_model_arg, count_or_all, model_name,
     non_negative_int, output_file, output_folder, positive_int, prompts_arg, run_options,
 )
 from sinkmech.dormant.first_look import NOOP_MAX_HEADS, NOOP_PROMPTS, first_look_note
@@ -46,7 +46,7 @@ def add_report_parser(sub) -> None:
         kind = non_negative_int if name == "noop_prompts" else positive_int  # 0: no no-op check
         sizes.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default,
                            help=NOOP_PROMPTS_HELP if name == "noop_prompts" else f"default {default}")
-    sizes.add_argument("--noop-max-heads", type=max_heads_arg, default=NOOP_MAX_HEADS, metavar="N|all",
+    sizes.add_argument("--noop-max-heads", type=count_or_all, default=NOOP_MAX_HEADS, metavar="N|all",
                        help=f"check at most N of the no-op check's heads, the if-else heads first (default "
                             f"{NOOP_MAX_HEADS}, a first look; 'all': every one; the run says what that would take)")
     p.add_argument("--findings", type=output_file, default=None,

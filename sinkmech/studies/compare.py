@@ -25,6 +25,7 @@ from torch import Tensor
 from sinkmech.loading.backend import Model
 from sinkmech.loading.models import each_model
 from sinkmech.dormant.discover import discover_heads
+from sinkmech.dormant.first_look import first_look_note
 from sinkmech.hooks import head_label
 from sinkmech.corpora import load_prompts, prompt_documents
 from sinkmech.prompts import CONDITIONS, PromptSource, tokenize
@@ -80,8 +81,6 @@ class DormantSummary:
     def first_look_note(self, *, all_heads: str = "all") -> str | None:
         """What the no-op check left out and what the whole check would take
         (`sinkmech.dormant.first_look`); None when it was whole or did not run."""
-        from sinkmech.dormant.first_look import first_look_note
-
         return first_look_note(len(self.noop), len(self.noop_covers), len(self.noop_prompts), self.noop_seconds,
                                all_heads=all_heads) if self.noop else None
 

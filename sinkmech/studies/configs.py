@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from sinkmech.dormant.first_look import NOOP_MAX_HEADS, NOOP_PROMPTS
+from sinkmech.dormant.first_look import FULL_NOOP_PROMPTS, NOOP_MAX_HEADS, NOOP_PROMPTS
 from sinkmech.studies.config import ConfigError, StudyConfig
 
 STUDIES: dict[str, type[StudyConfig]] = {}
@@ -44,8 +44,8 @@ class CompareConfig(StudyConfig):
         "spread_position": "content position of the swapped token (earlier when the prompts are shorter)",
         "eps": "sink-rate thresholds",
         "dormant_prompts": "prompts for the dormant-head scan (0: skip it)",
-        "noop_prompts": "prompts held out from the scan for the no-op check (a first look; the findings check 64; "
-                        "0: none)",
+        "noop_prompts": f"prompts held out from the scan for the no-op check (a first look; the findings check "
+                        f"{FULL_NOOP_PROMPTS}; 0: none)",
         "noop_heads": "closest candidates checked besides the if-else heads",
         "noop_max_heads": "check at most this many of those heads, the if-else heads first (a first look; none: "
                           "every one; the run says what the whole check would take)",

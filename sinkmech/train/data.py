@@ -122,8 +122,7 @@ def text_streams(
     parts: dict[str, list[Tensor]] = {"train": [], "val": []}
     bos = torch.tensor([TEXT_VOCAB], dtype=torch.long)
     used = 0
-    # with a limit, only the documents before it are read (the same ones, in the same order)
-    for doc in corpus_documents(corpus) if limit_bytes is None else _documents_in_order(corpus):
+    for doc in _documents_in_order(corpus):  # with a limit, only the documents before it are read
         data = doc.encode("utf-8")
         if not data:
             continue

@@ -613,14 +613,14 @@ def test_noop_heads_takes_the_if_else_heads_first_and_caps_them():
     (a first look), 'all' every one; a bad value is refused by the flag's type."""
     from types import SimpleNamespace
 
-    from sinkmech.cli.flags import max_heads_arg
+    from sinkmech.cli.flags import count_or_all
     from sinkmech.dormant.noop import noop_heads
 
     scan = SimpleNamespace(if_else_heads=lambda: [(3, 1), (0, 2)], ranked=lambda: [(3, 1), (5, 0), (0, 2), (1, 1), (2, 2)])
     assert noop_heads(scan, 2) == [(3, 1), (0, 2), (5, 0), (1, 1)]
     assert noop_heads(scan, 2, max_heads=3) == [(3, 1), (0, 2), (5, 0)]
     assert noop_heads(scan, 0, max_heads=3) == []
-    assert max_heads_arg("all") is None and max_heads_arg("4") == 4
+    assert count_or_all("all") is None and count_or_all("4") == 4
     from sinkmech import cli
 
     assert cli.main(["heads", "--noop-max-heads", "some"]) == 2
