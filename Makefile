@@ -53,7 +53,7 @@ test-tl4: $(STAMP4) browser
 	$(VENV4)/bin/python -m pytest -q -rs -m "backend and not long and not extended"
 
 test-tl4-fast: $(STAMP4)
-	$(VENV4)/bin/python -m pytest -q -rs -n 2 -m "backend and not slow"
+	OMP_NUM_THREADS=1 $(VENV4)/bin/python -m pytest -q -rs -n 2 -m "backend and not slow"
 
 # Both suites side by side, TransformerLens 3.9 and 4.3 (one thread each: two
 # pytest processes fill two cores; each has its own temp folder; their logs are
