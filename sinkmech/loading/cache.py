@@ -107,9 +107,11 @@ class ModelCache:
         _check_key(key)
         return self.root / "models" / key
 
-    def file_sha256(self, path: str | os.PathLike) -> str:
+    def file_sha256(self, path: str | os.PathLike, *, memo_required: bool = True) -> str:
         """SHA256 of `path`, memoized per (path, size, mtime, inode) in a sidecar
-        so a 240 MB file is hashed once; any change to the file rehashes it."""
+        so a 240 MB file is hashed once; any change to the file rehashes it.
+        With `memo_required=False` a cache that cannot be written still answers
+        (the hash is then not memoized)."""
         path = Path(path).resolve()
         st = path.stat()
         stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
@@ -120,11 +122,16 @@ class ModelCache:
             sha = hit.get("sha256")
             if isinstance(sha, str) and len(sha) == 64:
                 return sha
-        self.ensure_writable()  # before the slow hash, which is memoized in the cache
+        if memo_required:
+            self.ensure_writable()  # before the slow hash, which is memoized in the cache
         sha = sha256_file(path)
         memo = _read_json(memo_path) or {}  # another process may have written meanwhile
         memo[str(path)] = {**stamp, "sha256": sha}
-        write_bytes(memo_path, json_text(memo, sort_keys=True).encode())
+        try:
+            write_bytes(memo_path, json_text(memo, sort_keys=True).encode())
+        except OSError:
+            if memo_required:
+                raise
         return sha
 
     def load(
@@ -143,7 +150,7 @@ class ModelCache:
         if not folder.exists():
             return None
         try:
-            return _load_entry(folder, key, device=device, n_ctx=n_ctx)
+            return _load_entry(self, folder, key, device=device, n_ctx=n_ctx)
         except Exception as e:  # any failure means the entry is unusable
             warnings.warn(f"discarding corrupt sinkmech cache entry {folder}: {e}", stacklevel=2)
             self.discard(key)
@@ -318,7 +325,7 @@ def _parameters(model: Model) -> tuple[dict[str, torch.Tensor], bool]:
     return weights, tied
 
 
-def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Model:
+def _load_entry(cache: ModelCache, folder: Path, key: str, *, device: str, n_ctx: int | None) -> Model:
     from safetensors.torch import load_file
 
     manifest = _read_json(folder / MANIFEST)
@@ -330,7 +337,9 @@ def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Mo
     weights_path = folder / info["file"]
     if not weights_path.is_file() or weights_path.stat().st_size != info["size"]:
         raise CacheError(f"{info['file']} is missing or has the wrong size")
-    if sha256_file(weights_path) != info["sha256"]:
+    # memoized as the source files are (1.6 s a load for Gemma's 1.7 GB otherwise): a changed
+    # file has a new stamp and is hashed again
+    if cache.file_sha256(weights_path, memo_required=False) != info["sha256"]:
         raise CacheError(f"{info['file']} does not match its recorded SHA256")
 
     cfg_json = dict(manifest["config"])
@@ -340,9 +349,7 @@ def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Mo
     cfg = config_from_json(cfg_json, device="cpu")
     tokenizer = None
     if manifest.get("tokenizer"):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(folder / manifest["tokenizer"]))
+        tokenizer = _tokenizer_with_bos(str(folder / manifest["tokenizer"]), cfg.original_architecture)
         tokenizer.padding_side = "right"
     weights = load_file(str(weights_path))
     if manifest.get("tied_unembed"):
@@ -363,6 +370,27 @@ def _load_entry(folder: Path, key: str, *, device: str, n_ctx: int | None) -> Mo
         model.to(device, print_details=False)  # HookedTransformer only: the Bridge caches HF folders
     model.eval()
     return model
+
+
+# The architectures whose tokenizer HookedTransformer keeps as given.
+_TOKENIZER_AS_GIVEN = ("OlmoForCausalLM", "OlmoeForCausalLM", "Olmo2ForCausalLM")
+
+
+def _tokenizer_with_bos(folder: str, architecture: str | None):
+    """The tokenizer as HookedTransformer would keep it: loaded with
+    `add_bos_token=True` (TransformerLens otherwise loads it a second time so, 2.7 s
+    for Gemma's), except where that cannot apply, which TransformerLens then
+    handles as before."""
+    from transformers import AutoTokenizer
+
+    if architecture not in _TOKENIZER_AS_GIVEN:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder, add_bos_token=True)
+        except ValueError:  # a special token the post-processor cannot express
+            tokenizer = None
+        if tokenizer is not None and tokenizer.bos_token is not None:
+            return tokenizer
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def _check_key(key: str) -> None:

@@ -79,6 +79,56 @@ def test_tokenizer_round_trips_and_pads_right(tmp_path):
     assert back.tokenizer.bos_token_id == 1
 
 
+def test_a_loaded_tokenizer_is_read_once_and_prepends_bos(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    model = make_tiny()
+    model.set_tokenizer(tiny_tokenizer(tmp_path / "tok"))
+    cache = ModelCache(tmp_path / "cache")
+    cache.store(KEY, model)
+    reads = []
+    real = AutoTokenizer.from_pretrained.__func__
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: reads.append(k) or real(cls, *a, **k)))
+    back = cache.load(KEY)
+    # read with add_bos_token=True, so TransformerLens keeps it instead of reading it again
+    assert reads == [{"add_bos_token": True}]
+    assert back.tokenizer("w3 w7")["input_ids"] == [1, 3, 7]
+    assert back.tokenizer("w3 w7")["input_ids"] == model.tokenizer("w3 w7")["input_ids"]
+
+
+def test_weights_hash_is_memoized_on_load_and_a_changed_file_still_misses(tmp_path, monkeypatch):
+    cache = ModelCache(tmp_path)
+    folder = cache.store(KEY, make_tiny(seed=1))
+    weights = folder / "weights.safetensors"
+    calls = []
+    real = mc.sha256_file
+    monkeypatch.setattr(mc, "sha256_file", lambda p: (calls.append(p) if p == weights else None) or real(p))
+    assert cache.load(KEY) is not None and cache.load(KEY) is not None
+    assert len(calls) == 1  # the second load's hash is the memo's
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # an edit moves the mtime
+    with pytest.warns(UserWarning, match="discarding corrupt"):
+        assert cache.load(KEY) is None
+    assert len(calls) == 2
+
+
+def test_an_entry_loads_from_a_cache_that_cannot_be_written(tmp_path, monkeypatch):
+    cache = ModelCache(tmp_path)
+    cache.store(KEY, make_tiny(seed=1))
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(mc, "write_bytes", refuse)
+    monkeypatch.setattr(ModelCache, "ensure_writable", refuse)
+    back = cache.load(KEY)
+    assert back is not None and torch.equal(logits(back), logits(make_tiny(seed=1)))
+
+
 def test_tied_unembedding_is_written_once(tmp_path):
     model = tied_tiny()
     folder = ModelCache(tmp_path).store(KEY, model)
