@@ -180,7 +180,8 @@ def unembed(model: Model, resid: Tensor, scratch: bool = False) -> Tensor:
     the model's own code: everything its forward pass does after the last block.
     With `scratch`, TransformerLens 3.9 writes them into a buffer that the next
     `scratch` call overwrites: for a caller that reduces them at once (and may
-    overwrite them); the Bridge always returns a new tensor.
+    overwrite them; not contiguous where W_U is stored by vocabulary rows); the
+    Bridge always returns a new tensor.
 
     On the Bridge that is the final norm the Hugging Face model calls, then the
     causal LM's own forward from its base model's output on: the unembedding and
@@ -201,8 +202,14 @@ def unembed(model: Model, resid: Tensor, scratch: bool = False) -> Tensor:
     if scratch:  # the same product, into the reused buffer
         rows = resid.reshape(-1, resid.shape[-1])
         n_rows, d_vocab = rows.shape[0], u.W_U.shape[1]
-        out = _scratch(n_rows * d_vocab, resid.device, resid.dtype).view(n_rows, d_vocab)
-        logits = torch.addmm(u.b_U, rows, u.W_U, out=out).view(*resid.shape[:-1], d_vocab)
+        buf = _scratch(n_rows * d_vocab, resid.device, resid.dtype)
+        if u.W_U.T.is_contiguous():
+            # W_U stored by vocabulary rows (as sinkmech's loaders keep it): the product
+            # [d_vocab, rows] = W_U.T @ rows.T, returned transposed
+            logits = torch.addmm(u.b_U[:, None], u.W_U.T, rows.T, out=buf.view(d_vocab, n_rows)).T
+        else:
+            logits = torch.addmm(u.b_U, rows, u.W_U, out=buf.view(n_rows, d_vocab))
+        logits = logits.view(*resid.shape[:-1], d_vocab)
     else:
         logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
     cap = getattr(model.cfg, "output_logits_soft_cap", None)

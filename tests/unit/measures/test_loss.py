@@ -89,12 +89,33 @@ def test_per_prompt_losses_and_their_intervals(tiny_model):
     assert sink_scores(tiny_model, batch, options=QUIET).loss_ci() is None  # no loss asked, no interval
 
 
-def test_next_token_nll_in_a_reused_buffer_equals_a_float64_log_softmax(tiny_model):
+def by_vocabulary_rows(model):
+    """A copy of `model` with W_U stored as sinkmech's loaders keep it (the
+    transpose of a contiguous [d_vocab, d_model] tensor)."""
+    import copy
+
+    from sinkmech.loading.hooked import _unembed_by_vocabulary_rows
+
+    model = copy.deepcopy(model)
+    _unembed_by_vocabulary_rows(model)
+    assert model.unembed.W_U.T.is_contiguous() and not model.unembed.W_U.is_contiguous()
+    return model
+
+
+@pytest.mark.parametrize("layout", ["d_model_rows", "vocabulary_rows"])
+def test_next_token_nll_in_a_reused_buffer_equals_a_float64_log_softmax(tiny_model, layout):
     """The logits go into one buffer kept across calls and the log-softmax is
     taken in place: a large call, then smaller and 1-row ones (the buffer is
-    reused, not grown), then a larger one (it grows), each against float64."""
-    from sinkmech.loading.backend import unembed
+    reused, not grown), then a larger one (it grows), each against float64; with
+    W_U as TransformerLens builds it and as sinkmech's loaders keep it (another
+    product, the logits transposed in the buffer)."""
+    from sinkmech.loading.backend import CAPABILITIES, unembed
     from sinkmech.measures.loss import next_token_nll
+
+    if layout == "vocabulary_rows":
+        if not CAPABILITIES.from_config:
+            pytest.skip("the Bridge unembeds by the Hugging Face model's own lm_head")
+        tiny_model = by_vocabulary_rows(tiny_model)
 
     g = torch.Generator().manual_seed(3)
     resid = torch.randn(4, 9, tiny_model.cfg.d_model, generator=g) * 3
