@@ -32,6 +32,71 @@ def pytest_configure(config):
     import transformer_lens  # noqa: F401
 
     _reuse_jaxtyping_checkers()
+    _lean_jaxtyping_wrappers()
+
+
+def _lean_jaxtyping_wrappers() -> None:
+    """The same checks as jaxtyping's wrapper with beartype, for less: jaxtyping's
+    wrapper binds each call's arguments, checks them, calls the function, then checks
+    the arguments again with the return value. For a function with no array annotation
+    (a p-value, a dataclass of counts, a hook name: hundreds of thousands of calls) the
+    shape memo it keeps holds nothing, and beartype alone makes the same checks; one
+    with array annotations gets beartype inside jaxtyping's shape-memo context (its
+    documented double-decorator form), so the dimensions stay shared across arguments
+    and return value, checked once. Kept on jaxtyping's own wrapper: functions defined
+    inside others (built again on every call of the outer one: their checkers are
+    shared, `_reuse_jaxtyping_checkers`), generators, and hints that do not resolve
+    where the function is defined (a name imported for type checkers only)."""
+    import dataclasses
+    import hashlib
+    import typing
+
+    import jaxtyping
+    from beartype import BeartypeConf, beartype
+    from jaxtyping import _decorator as jd
+    from jaxtyping._array_types import AbstractArray
+    from jaxtyping._import_hook import Typechecker
+
+    full = jaxtyping.jaxtyped
+    # raising what jaxtyping raises, so `pytest.raises(TypeCheckError)` holds either way
+    alone = beartype(conf=BeartypeConf(violation_type=jaxtyping.TypeCheckError))
+
+    def holds_array(hint) -> bool:
+        if inspect.isclass(hint) and issubclass(hint, AbstractArray):
+            return True
+        return any(holds_array(h) for h in typing.get_args(hint))
+
+    def lean(fn):
+        """`fn` checked the lean way, or None where jaxtyping's wrapper should do it."""
+        if (not inspect.isfunction(fn) or inspect.isgeneratorfunction(fn)
+                or not fn.__annotations__ or getattr(fn, "__no_type_check__", False)):
+            return None
+        try:
+            hints = typing.get_type_hints(fn, include_extras=True)
+        except Exception:  # noqa: BLE001 (any hint that does not resolve now)
+            return None
+        if any(isinstance(h, (str, typing.ForwardRef)) for h in hints.values()):
+            return None
+        checked = alone(fn)
+        return full(checked, typechecker=None) if any(holds_array(h) for h in hints.values()) else checked
+
+    def jaxtyped(fn=jd._sentinel, *, typechecker=jd._sentinel):
+        if fn is jd._sentinel:
+            return lambda f: jaxtyped(f, typechecker=typechecker)
+        # the import hook's stand-in for beartype.beartype (pyproject's --jaxtyping-packages)
+        hooked = Typechecker.lookup.get(hashlib.md5(b"beartype.beartype").hexdigest())
+        if typechecker is not beartype and (hooked is None or typechecker is not hooked):
+            return full(fn, typechecker=typechecker)
+        if inspect.isclass(fn) and dataclasses.is_dataclass(fn):
+            init = lean(fn.__init__)
+            if init is not None:
+                fn.__init__ = init
+                return fn
+        elif (checked := lean(fn)) is not None:
+            return checked
+        return full(fn, typechecker=typechecker)
+
+    jaxtyping.jaxtyped = jaxtyped
 
 
 def _reuse_jaxtyping_checkers() -> None:
