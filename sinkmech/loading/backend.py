@@ -198,7 +198,11 @@ def unembed(model: Model, resid: Tensor, scratch: bool = False) -> Tensor:
     # tensor on every call (113 MB for SmolLM2, 670 MB for Gemma 3); the
     # sweeps unembed a few positions at a time, so that copy was 3/4 of a
     # report's ablation section. The same product, on the weights in place.
+    # A bias of zeros (a tied embedding's: SmolLM2, Gemma 3) is left out: addmm
+    # writes the broadcast bias into the logits before the product, one more pass
+    # over them (a third of the product's time for a few hundred rows).
     u = model.unembed
+    bias = u.b_U if bool(u.b_U.any()) else None
     if scratch:  # the same product, into the reused buffer
         rows = resid.reshape(-1, resid.shape[-1])
         n_rows, d_vocab = rows.shape[0], u.W_U.shape[1]
@@ -206,12 +210,15 @@ def unembed(model: Model, resid: Tensor, scratch: bool = False) -> Tensor:
         if u.W_U.T.is_contiguous():
             # W_U stored by vocabulary rows (as sinkmech's loaders keep it): the product
             # [d_vocab, rows] = W_U.T @ rows.T, returned transposed
-            logits = torch.addmm(u.b_U[:, None], u.W_U.T, rows.T, out=buf.view(d_vocab, n_rows)).T
+            out = buf.view(d_vocab, n_rows)
+            logits = (torch.mm(u.W_U.T, rows.T, out=out) if bias is None
+                      else torch.addmm(bias[:, None], u.W_U.T, rows.T, out=out)).T
         else:
-            logits = torch.addmm(u.b_U, rows, u.W_U, out=buf.view(n_rows, d_vocab))
+            out = buf.view(n_rows, d_vocab)
+            logits = torch.mm(rows, u.W_U, out=out) if bias is None else torch.addmm(bias, rows, u.W_U, out=out)
         logits = logits.view(*resid.shape[:-1], d_vocab)
     else:
-        logits = torch.nn.functional.linear(resid, u.W_U.T, u.b_U)
+        logits = torch.nn.functional.linear(resid, u.W_U.T, bias)
     cap = getattr(model.cfg, "output_logits_soft_cap", None)
     if cap is not None and cap > 0:
         logits = cap * torch.tanh(logits / cap)

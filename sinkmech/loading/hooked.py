@@ -65,23 +65,53 @@ def _finish(model: Model, name: str, device: str) -> Model:
     model.cfg.model_name = name
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "right"
-    _unembed_by_vocabulary_rows(model)
+    _weights_as_linear_reads_them(model)
     move(model, device)
     model.eval()
     return model
 
 
-def _unembed_by_vocabulary_rows(model: Model) -> None:
-    """W_U [d_model, d_vocab] kept as the transpose of a contiguous [d_vocab,
-    d_model] tensor (the embedding's and Hugging Face's lm_head's layout): the same
-    values, on which `unembed(..., scratch=True)` takes BLAS's faster product for a
-    few hundred rows against a large vocabulary (1.5x for Gemma 3's 262k on 2 AVX2
-    cores; scripts/bench_unembed.py), and TransformerLens's own Unembed.forward no
-    longer copies W_U.T on every call."""
-    w = model.unembed.W_U
-    if w.T.is_contiguous():
-        return
-    model.unembed.W_U = torch.nn.Parameter(w.detach().T.contiguous().T, requires_grad=w.requires_grad)
+def _weights_as_linear_reads_them(model: Model) -> None:
+    """The same weights, each laid out as the product TransformerLens 3.9 runs on
+    it reads it, so that no forward pass copies a weight (the values, shapes and
+    names stay; only strides change).
+
+    TransformerLens 3.9 rearranges its [head, d_model, d_head] W_Q, W_K, W_V and
+    [head, d_head, d_model] W_O into the [out, in] matrices `F.linear` takes, and
+    the gated MLP takes `W.T.contiguous()` of W_in, W_gate and W_out: on weights
+    stored [head, ...] each of those is a copy of the whole matrix on every
+    forward pass (for SmolLM2 a quarter of a short sweep pass: 400 MB copied
+    against 1.1 GFLOP of products). Stored as the transposes of the matrices
+    those calls build, the rearranged views are already contiguous. W_U is kept
+    the same way, by vocabulary rows (the embedding's and Hugging Face's lm_head's
+    layout): the same values, on which `unembed(..., scratch=True)` takes BLAS's
+    faster product for a few hundred rows against a large vocabulary (1.5x for
+    Gemma 3's 262k on 2 AVX2 cores; scripts/bench_unembed.py), and
+    TransformerLens's own Unembed.forward no longer copies W_U.T."""
+    from transformer_lens.components.mlps.gated_mlp import GatedMLP
+
+    def relayout(module: torch.nn.Module, name: str, to_read, back) -> None:
+        w = module._parameters.get(name)
+        if w is None or to_read(w).is_contiguous():
+            return
+        module._parameters[name] = torch.nn.Parameter(back(to_read(w.detach()).contiguous()),
+                                                      requires_grad=w.requires_grad)
+
+    def transpose(w):
+        return w.T
+
+    def heads_rows(w):  # [head, d_model, d_head] <-> [head, d_head, d_model]: (head d_head) rows of d_model
+        return w.transpose(1, 2)
+
+    relayout(model.unembed, "W_U", transpose, transpose)
+    for block in model.blocks:
+        attn = block.attn
+        for name in ("W_Q", "W_K", "W_V", "_W_K", "_W_V"):
+            relayout(attn, name, heads_rows, heads_rows)
+        relayout(attn, "W_O", lambda w: w.permute(2, 0, 1), lambda w: w.permute(1, 2, 0))  # d_model rows of (head d_head)
+        if isinstance(block.mlp, GatedMLP):
+            for name in ("W_in", "W_gate", "W_out"):
+                relayout(block.mlp, name, transpose, transpose)
 
 
 def _from_hub(source: ModelSource, device: str) -> Model:
@@ -97,7 +127,7 @@ def _from_hub(source: ModelSource, device: str) -> Model:
                             "downloaded, which this machine cannot do", "from_pretrained") from e
     if model.tokenizer is not None:
         model.tokenizer.padding_side = "right"
-    _unembed_by_vocabulary_rows(model)
+    _weights_as_linear_reads_them(model)
     return model
 
 

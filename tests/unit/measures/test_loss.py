@@ -94,10 +94,10 @@ def by_vocabulary_rows(model):
     transpose of a contiguous [d_vocab, d_model] tensor)."""
     import copy
 
-    from sinkmech.loading.hooked import _unembed_by_vocabulary_rows
+    from sinkmech.loading.hooked import _weights_as_linear_reads_them
 
     model = copy.deepcopy(model)
-    _unembed_by_vocabulary_rows(model)
+    _weights_as_linear_reads_them(model)
     assert model.unembed.W_U.T.is_contiguous() and not model.unembed.W_U.is_contiguous()
     return model
 
