@@ -23,8 +23,8 @@ from pathlib import Path
 COMMANDS = {
     "sinks": ["sinks", "--model", "gemma3-270m", "--bos", "both", "--json", "{out}/sinks.json", "--png", "{out}/sinks.png"],
     "heads": ["heads", "--model", "smollm2", "--json", "{out}/heads.json"],
-    "ablate": ["ablate", "--model", "smollm2", "--n-prompts", "4", "--max-tokens", "16", "--json", "{out}/ablate.json"],
     "report": ["report", "--model", "smollm2", "--out", "{out}/report"],
+    "compare": ["study", "compare", "--models", "smollm2", "--n-prompts", "24", "--json", "{out}/compare.json"],
 }
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 

@@ -32,3 +32,17 @@ def test_the_project_speaks_of_itself_only():
     hits = [f"{p.relative_to(REPO)}: {w}" for p in files if p.is_file()
             for w in words if w.lower() in p.read_text(encoding="utf-8", errors="replace").lower()]
     assert hits == []
+
+
+def test_the_quick_start_benchmark_times_the_readmes_quick_start():
+    """scripts/bench_quickstart.py runs the commands the README's quick start shows, in its order."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_quickstart", REPO / "scripts" / "bench_quickstart.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("On the command line"):].split("\n\n")[1]
+    shown = [line.split() for line in block.splitlines() if line.strip().startswith("sinkmech ")]
+    timed = [["sinkmech", *(a.replace("{out}", "out") for a in argv)] for argv in bench.COMMANDS.values()]
+    assert len(shown) == 4 and shown == timed
