@@ -66,7 +66,11 @@ def long_context_figure(result: dict, path: str | os.PathLike, *, eps: str = "0.
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.tick_params(labelsize=7)
     for ax in axes[::2]:
-        ax.legend(fontsize=6, frameon=False)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, frameon=False)
+    if not any(result["collapse"].values()):  # collapse_repeats left empty: nothing measured there
+        axes[2].text(0.5, 0.5, "not measured\n(no collapse_repeats)", ha="center", va="center",
+                     transform=axes[2].transAxes, fontsize=8, color="0.4")
     axes[1].set_ylim(-5, 150)  # room above the curves for the legend
     axes[1].set_yticks(range(0, 101, 20))
     axes[1].legend(fontsize=6, frameon=False, loc="upper center", ncol=2, columnspacing=0.8, handlelength=1.5)
