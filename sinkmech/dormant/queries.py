@@ -15,6 +15,7 @@ Definitions: `sinkmech.dormant.labels`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -146,35 +147,54 @@ def could_be_if_else(stats: HeadStats, th: Thresholds) -> list[tuple[int, int]]:
     return [(int(l), int(h)) for l, h in ok.nonzero().tolist()]
 
 
-def modes_at(rec: QueryRecords, th: Thresholds, *, decode) -> tuple[tuple[tuple[Mode, ...], ...], dict]:
+def modes_at(rec: QueryRecords, th: Thresholds, *, decode, triggers: dict | None = None
+             ) -> tuple[tuple[tuple[Mode, ...], ...], dict]:
     """Every head's mode at the thresholds `th`, from the records alone, and
-    the triggers of the heads that needed one."""
+    the triggers of the heads that needed one. `triggers`: `triggers_at` at
+    this low cut for at least those heads (they do not depend on the high
+    cut), else counted here."""
     stats = stats_at(rec, th.high, th.low)
     L, H = stats.dormant_fraction.shape
-    trig = triggers_at(rec, th, could_be_if_else(stats, th), decode=decode)
+    need = could_be_if_else(stats, th)
+    trig = ({lh: triggers[lh] for lh in need} if triggers is not None
+            else triggers_at(rec, th, need, decode=decode))
     triggers = [[list(trig.get((l, h), ())) for h in range(H)] for l in range(L)]
     best = torch.tensor([[max((t.lift for t in triggers[l][h]), default=0.0) for h in range(H)] for l in range(L)])
     n_queries = int(rec.valid.sum())
     return classify(stats, triggers, best, th, n_queries=n_queries).modes, trig
 
 
-def threshold_sweep(rec: QueryRecords, th: Thresholds, *, decode, highs=SWEEP_HIGH, lows=SWEEP_LOW) -> list[dict]:
+def sweep_cuts(highs=SWEEP_HIGH, lows=SWEEP_LOW) -> list[tuple[float, float]]:
+    """The (high, low) cuts of the threshold sweep: every pair with low < high."""
+    return [(high, low) for high in highs for low in lows if low < high]
+
+
+def threshold_sweep(rec: QueryRecords, th: Thresholds, *, decode, highs=SWEEP_HIGH, lows=SWEEP_LOW,
+                    on_cut: Callable[[], object] | None = None) -> list[dict]:
     """Mode counts and if_else heads at every (high, low) cut with low < high,
-    every other threshold as in `th`. One row per cut."""
+    every other threshold as in `th`. One row per cut; `on_cut` is called
+    after each (a progress bar's step)."""
+    cuts = sweep_cuts(highs, lows)
+    # a head's triggers depend on the low cut alone (its active queries): counted once per low
+    # for every head that needs one at any of its high cuts
+    by_low = {}
+    for low in dict.fromkeys(low for _, low in cuts):
+        at_low = [replace(th, high=high, low=low) for high, l in cuts if l == low]
+        need = {lh for cut in at_low for lh in could_be_if_else(stats_at(rec, cut.high, low), cut)}
+        by_low[low] = triggers_at(rec, at_low[0], sorted(need), decode=decode)
     rows = []
-    for high in highs:
-        for low in lows:
-            if not low < high:
-                continue
-            cut = replace(th, high=high, low=low)
-            modes, trig = modes_at(rec, cut, decode=decode)
-            if_else = [(l, h) for l, row in enumerate(modes) for h, m in enumerate(row) if m == "if_else"]
-            rows.append({
-                "high": high, "low": low,
-                "mode_counts": {m: sum(r.count(m) for r in modes) for m in MODES},
-                "if_else_heads": [head_label(l, h) for l, h in if_else],
-                "triggers": {head_label(l, h): chosen_trigger(trig[(l, h)], cut.min_lift).token for l, h in if_else},
-            })
+    for high, low in cuts:
+        cut = replace(th, high=high, low=low)
+        modes, trig = modes_at(rec, cut, decode=decode, triggers=by_low[low])
+        if_else = [(l, h) for l, row in enumerate(modes) for h, m in enumerate(row) if m == "if_else"]
+        rows.append({
+            "high": high, "low": low,
+            "mode_counts": {m: sum(r.count(m) for r in modes) for m in MODES},
+            "if_else_heads": [head_label(l, h) for l, h in if_else],
+            "triggers": {head_label(l, h): chosen_trigger(trig[(l, h)], cut.min_lift).token for l, h in if_else},
+        })
+        if on_cut is not None:
+            on_cut()
     return rows
 
 

@@ -21,7 +21,8 @@ from sinkmech.measures.attention import sink_mass
 from sinkmech.loading.backend import W_O, Model, attn_scale
 from sinkmech.dormant.bands import band_layout, band_norms, band_products
 from sinkmech.dormant.labels import HeadStats, Thresholds, classify
-from sinkmech.dormant.queries import PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, threshold_sweep
+from sinkmech.dormant.queries import (PROMPT_SUMS, QueryRecords, bootstrap_labels, cuts, record_queries, sweep_cuts,
+                                      threshold_sweep)
 from sinkmech.dormant.result import HeadScan
 from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_prompt
 from sinkmech.hooks import act_name, expand_kv, run
@@ -86,7 +87,7 @@ def scan_heads(
         raise ValueError("every prompt has a single token: there is no query to scan")
     acc = accumulate(model, batch, th, n_bins=n_bins, options=options)
     return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens, sweep=sweep,
-                      n_boot=n_boot)
+                      n_boot=n_boot, progress=options.progress)
 
 
 def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int = 20, first_prompt: int = 0,
@@ -230,9 +231,11 @@ class _Accumulator:
             self.cut_sums[k][:, l] += v
 
     def finish(self, th: Thresholds, *, decode: TokenStr, top_triggers: int, max_tokens: int, sweep: bool = True,
-               n_boot: int = 200) -> HeadScan:
+               n_boot: int = 200, progress: bool = False) -> HeadScan:
         """Labels, triggers, and (with per-query records: not for summed shards)
-        the threshold sweep and the bootstrap."""
+        the threshold sweep and the bootstrap; `progress`: a bar over these
+        steps (the trigger tests, the prompt-level judging, the bootstrap, each
+        cut of the sweep: seconds each on a CPU)."""
         s = {k: v.cpu() for k, v in self.sums.items()}
         n = float(self.pos_total.sum())
         if n == 0:
@@ -253,13 +256,18 @@ class _Accumulator:
         records = (QueryRecords(self.key_level, self.per_prompt, {k: v.cpu() for k, v in self.cut_sums.items()},
                                 self.highs, self.lows, (th.high, th.low), self.batch.tokens.cpu(), valid)
                    if self.recorded else None)
+        do_boot, do_sweep = n_boot > 0 and records is not None, sweep and records is not None
+        bar = tqdm(total=1 + (records is not None) + do_boot + (len(sweep_cuts()) if do_sweep else 0),
+                   desc="label heads", unit="step", disable=not progress)
         triggers, best = self.triggers.finalize(decode=decode,
                                                 min_count=th.min_count, top_k=top_triggers,
                                                 min_prompts=th.min_prompts, min_lift=th.min_lift, alpha=th.alpha)
+        bar.update(1)
         if records is not None:  # prompts as the unit; without records (summed shards) the Poisson tail stays
             triggers = judge_by_prompt(triggers, records.tokens, records.valid, records.active(th.low), records.key,
                                        rule=th.trigger_rule(best.numel()),
                                        prompt_ids=torch.arange(self.first_prompt, self.first_prompt + len(records.tokens)))
+            bar.update(1)
         div = lambda a, b: (a / b).float()  # noqa: E731  (0/0 -> NaN: that mode never occurred)
         bands = {}
         for k, v in self.band.items():
@@ -287,9 +295,10 @@ class _Accumulator:
         L, H = best.shape
         chosen = [[chosen_trigger(triggers[l][h], th.min_lift) for h in range(H)] for l in range(L)]
         trigger_ok = torch.tensor([[c is not None and c.validated for c in row] for row in chosen])
-        uncertainty = (bootstrap_labels(records, th, labels.modes, trigger_ok, n_boot=n_boot)
-                       if n_boot > 0 and records is not None else None)
-        sweep_rows = tuple(threshold_sweep(records, th, decode=decode)) if sweep and records is not None else None
+        uncertainty = bootstrap_labels(records, th, labels.modes, trigger_ok, n_boot=n_boot) if do_boot else None
+        bar.update(do_boot)
+        sweep_rows = tuple(threshold_sweep(records, th, decode=decode, on_cut=lambda: bar.update(1))) if do_sweep else None
+        bar.close()
         return HeadScan(
             **kw,
             bands=bands,

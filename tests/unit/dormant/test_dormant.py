@@ -533,6 +533,39 @@ def test_sweep_at_the_scan_cut_equals_the_streamed_labels(planted):
     assert all(r["low"] < r["high"] for r in scan.sweep) and len(scan.sweep) == 18
 
 
+def test_sweep_counts_triggers_once_per_low_cut_as_each_cut_alone_would(planted):
+    """threshold_sweep counts triggers once per low cut, for every head any of its high cuts needs:
+    a head's triggers do not depend on which other heads are counted beside it, and each row equals
+    the cut relabelled on its own (modes_at counting that cut's heads alone)."""
+    from dataclasses import replace
+
+    from sinkmech.dormant.queries import SWEEP_LOW, modes_at, sweep_cuts, triggers_at
+    from sinkmech.hooks import head_label
+    from sinkmech.prompts import token_text
+
+    model, _, scan = planted
+    decode, rec = token_text(model), scan.records
+    every = [(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    for low in SWEEP_LOW:
+        th = replace(scan.thresholds, low=low)
+        together = triggers_at(rec, th, every, decode=decode)
+        assert any(together.values())  # some head has triggers to compare
+        for lh in every:
+            alone = triggers_at(rec, th, [lh], decode=decode)[lh]
+            assert len(alone) == len(together[lh])
+            for a, b in zip(alone, together[lh]):
+                # the Poisson tail is evaluated in float64 over every head counted at once: its rounding
+                # (1e-16 relative) follows the set; every other field, and the label's prompt-level p, is equal
+                assert replace(a, p_validated=None) == replace(b, p_validated=None)
+                assert (a.p_validated is None) == (b.p_validated is None)
+                assert b.p_validated is None or a.p_validated == pytest.approx(b.p_validated, rel=1e-12)
+    for row, (high, low) in zip(scan.sweep, sweep_cuts(), strict=True):
+        modes, trig = modes_at(rec, replace(scan.thresholds, high=high, low=low), decode=decode)
+        assert (row["high"], row["low"]) == (high, low)
+        assert row["if_else_heads"] == [head_label(l, h) for l, h in every if modes[l][h] == "if_else"]
+        assert row["mode_counts"] == {m: sum(r.count(m) for r in modes) for m in row["mode_counts"]}
+
+
 def test_label_uncertainty_from_the_bootstrap(planted):
     _, _, scan = planted
     u = scan.uncertainty
