@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label
-from sinkmech.interventions.ablation import HeadAblation, head_ablations
+from sinkmech.interventions.ablation import HeadAblation, pair_ablations
 from sinkmech.corpora import default_corpus
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch, tokenize
 from sinkmech.results import Result
@@ -252,9 +252,9 @@ def choose_heads(scores: dict[int, SinkScores], top_k: int, fixed_head: tuple[in
 def length_costs(model: Model, batch: TokenBatch, heads: ChosenHeads, *, options: RunOptions = RunOptions()
                  ) -> dict[int, list[HeadAblation]]:
     """Stage 2: length T -> the mask_first ablation of each head `heads.measured`
-    at T, that head alone (KL(clean || first key masked), mean over content positions)."""
-    return {T: [head_ablations(model, truncate(batch, T), mode="mask_first", layers=[l], heads=[h], options=QUIET)
-                for l, h in heads.measured(i)]
+    at T, that head alone (KL(clean || first key masked), mean over content positions);
+    the heads of one length share its clean run (`pair_ablations`)."""
+    return {T: pair_ablations(model, truncate(batch, T), heads.measured(i), mode="mask_first", options=QUIET)
             for i, T in enumerate(tqdm(heads.lengths, desc="mask_first by length", disable=not options.progress,
                                        unit="length"))}
 

@@ -31,7 +31,7 @@ from sinkmech.interventions.metrics import (
     Bound, Custom, LogitDiff, Logits, Metric, MetricSpec, content_mask, one_copy, resolve_metric,
 )
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, as_batch
-from sinkmech.interventions.sweep import Intervention, reference_logits, sweep
+from sinkmech.interventions.sweep import Intervention, clean_pass, sweep
 from sinkmech.options import QUIET, RunOptions
 from sinkmech.results import Result
 
@@ -122,6 +122,8 @@ class AblationSetup:
     reference: Logits  # [batch content_pos d_vocab], unembedded lazily
     mask: Bool[Tensor, "batch content_pos"]
     means: Float[Tensor, "layer head_index d_head"] | None
+    # the clean run's residual stream entering every layer (the sweep's restarts), from the pass that gave `reference`
+    starts: tuple[Tensor, ...] | None = None
 
     @property
     def n_content(self) -> int:
@@ -148,6 +150,22 @@ class AblationSetup:
             baseline=self.baseline if baseline is None else baseline, method=method,
             layers=self.layers, heads=self.heads, n_prompts=len(self.batch),
         )
+
+
+def pair_ablations(model: Model, tokens: PromptSource | TokenBatch, pairs: Sequence[tuple[int, int]], *,
+                   mode: AblationMode, metric: MetricSpec = "kl", bos: Bos | None = None,
+                   options: RunOptions = QUIET) -> list[HeadAblation]:
+    """Each (layer, head) of `pairs` ablated alone: what `head_ablations(tokens,
+    layers=[l], heads=[h])` gives for each, from one clean run and one sweep
+    (the heads of one layer share its passes) instead of one of each per head.
+    One HeadAblation per pair, in their order, its effects [1, 1]."""
+    pairs = [(int(l), int(h)) for l, h in pairs]
+    s = ablation_setup(model, tokens, mode=mode, metric=metric, layers=sorted({l for l, _ in pairs}),
+                       heads=sorted({h for _, h in pairs}), bos=bos, options=options)
+    cells = [Intervention(l, ablation_hooks(mode, l, h, s.means)) for l, h in pairs]
+    values = sweep(model, s.batch.tokens, cells, score=s.score, offset=s.batch.offset, n_content=s.n_content,
+                   options=options, desc=f"ablate {mode}", starts=s.starts)
+    return [replace(s, layers=(l,), heads=(h,)).result(values[i].reshape(1, 1), "sweep") for i, (l, h) in enumerate(pairs)]
 
 
 def ablation_weight(metric: str, batch: TokenBatch) -> float:
@@ -223,11 +241,11 @@ def ablation_setup(
         for h in heads:
             check_head(model, l, h)
     n_content = batch.tokens.shape[1] - batch.offset
+    reference, starts = clean_pass(model, batch.tokens, batch.offset, n_content)
     return AblationSetup(
         batch=batch, mode=mode, layers=layers, heads=heads, metric=resolve_metric(metric),
-        reference=reference_logits(model, batch.tokens, batch.offset, n_content),
-        mask=content_mask(batch.lengths, batch.offset, n_content),
-        means=mean_head_outputs(model, batch) if mode == "mean" else None,
+        reference=reference, mask=content_mask(batch.lengths, batch.offset, n_content),
+        means=mean_head_outputs(model, batch) if mode == "mean" else None, starts=tuple(starts),
     )
 
 
@@ -300,5 +318,5 @@ def head_ablations(
     s = ablation_setup(model, tokens, mode=mode, metric=metric, layers=layers, heads=heads, bos=bos,
                        max_tokens=max_tokens, options=options)
     values = sweep(model, s.batch.tokens, s.cells(), score=s.score, offset=s.batch.offset, n_content=s.n_content,
-                   options=options, desc=f"ablate {mode}")
+                   options=options, desc=f"ablate {mode}", starts=s.starts)
     return s.result(values.reshape(len(s.layers), len(s.heads)), "sweep")

@@ -22,7 +22,7 @@ from sinkmech.loading.backend import Model
 from sinkmech.hooks import act_name, cached_run, check_layer
 from sinkmech.interventions.metrics import Bound, MetricSpec, content_logits, content_mask, one_copy, resolve_metric
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, check_bos, tokenize
-from sinkmech.interventions.sweep import Intervention, reference_logits, sweep
+from sinkmech.interventions.sweep import Intervention, clean_pass, sweep
 from sinkmech.options import RunOptions
 from sinkmech.results import Result
 
@@ -151,6 +151,7 @@ class PatchSetup:
     source_value: float
     layers: tuple[int, ...]
     positions: tuple[int, ...] | None
+    starts: tuple[Tensor, ...] | None = None  # the target run's residual stream entering every layer
 
     def result(self, values: Float[Tensor, " cell"]) -> PatchResult:
         """The scored cells (one value each, in `cells`' order) as a PatchResult."""
@@ -204,7 +205,8 @@ def patch_setup(
     src_logits, cache = cached_run(model, src.tokens, names)
     reference = content_logits(src_logits, src.offset, n_content)  # same pass as the cache
     bound = resolved.bind(reference, scored)
-    baseline = float(bound(one_copy(reference_logits(model, tgt.tokens, tgt.offset, n_content)))[0])
+    target_logits, starts = clean_pass(model, tgt.tokens, tgt.offset, n_content)  # the sweep restarts from this pass
+    baseline = float(bound(one_copy(target_logits))[0])
     source_value = float(bound(reference[None])[0])
     n_heads = cache[names[0]].shape[2] if act in HEAD_ACTS else 1
     cells = []
@@ -226,7 +228,7 @@ def patch_setup(
              "head_pos": (len(layers), n_heads, n_content)}[by]
     return PatchSetup(target_run=tgt, cells=tuple(cells), score=bound, n_content=n_content, shape=shape, act=act,
                       by=by, source=source, target=target, metric=resolved.name, baseline=baseline,
-                      source_value=source_value, layers=layers, positions=positions)
+                      source_value=source_value, layers=layers, positions=positions, starts=tuple(starts))
 
 
 def patch(
@@ -279,7 +281,7 @@ def patch(
                     positions=positions)
     tgt = s.target_run
     values = sweep(model, tgt.tokens, s.cells, score=s.score, offset=tgt.offset, n_content=s.n_content,
-                   options=options, desc=f"patch {act} {s.source}->{s.target}")
+                   options=options, desc=f"patch {act} {s.source}->{s.target}", starts=s.starts)
     return s.result(values)
 
 

@@ -48,6 +48,18 @@ def clean_resid(model: Model, tokens: Int[Tensor, "batch pos"]) -> list[Tensor]:
     return [cache[n] for n in names]
 
 
+def clean_pass(model: Model, tokens: Int[Tensor, "batch pos"], offset: int, n_content: int
+               ) -> tuple[Unembedded, list[Tensor]]:
+    """The clean run once: its content logits (unembedded lazily: what
+    `reference_logits` gives) and the residual stream entering every layer
+    (what `clean_resid` gives, the restarts `sweep` takes as `starts`)."""
+    L = model.cfg.n_layers
+    names = [act_name("resid_pre", l) for l in range(L)]
+    last = act_name("resid_post", L - 1)  # the last block's output: what a pass stopped after it returns
+    _, cache = cached_run(model, tokens, [*names, last], stop_at_layer=L)
+    return unembedded(model, cache[last], offset, n_content), [cache[n] for n in names]
+
+
 def unembedded(model: Model, resid: Float[Tensor, "*copies batch pos d_model"], offset: int,
                n_content: int) -> Unembedded:
     """The content positions' logits of a pass stopped after its last block, unembedded lazily
@@ -69,6 +81,7 @@ def sweep(
     n_content: int,
     desc: str = "sweep",
     options: RunOptions = RunOptions(),
+    starts: Sequence[Tensor] | None = None,
 ) -> Float[Tensor, " cell"]:
     """Score every intervention, batching those that start at the same layer.
 
@@ -78,13 +91,15 @@ def sweep(
         offset, n_content: content token j sits at position offset + j.
         options: rows per forward pass (copies x batch; default 128; at least one
             copy runs), progress bar.
+        starts: the clean run's residual stream entering every layer, when the
+            caller has it (`clean_pass`); else computed here (`clean_resid`).
 
     Returns:
         One metric value per intervention, in the order given.
     """
     max_rows = options.batch(128)
     batch, n_pos = tokens.shape
-    starts = clean_resid(model, tokens)
+    starts = clean_resid(model, tokens) if starts is None else starts
     per_pass = max(1, max_rows // batch)
     by_layer: dict[int, list[int]] = {}
     for i, cell in enumerate(interventions):

@@ -10,7 +10,7 @@ from helpers.tiny import TINY_RUN, TINY_BOS, make_tiny
 from helpers.planted import planted_model
 from helpers.tolerance import SAME_TERMS, SMOLLM2_FORWARD, TINY_FORWARD, assert_normwise
 from helpers.reference import loop_ablations
-from sinkmech.interventions.ablation import MODES, check_mode, head_ablations
+from sinkmech.interventions.ablation import MODES, check_mode, head_ablations, pair_ablations
 from sinkmech.interventions.attribution import attribute_ablations, pearson
 from sinkmech.interventions.metrics import LogitDiff
 from sinkmech.measures.sinks import sink_scores
@@ -82,6 +82,35 @@ def test_results_and_subgrid(planted, tokens):
     d = r.to_dict()
     assert {"mode", "metric", "n_layers", "n_heads", "effects"} <= set(d) and d["layers"] == [1]
     assert list(r.to_dataframe()["head"]) == [0, 3]
+
+
+@pytest.mark.parametrize("mode", ["mask_first", "mean"])
+def test_listed_pairs_equal_one_head_each(planted, tokens, mode):
+    """pair_ablations: heads of several layers (one listed twice, two sharing a layer) from one clean
+    run and one sweep, each what head_ablations gives for that head alone; the planted sink is found."""
+    pairs = [(1, 3), (0, 0), (1, 0), (0, 0)]
+    got = pair_ablations(planted, tokens, pairs, mode=mode, options=TINY_RUN)
+    assert [(r.layers, r.heads) for r in got] == [((l,), (h,)) for l, h in pairs]
+    for r, (l, h) in zip(got, pairs):
+        one = head_ablations(planted, tokens, mode=mode, layers=[l], heads=[h], options=TINY_RUN)
+        assert r.effects.shape == (1, 1) and r.mode == mode and r.baseline == one.baseline
+        # other heads' copies share the pass: the forward bound
+        assert abs(float(r.effects[0, 0]) - float(one.effects[0, 0])) < TINY_FORWARD * max(1.0, float(one.effects.abs()))
+    if mode == "mask_first":
+        assert float(got[1].effects[0, 0]) > 2 * max(float(got[0].effects[0, 0]), float(got[2].effects[0, 0]))
+
+
+def test_one_clean_pass_gives_the_reference_and_the_restarts_bitwise(tokens):
+    """clean_pass caches the clean run once: its content logits are reference_logits' and its residual
+    stream clean_resid's, bit for bit (the same pass's tensors), so a sweep given them computes the same."""
+    from sinkmech.interventions.sweep import clean_pass, clean_resid, reference_logits
+
+    model = make_tiny(4, n_kv=2)
+    batch = tokens[:3, :9]
+    logits, starts = clean_pass(model, batch, 1, 8)
+    want = reference_logits(model, batch, 1, 8)
+    assert torch.equal(logits.full(), want.full())
+    assert len(starts) == model.cfg.n_layers and all(torch.equal(a, b) for a, b in zip(starts, clean_resid(model, batch)))
 
 
 def test_bad_ablation_inputs(planted, tokens):
