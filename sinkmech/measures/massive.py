@@ -328,6 +328,7 @@ def reset_massive_dims(
     from_layer: int,
     mode: str = "others_mean",
     first_mean: Float[Tensor, "resid_layer d_model"] | None = None,
+    clean: MassiveIntervention | None = None,
     options: RunOptions = RunOptions(),
 ) -> MassiveIntervention:
     """Content loss and first-token scores with and without resetting `dims` at position 0.
@@ -338,6 +339,8 @@ def reset_massive_dims(
             (e.g. `MassiveDims.onset_layer`; must be < n_layers).
         mode: "others_mean" or "sun_mean" (`RESETS`); "sun_mean" needs
             `first_mean` (`MassiveDims.first_mean`, from the same bos condition).
+        clean: another reset of the same `batch`: its clean run (loss and
+            scores) is taken over instead of run again.
         options: batch size (default 16 prompts per forward pass), progress bar.
 
     Returns:
@@ -355,6 +358,9 @@ def reset_massive_dims(
         if first_mean is None or first_mean.shape[0] < model.cfg.n_layers:
             raise ValueError("the sun_mean reset needs first_mean [resid_layer, d_model] (MassiveDims.first_mean)")
         values = first_mean[:, list(dims)]
-    loss_c, sc = _loss_and_scores(model, batch, options, (), None)
+    if clean is not None and clean.scores_clean.shape[0] != len(batch):
+        raise ValueError(f"clean= is a reset of {clean.scores_clean.shape[0]} prompts, not of this batch of {len(batch)}")
+    loss_c, sc = ((clean.loss_clean, clean.scores_clean) if clean is not None
+                  else _loss_and_scores(model, batch, options, (), None))
     loss_r, sr = _loss_and_scores(model, batch, options, dims, from_layer, values)
     return MassiveIntervention(dims, from_layer, loss_c, loss_r, sc, sr, batch.bos, mode)

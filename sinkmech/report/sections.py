@@ -510,9 +510,11 @@ def massive_section(ctx: ReportContext) -> Section:
                               for d in dims) if dims else "none") + ". ")
         if dims and md.onset_layer < ctx.model.cfg.n_layers:
             part = batch.slice(0, max(1, len(batch) // 2))  # more passes: half the prompts keep the cost down
-            resets = [reset_massive_dims(ctx.model, part, dims=dims, from_layer=md.onset_layer, mode=mode,
-                                         first_mean=md.first_mean, options=ctx.options)
-                      for mode in RESETS]
+            resets = []
+            for mode in RESETS:  # one clean run of `part` for both resets
+                resets.append(reset_massive_dims(ctx.model, part, dims=dims, from_layer=md.onset_layer, mode=mode,
+                                                 first_mean=md.first_mean, clean=resets[0] if resets else None,
+                                                 options=ctx.options))
             summary["reset"] = {**resets[0].to_dict(), "n_prompts": len(part)}  # others_mean, as before
             summary["resets"] = {r.mode: {**r.to_dict(), "n_prompts": len(part)} for r in resets}
             e = format_eps(DEFAULT_EPS[0])

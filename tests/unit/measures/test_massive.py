@@ -112,3 +112,9 @@ def test_sun_mean_reset_is_a_no_op_when_the_first_token_is_fixed(tiny_model, rag
         reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="sun_mean")
     with pytest.raises(ValueError, match="mode"):
         reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, mode="zero")
+    # a second reset of the same batch takes the first's clean run over: what it would have run, exactly
+    shared = reset_massive_dims(tiny_model, ragged, dims=dims, from_layer=1, clean=sun, options=QUIET)
+    assert shared.loss_clean == others.loss_clean and torch.equal(shared.scores_clean, others.scores_clean)
+    assert shared.loss_reset == others.loss_reset and torch.equal(shared.scores_reset, others.scores_reset)
+    with pytest.raises(ValueError, match="not of this batch"):
+        reset_massive_dims(tiny_model, ragged.slice(0, 1), dims=dims, from_layer=1, clean=sun)
