@@ -147,17 +147,16 @@ def could_be_if_else(stats: HeadStats, th: Thresholds) -> list[tuple[int, int]]:
     return [(int(l), int(h)) for l, h in ok.nonzero().tolist()]
 
 
-def modes_at(rec: QueryRecords, th: Thresholds, *, decode, triggers: dict | None = None
+def modes_at(rec: QueryRecords, th: Thresholds, *, decode, counted: dict | None = None
              ) -> tuple[tuple[tuple[Mode, ...], ...], dict]:
     """Every head's mode at the thresholds `th`, from the records alone, and
-    the triggers of the heads that needed one. `triggers`: `triggers_at` at
+    the triggers of the heads that needed one. `counted`: `triggers_at` at
     this low cut for at least those heads (they do not depend on the high
     cut), else counted here."""
     stats = stats_at(rec, th.high, th.low)
     L, H = stats.dormant_fraction.shape
     need = could_be_if_else(stats, th)
-    trig = ({lh: triggers[lh] for lh in need} if triggers is not None
-            else triggers_at(rec, th, need, decode=decode))
+    trig = {lh: counted[lh] for lh in need} if counted is not None else triggers_at(rec, th, need, decode=decode)
     triggers = [[list(trig.get((l, h), ())) for h in range(H)] for l in range(L)]
     best = torch.tensor([[max((t.lift for t in triggers[l][h]), default=0.0) for h in range(H)] for l in range(L)])
     n_queries = int(rec.valid.sum())
@@ -185,7 +184,7 @@ def threshold_sweep(rec: QueryRecords, th: Thresholds, *, decode, highs=SWEEP_HI
     rows = []
     for high, low in cuts:
         cut = replace(th, high=high, low=low)
-        modes, trig = modes_at(rec, cut, decode=decode, triggers=by_low[low])
+        modes, trig = modes_at(rec, cut, decode=decode, counted=by_low[low])
         if_else = [(l, h) for l, row in enumerate(modes) for h, m in enumerate(row) if m == "if_else"]
         rows.append({
             "high": high, "low": low,

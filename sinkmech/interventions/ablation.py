@@ -123,7 +123,7 @@ class AblationSetup:
     mask: Bool[Tensor, "batch content_pos"]
     means: Float[Tensor, "layer head_index d_head"] | None
     # the clean run's residual stream entering every layer (the sweep's restarts), from the pass that gave `reference`
-    starts: tuple[Tensor, ...] | None = None
+    starts: tuple[Tensor, ...]
 
     @property
     def n_content(self) -> int:

@@ -151,7 +151,7 @@ class PatchSetup:
     source_value: float
     layers: tuple[int, ...]
     positions: tuple[int, ...] | None
-    starts: tuple[Tensor, ...] | None = None  # the target run's residual stream entering every layer
+    starts: tuple[Tensor, ...]  # the target run's residual stream entering every layer (the sweep's restarts)
 
     def result(self, values: Float[Tensor, " cell"]) -> PatchResult:
         """The scored cells (one value each, in `cells`' order) as a PatchResult."""

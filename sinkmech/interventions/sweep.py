@@ -41,18 +41,11 @@ class Intervention:
     hooks: HookMaker
 
 
-def clean_resid(model: Model, tokens: Int[Tensor, "batch pos"]) -> list[Tensor]:
-    """The residual stream entering every layer, [batch pos d_model] each."""
-    names = [act_name("resid_pre", l) for l in range(model.cfg.n_layers)]
-    _, cache = cached_run(model, tokens, names, stop_at_layer=model.cfg.n_layers)
-    return [cache[n] for n in names]
-
-
 def clean_pass(model: Model, tokens: Int[Tensor, "batch pos"], offset: int, n_content: int
                ) -> tuple[Unembedded, list[Tensor]]:
     """The clean run once: its content logits (unembedded lazily: what
-    `reference_logits` gives) and the residual stream entering every layer
-    (what `clean_resid` gives, the restarts `sweep` takes as `starts`)."""
+    `reference_logits` gives) and the residual stream entering every layer,
+    [batch pos d_model] each (the restarts `sweep` takes as `starts`)."""
     L = model.cfg.n_layers
     names = [act_name("resid_pre", l) for l in range(L)]
     last = act_name("resid_post", L - 1)  # the last block's output: what a pass stopped after it returns
@@ -76,30 +69,29 @@ def sweep(
     tokens: Int[Tensor, "batch pos"],
     interventions: Sequence[Intervention],
     *,
+    starts: Sequence[Tensor],
     score: Bound,
     offset: int,
     n_content: int,
     desc: str = "sweep",
     options: RunOptions = RunOptions(),
-    starts: Sequence[Tensor] | None = None,
 ) -> Float[Tensor, " cell"]:
     """Score every intervention, batching those that start at the same layer.
 
     Args:
         tokens: the run being intervened on, right-padded [batch, pos].
+        starts: its clean residual stream entering every layer (`clean_pass`),
+            where each intervention's pass restarts.
         score: a bound metric, logits [copies, batch, content_pos, d_vocab] -> [copies].
         offset, n_content: content token j sits at position offset + j.
         options: rows per forward pass (copies x batch; default 128; at least one
             copy runs), progress bar.
-        starts: the clean run's residual stream entering every layer, when the
-            caller has it (`clean_pass`); else computed here (`clean_resid`).
 
     Returns:
         One metric value per intervention, in the order given.
     """
     max_rows = options.batch(128)
     batch, n_pos = tokens.shape
-    starts = clean_resid(model, tokens) if starts is None else starts
     per_pass = max(1, max_rows // batch)
     by_layer: dict[int, list[int]] = {}
     for i, cell in enumerate(interventions):

@@ -102,15 +102,19 @@ def test_listed_pairs_equal_one_head_each(planted, tokens, mode):
 
 def test_one_clean_pass_gives_the_reference_and_the_restarts_bitwise(tokens):
     """clean_pass caches the clean run once: its content logits are reference_logits' and its residual
-    stream clean_resid's, bit for bit (the same pass's tensors), so a sweep given them computes the same."""
-    from sinkmech.interventions.sweep import clean_pass, clean_resid, reference_logits
+    stream a pass caching every resid_pre gives, bit for bit (the same pass's tensors), so a sweep given
+    them computes the same."""
+    from sinkmech.hooks import act_name, cached_run
+    from sinkmech.interventions.sweep import clean_pass, reference_logits
 
     model = make_tiny(4, n_kv=2)
     batch = tokens[:3, :9]
     logits, starts = clean_pass(model, batch, 1, 8)
     want = reference_logits(model, batch, 1, 8)
     assert torch.equal(logits.full(), want.full())
-    assert len(starts) == model.cfg.n_layers and all(torch.equal(a, b) for a, b in zip(starts, clean_resid(model, batch)))
+    names = [act_name("resid_pre", l) for l in range(model.cfg.n_layers)]
+    _, cache = cached_run(model, batch, names, stop_at_layer=model.cfg.n_layers)
+    assert len(starts) == model.cfg.n_layers and all(torch.equal(a, cache[n]) for a, n in zip(starts, names))
 
 
 def test_bad_ablation_inputs(planted, tokens):
