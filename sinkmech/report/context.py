@@ -51,7 +51,7 @@ class ReportContext:
     noop_max_heads: int | None = NOOP_MAX_HEADS
     ablation_prompts: int = 4  # mask_first over every head, and the resid_pre patch
     ablation_tokens: int = 16
-    # the sections beyond the paper (sections.py, after the interventions): small, so the default
+    # the sections beyond the paper (beyond.py, after the interventions): small, so the default
     # report grows by about a minute
     beyond_prompts: int = 16  # key sinks, massive activations, value-weighted attention
     stream_tokens: int = 256  # one long text (capped by the model's context)

@@ -1,4 +1,4 @@
-"""The report sections on the sink's mechanisms (sections.py, after the interventions), on the tiny model: their numbers
+"""The report sections on the sink's mechanisms (beyond.py, after the interventions), on the tiny model: their numbers
 equal direct calls of the analyses, their figures are drawn, their settings
 are small and capped by the model's context."""
 
@@ -18,7 +18,7 @@ from sinkmech.measures.massive import massive_dims
 from sinkmech.prompts import tokenize
 from sinkmech.report.context import SETTINGS
 from sinkmech.report.sections import SECTIONS
-from sinkmech.report.sections import (
+from sinkmech.report.beyond import (
     STREAM_KEEP, key_sinks_section, length_section, massive_section, stream_section, value_weighted_section,
 )
 from sinkmech.context.stream import long_tokens, stream_perplexity
@@ -104,7 +104,7 @@ def test_pages_and_figures(built):
 @pytest.mark.slow
 def test_massive_section_resets_from_the_onset(tiny_model, prompts, tmp_path, monkeypatch):
     # A low threshold gives the tiny model an onset, so the reset runs and is reported.
-    import sinkmech.report.sections as sb
+    import sinkmech.report.beyond as sb
 
     monkeypatch.setattr(sb, "massive_dims", lambda *a, **k: massive_dims(*a, **{**k, "threshold": 1.01, "sun_min_abs": 0.0,
                                                                                  "sun_min_ratio": 0.0}))
