@@ -17,7 +17,7 @@ from sinkmech.dormant.first_look import first_look_note
 from sinkmech.dormant.noop import NoopCheck, noop_check, noop_heads, with_primary
 from sinkmech.dormant.labels import Thresholds
 from sinkmech.dormant.result import HeadScan
-from sinkmech.dormant.scan import scan_heads
+from sinkmech.dormant.scan import ScanSums, scan_heads
 from sinkmech.corpora import load_prompts, prompt_documents, split_corpus
 from sinkmech.prompts import PromptSource
 from sinkmech.options import RunOptions
@@ -58,6 +58,7 @@ def discover_heads(
     thresholds: Thresholds = Thresholds(),
     memo: dict | None = None,
     options: RunOptions = RunOptions(),
+    scan_sums: ScanSums | None = None,
 ) -> Discovery:
     """`scan_heads` on the first prompts, then `noop_check` of every if_else
     head and the `n_candidates` closest besides on the next `noop_prompts`
@@ -76,6 +77,9 @@ def discover_heads(
             model, prompts and settings returns the stored Discovery instead
             of scanning and checking again.
         options: batch size, progress bars, the `<bos>` id (`RunOptions`).
+        scan_sums: the scan's running sums, filled in another pass over its
+            prompts (`sinkmech.dormant.scan.scan_sums`: the report's sink pass);
+            only its labels are left.
     """
     items = load_prompts(prompts)
     scan_rows, noop_rows = split_corpus(len(items), scan_prompts, noop_prompts)
@@ -87,7 +91,7 @@ def discover_heads(
         if key in memo:
             return memo[key]
     scan = scan_heads(model, items[scan_rows.start:scan_rows.stop], bos="prepend", max_tokens=max_tokens,
-                      thresholds=thresholds, options=options)
+                      thresholds=thresholds, options=options, sums=scan_sums)
     covers = noop_heads(scan, n_candidates)
     checked = covers if max_heads is None else covers[:max_heads]
     noop, t0 = None, time.perf_counter()

@@ -29,7 +29,7 @@ from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
 from sinkmech.options import RunOptions
 
-__all__ = ["HeadScan", "scan_heads"]
+__all__ = ["HeadScan", "ScanSums", "scan_heads", "scan_sums"]
 
 
 def scan_heads(
@@ -44,6 +44,7 @@ def scan_heads(
     sweep: bool = True,
     n_boot: int = 200,
     options: RunOptions = RunOptions(),
+    sums: ScanSums | None = None,
 ) -> HeadScan:
     """Profile every head in one streamed pass and label it (see `Thresholds`).
 
@@ -68,6 +69,8 @@ def scan_heads(
             (`HeadScan.uncertainty`; 0: none).
         options: batch size (default 16 prompts per forward pass), progress
             bar, and the `<bos>` id for prompts of a model without a tokenizer.
+        sums: the running sums of these prompts, already filled by another
+            streamed pass they rode (`scan_sums`); only the labels are left.
 
     Returns:
         HeadScan. `bands` holds [layer, head_index, band] means of the band
@@ -85,24 +88,36 @@ def scan_heads(
     max_tokens = batch.max_content  # what max_tokens came to: shorter prompts keep their length
     if int(batch.lengths.max()) < 2:
         raise ValueError("every prompt has a single token: there is no query to scan")
-    acc = accumulate(model, batch, th, n_bins=n_bins, options=options)
+    if sums is None:
+        acc = accumulate(model, batch, th, n_bins=n_bins, options=options)
+    else:
+        acc = sums.filled(batch, th, n_bins)
     return acc.finish(th, decode=token_text(model), top_triggers=top_triggers, max_tokens=max_tokens, sweep=sweep,
                       n_boot=n_boot, progress=options.progress)
 
 
 def accumulate(model: Model, batch: TokenBatch, th: Thresholds, *, n_bins: int = 20, first_prompt: int = 0,
-               n_pos: int | None = None, options: RunOptions = RunOptions()) -> _Accumulator:
+               n_pos: int | None = None, options: RunOptions = RunOptions()) -> ScanSums:
     """The scan's running sums over `batch`, before any label (a shard of a corpus:
     `first_prompt` is the global index of its first prompt, `n_pos` the position
     width every shard shares; see `sinkmech.sharding.dormant.heads_partial`)."""
-    acc = _Accumulator(model, batch, th, n_bins, first_prompt=first_prompt, n_pos=n_pos)
+    acc = ScanSums(model, batch, th, n_bins, first_prompt=first_prompt, n_pos=n_pos)
     chunks = batch.batches(options.batch(16))
     for _, part in tqdm(chunks, desc="scan heads", disable=not options.progress, unit="batch"):
         run(model, part.tokens, acc.hooks(part), stop_at_layer=model.cfg.n_layers)
     return acc
 
 
-class _Accumulator:
+def scan_sums(model: Model, batch: TokenBatch, *, thresholds: Thresholds = Thresholds(),
+              n_bins: int = 20) -> ScanSums:
+    """Empty running sums of a scan of `batch`, to fill in another streamed pass
+    whose first chunks are these prompts (`sink_scores(..., also=sums.ride)`),
+    then label with `scan_heads(..., sums=sums)`: one forward pass instead of two,
+    the same numbers bit for bit (the same chunks run the same computation)."""
+    return ScanSums(model, batch, thresholds, n_bins)
+
+
+class ScanSums:
     """Running sums for `scan_heads`; each layer is reduced in its `z` hook."""
 
     def __init__(self, model: Model, batch: TokenBatch, th: Thresholds, n_bins: int, *,
@@ -139,6 +154,32 @@ class _Accumulator:
         self.next_prompt = first_prompt  # the global index of the next prompt (it decides a trigger's half)
         self.triggers = TriggerCounter(L, H, cfg.d_vocab, P, dev)
         self.rotary = cfg.positional_embedding_type == "rotary"
+
+    def ride(self, rows: slice, part: TokenBatch) -> list:
+        """The hooks for one chunk of another pass over a batch whose first prompts
+        are this scan's, in chunks of the scan's own size (`scan_sums`): none
+        for a chunk past them. A chunk that is not the next of this scan's is refused."""
+        n = len(self.batch)
+        if rows.start >= n:
+            return []
+        seen = self.next_prompt - self.first_prompt
+        if rows.start != seen or rows.stop > n or not torch.equal(part.tokens, self.batch.slice(seen, rows.stop).tokens):
+            raise ValueError(f"prompts {rows.start}-{rows.stop - 1} of the pass are not the scan's next chunk (it has "
+                             f"{seen} of its {n} prompts): the pass must run the scan's prompts first, in chunks "
+                             "of the scan's batch size")
+        return self.hooks(part)
+
+    def filled(self, batch: TokenBatch, th: Thresholds, n_bins: int) -> ScanSums:
+        """These sums, checked to hold every prompt of `batch` at these settings."""
+        if self.th != th or self.n_bins != n_bins:
+            raise ValueError("the sums were filled with other thresholds or bins than the scan asks for")
+        if not (len(self.batch) == len(batch) and torch.equal(self.batch.tokens, batch.tokens)
+                and torch.equal(self.batch.lengths, batch.lengths)):
+            raise ValueError("the sums were filled over other prompts than the scan's")
+        if self.n_prompts != len(batch):
+            raise ValueError(f"the sums hold {self.n_prompts} of the scan's {len(batch)} prompts: "
+                             "the pass they rode stopped early")
+        return self
 
     def hooks(self, part: TokenBatch) -> list:
         cur: dict[str, Tensor] = {}

@@ -12,7 +12,7 @@ definitions (alpha_0, the eps and row checks, the `<bos>` move) are in `sinkmech
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import einops
@@ -310,6 +310,7 @@ def sink_scores(
     options: RunOptions = RunOptions(),
     attention: Attention = "pattern",
     sink: ValuelessBos | PhantomSink | None = None,
+    also: Callable[[slice, TokenBatch], list] | None = None,
 ) -> SinkScores:
     """First-token attention scores per (prompt, layer, head), streamed.
 
@@ -350,6 +351,10 @@ def sink_scores(
             options', or the tokenizer's). `scores` stay alpha_0 on key 0 as the
             intervened pattern has it (the
             pattern path only: `attention` "auto" reads the pattern with one).
+        also: more readers in the same passes: called with each chunk's rows
+            and tokens, it returns hooks that only read (the pattern path
+            without a sink intervention; e.g. `ScanSums.ride`, the report's
+            dormant scan on its first prompts).
 
     Returns:
         SinkScores with [prompt, layer, head_index] tensors.
@@ -365,6 +370,8 @@ def sink_scores(
     if sink is not None and attention == "fused":
         raise ValueError("the sink interventions act on the attention pattern: use attention='pattern' (or 'auto')")
     path = "pattern" if sink is not None else resolve_attention(attention, int(batch.tokens.shape[1]))
+    if also is not None and (path != "pattern" or sink is not None):
+        raise ValueError("more readers ride only the plain pattern pass: no sink intervention, attention='pattern'")
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     out = {
@@ -424,6 +431,8 @@ def sink_scores(
                 (act_name("v", l), value_hook),
                 (act_name("resid_post", l), resid_hook),
             ]
+        if also is not None:
+            hooks += also(rows, part)
         if loss:  # the same pass, through the one masked loss
             mask = target_mask(part) if bos_position is None else moved_bos_targets(part, bos_position)
             per_row = masked_row_losses(model, part.tokens, mask, hooks)

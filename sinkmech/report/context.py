@@ -21,7 +21,8 @@ from sinkmech.studies.compare import SharedPasses
 from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
 from sinkmech.corpora import corpus, default_corpus, load_prompts, prompt_documents
-from sinkmech.prompts import CONDITIONS, PromptSource, TokenStr, token_text
+from sinkmech.dormant.scan import ScanSums, scan_sums
+from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, TokenStr, token_text, tokenize
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
 from sinkmech.options import RunOptions
@@ -95,12 +96,40 @@ class ReportContext:
             # prompts are n_prompts windows spread over the whole corpus: `prompt_list`)
             documents = (corpus(n_prompts=self.n_prompts).documents if self.prompts is None
                          else prompt_documents(self.prompts, len(self.prompt_list())))
+            batches = {bos: tokenize(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
+                                     bos_token_id=self.options.bos_token_id) for bos in CONDITIONS}
+            riding = self._scan_rider(batches["prepend"])
             self.cache["sinks"] = {
-                bos: replace(sink_scores(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
-                                         options=self.options), documents=documents)
+                bos: replace(sink_scores(self.model, batches[bos], max_tokens=self.max_tokens, options=self.options,
+                                         also=riding.ride if riding is not None and bos == "prepend" else None),
+                             documents=documents)
                 for bos in CONDITIONS
             }
+            if riding is not None:
+                self.cache["scan_sums"] = riding
         return self.cache["sinks"]
+
+    def scan_split(self) -> tuple[list, int, int]:
+        """The dormant section's prompts, how many of them it scans (the first) and
+        how many it holds out for the no-op check (the next)."""
+        items = self.first(self.scan_prompts + self.noop_prompts)
+        n_noop = min(self.noop_prompts, len(items) // 2)
+        return items, min(self.scan_prompts, len(items) - n_noop), n_noop
+
+    def _scan_rider(self, batch: TokenBatch) -> ScanSums | None:
+        """The dormant scan's sums, to fill in the sink pass with `<bos>`: its prompts are
+        that pass's first ones, so one forward pass serves both. None where the scan's
+        last chunk would not be one of the pass's (a count short of a whole batch) or a
+        shared memo may hold the scan already."""
+        _, n_scan, _ = self.scan_split()
+        if self.shared is not None or not (n_scan == len(batch) or n_scan % self.batch_size == 0):
+            return None
+        return scan_sums(self.model, batch.slice(0, n_scan))
+
+    def ridden_scan(self) -> ScanSums | None:
+        """The sums the sink pass filled for the dormant scan (taken once), else None."""
+        self.sinks()
+        return self.cache.pop("scan_sums", None)
 
     def chosen_heads(self) -> dict[str, list[tuple[int, int]]]:
         """Heads to show up close, by alpha_0 with `<bos>`: the strongest sinks, the

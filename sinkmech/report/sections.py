@@ -241,11 +241,10 @@ def _validation(t: dict | None) -> str:
 def dormant_section(ctx: ReportContext) -> Section:
     """Dormant (if-else) heads: labels, the best candidates' norms, bands and no-op check."""
     model = ctx.model
-    items = ctx.first(ctx.scan_prompts + ctx.noop_prompts)
-    n_noop = min(ctx.noop_prompts, len(items) // 2)  # held out from the scan
-    disc = discover_heads(model, items, scan_prompts=min(ctx.scan_prompts, len(items) - n_noop), noop_prompts=n_noop,
+    items, n_scan, n_noop = ctx.scan_split()  # the no-op prompts are held out from the scan
+    disc = discover_heads(model, items, scan_prompts=n_scan, noop_prompts=n_noop,
                           n_candidates=ctx.n_heads, max_heads=ctx.noop_max_heads, max_tokens=ctx.max_tokens,
-                          memo=ctx.discoveries(), options=ctx.options)
+                          memo=ctx.discoveries(), options=ctx.options, scan_sums=ctx.ridden_scan())
     scan, noop = disc.scan, disc.noop
     found = scan.if_else_heads()
     ranked = found or scan.ranked()

@@ -62,7 +62,7 @@ def heads_result(part: Partial, model, *, top_triggers: int = 5):
     """A (merged) heads part back as a `HeadScan`: the model gives the token texts
     and the band layout (it must be the model the parts were run on)."""
     from sinkmech.dormant.labels import Thresholds
-    from sinkmech.dormant.scan import _Accumulator
+    from sinkmech.dormant.scan import ScanSums
     from sinkmech.prompts import TokenBatch, token_text
 
     s = part.settings
@@ -72,7 +72,7 @@ def heads_result(part: Partial, model, *, top_triggers: int = 5):
     tokens = (torch.from_numpy(part.rows["tokens"])[:, :width] if "tokens" in part.rows
               else torch.zeros(len(lengths), width, dtype=torch.long))
     batch = TokenBatch(tokens, lengths, s["bos"], None)
-    acc = _Accumulator(model, batch, th, s["n_bins"])
+    acc = ScanSums(model, batch, th, s["n_bins"])
     if "key_level" in part.rows:  # per-query records: the merged scan has its sweep and bootstrap too
         acc.key_level = torch.from_numpy(np.ascontiguousarray(part.rows["key_level"]))[..., :width]
         acc.per_prompt = {k: torch.from_numpy(np.ascontiguousarray(part.rows[f"per_prompt.{k}"])) for k in acc.per_prompt}

@@ -274,3 +274,27 @@ def test_a_capped_no_op_check_says_on_the_page_what_it_left_out(tiny_model, prom
     assert "<code>--noop-prompts 8</code> adds a first look" in off.index.read_text()
     with pytest.raises(ValueError, match="noop_max_heads"):
         report.build_report(tiny_model, tmp_path / "bad", noop_max_heads=0, **kw)
+
+
+@pytest.mark.slow
+def test_the_dormant_scan_rides_the_sink_pass_with_the_same_numbers(tiny_model, prompts, tmp_path, monkeypatch):
+    """12 prompts in chunks of 4, a scan of the first 8: the sink pass with <bos> fills the scan's sums
+    (no pass of the scan's own runs), and both sections equal a report that scans on its own."""
+    from sinkmech.dormant import scan as scan_module
+    from sinkmech.report.sections import dormant_section, sink_section
+
+    kw = dict(sections=[sink_section, dormant_section], prompts=prompts, n_prompts=12, max_tokens=16, scan_prompts=8,
+              options=RunOptions(progress=False, bos_token_id=TINY_BOS, batch_size=4))
+    with monkeypatch.context() as m:  # the same report with nothing riding
+        m.setattr(report.ReportContext, "_scan_rider", lambda self, batch: None)
+        own = report.build_report(tiny_model, tmp_path / "own", **kw)
+    with monkeypatch.context() as m:  # a scan pass of its own would fail here
+        m.setattr(scan_module, "accumulate", lambda *a, **k: pytest.fail("the scan ran a pass of its own"))
+        ridden = report.build_report(tiny_model, tmp_path / "ridden", **kw)
+    assert ridden.summary["sections"]["dormant"]["n_prompts"] == 8
+    assert json.dumps(ridden.summary["sections"]) == json.dumps(own.summary["sections"])
+    # 8 prompts are not a whole number of chunks of 3: the scan runs its own pass
+    monkeypatch.setattr(scan_module, "accumulate", lambda *a, **k: pytest.fail("a separate scan pass"))
+    with pytest.raises(pytest.fail.Exception, match="a separate scan pass"):
+        report.build_report(tiny_model, tmp_path / "odd", **{**kw, "options": RunOptions(
+            progress=False, bos_token_id=TINY_BOS, batch_size=3)})
