@@ -68,7 +68,7 @@ def _lean_jaxtyping_wrappers() -> None:
 
     def lean(fn):
         """`fn` checked the lean way, or None where jaxtyping's wrapper should do it."""
-        if (not inspect.isfunction(fn) or inspect.isgeneratorfunction(fn)
+        if (not inspect.isfunction(fn) or inspect.isgeneratorfunction(fn) or "<locals>" in fn.__qualname__
                 or not fn.__annotations__ or getattr(fn, "__no_type_check__", False)):
             return None
         try:
