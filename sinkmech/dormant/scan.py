@@ -28,6 +28,7 @@ from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_p
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
 from sinkmech.options import RunOptions
+from sinkmech.readers import Reader
 
 __all__ = ["HeadScan", "ScanSums", "scan_heads", "scan_sums"]
 
@@ -153,21 +154,17 @@ class ScanSums:
         self.first_prompt = first_prompt
         self.next_prompt = first_prompt  # the global index of the next prompt (it decides a trigger's half)
         self.triggers = TriggerCounter(L, H, cfg.d_vocab, P, dev)
+        self._riding: Reader | None = None  # the chunks another pass handed this scan (`ride`)
         self.rotary = cfg.positional_embedding_type == "rotary"
 
     def ride(self, rows: slice, part: TokenBatch) -> list:
         """The hooks for one chunk of another pass over a batch whose first prompts
-        are this scan's, in chunks of the scan's own size (`scan_sums`): none
-        for a chunk past them. A chunk that is not the next of this scan's is refused."""
-        n = len(self.batch)
-        if rows.start >= n:
-            return []
-        seen = self.next_prompt - self.first_prompt
-        if rows.start != seen or rows.stop > n or not torch.equal(part.tokens, self.batch.slice(seen, rows.stop).tokens):
-            raise ValueError(f"prompts {rows.start}-{rows.stop - 1} of the pass are not the scan's next chunk (it has "
-                             f"{seen} of its {n} prompts): the pass must run the scan's prompts first, in chunks "
-                             "of the scan's batch size")
-        return self.hooks(part)
+        are this scan's, in chunks of the scan's own size (`scan_sums`,
+        `sinkmech.readers.Reader.ride`): none for a chunk past them; a chunk that is
+        not the next of this scan's is refused."""
+        if self._riding is None:
+            self._riding = Reader(self.batch, lambda rows, part: self.hooks(part), lambda: None)
+        return self._riding.ride(rows, part)
 
     def filled(self, batch: TokenBatch, th: Thresholds, n_bins: int) -> ScanSums:
         """These sums, checked to hold every prompt of `batch` at these settings."""

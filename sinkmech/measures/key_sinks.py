@@ -35,13 +35,13 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
-from sinkmech.hooks import act_name, run
+from sinkmech.hooks import act_name
 from sinkmech.prompts import Bos, TokenBatch, token_text
 from sinkmech.results import Result
 from sinkmech.options import RunOptions
+from sinkmech.readers import Reader
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,7 @@ def key_sink_scores(
     min_queries: int = 8,
     min_excess: float = 0.1,
     options: RunOptions = RunOptions(),
+    reader: Reader | None = None,
 ) -> KeySinks:
     """Score every key position of every head, streamed.
 
@@ -236,14 +237,17 @@ def key_sink_scores(
         min_excess: a head's key of largest excess over its uniform share is a
             relative sink only above this (attention share, in [0, 1)).
         options: batch size (default 16 prompts per forward pass), progress bar.
+        reader: `key_sink_reader(model, batch, ...)` at these settings, filled by
+            another pass it rode (`sinkmech.readers`); then no pass of its own runs.
 
     Returns:
         KeySinks: top keys [layer, head_index, k], prompt-averaged alpha by
         key position [layer, head_index, key_pos] and the uniform share by key
         position [key_pos], flagged heads (raw and relative).
     """
-    rows, sums = key_sink_sums(model, batch, top_k=top_k, min_queries=min_queries, min_excess=min_excess,
-                               options=options)
+    settings = dict(top_k=top_k, min_queries=min_queries, min_excess=min_excess)
+    reader = key_sink_reader(model, batch, **settings) if reader is None else reader.filled(batch, **settings)
+    rows, sums = reader.read(model, options)
     return key_sinks_from_sums(rows, sums, top_k=top_k, min_queries=min_queries, min_excess=min_excess,
                                bos=batch.bos, model_name=model.cfg.model_name, decode=token_text(model))
 
@@ -271,13 +275,19 @@ def key_sink_sums(
         "uniform_sum" [key_pos], "n_scored" [key_pos], "off_first" and
         "off_first_relative" [layer, head_index], float64.
     """
+    return key_sink_reader(model, batch, top_k=top_k, min_queries=min_queries, min_excess=min_excess).read(
+        model, options)
+
+
+def key_sink_reader(model: Model, batch: TokenBatch, *, top_k: int = 5, min_queries: int = 8,
+                    min_excess: float = 0.1) -> Reader:
+    """What `key_sink_sums` reads from each chunk of its passes (`sinkmech.readers`)."""
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if min_queries < 1:
         raise ValueError(f"min_queries must be >= 1, got {min_queries}")
     if not 0.0 <= min_excess < 1.0:
         raise ValueError(f"min_excess must lie in [0, 1), got {min_excess}")
-    chunks = batch.batches(options.batch(16))
     cfg = model.cfg
     P, L, H, T = len(batch), cfg.n_layers, cfg.n_heads, batch.tokens.shape[1]
     top_v = torch.full((P, L, H, top_k), float("-inf"))
@@ -287,7 +297,8 @@ def key_sink_sums(
     off_first = torch.zeros(L, H, dtype=torch.float64)
     off_first_rel = torch.zeros(L, H, dtype=torch.float64)
     unif_sum = torch.zeros(T, dtype=torch.float64)
-    for rows, part in tqdm(chunks, desc=f"key sinks (bos={batch.bos})", disable=not options.progress, unit="batch"):
+
+    def hooks(rows: slice, part: TokenBatch) -> list:
         t = part.tokens.shape[1]
         lengths = part.lengths
         unif = uniform_share(lengths.cpu(), t, min_queries)  # [b, t]
@@ -306,11 +317,16 @@ def key_sink_sums(
             if l == 0:
                 pos_cnt[:t] += (~torch.isnan(alpha[:, 0])).double().sum(0)
 
-        run(model, part.tokens, [(act_name("pattern", l), hook) for l in range(L)], stop_at_layer=L)
-    ids = batch.tokens.cpu().gather(1, top_pos.reshape(P, -1)).reshape(top_pos.shape)
-    return ({"top_scores": top_v, "top_position": top_pos, "top_token_id": ids},
-            {"by_position_sum": pos_sum, "uniform_sum": unif_sum, "n_scored": pos_cnt, "off_first": off_first,
-             "off_first_relative": off_first_rel})
+        return [(act_name("pattern", l), hook) for l in range(L)]
+
+    def finish() -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        ids = batch.tokens.cpu().gather(1, top_pos.reshape(P, -1)).reshape(top_pos.shape)
+        return ({"top_scores": top_v, "top_position": top_pos, "top_token_id": ids},
+                {"by_position_sum": pos_sum, "uniform_sum": unif_sum, "n_scored": pos_cnt, "off_first": off_first,
+                 "off_first_relative": off_first_rel})
+
+    return Reader(batch, hooks, finish, desc=f"key sinks (bos={batch.bos})",
+                  settings=dict(top_k=top_k, min_queries=min_queries, min_excess=min_excess))
 
 
 def key_sinks_from_sums(

@@ -30,15 +30,15 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import Model
-from sinkmech.hooks import act_name, check_layer, run
+from sinkmech.hooks import act_name, check_layer
 from sinkmech.measures.loss import content_loss
 from sinkmech.prompts import DEFAULT_EPS, Bos, TokenBatch
 from sinkmech.results import Result
 from sinkmech.measures.sinks import first_key_score, format_eps, sink_rate
 from sinkmech.options import RunOptions
+from sinkmech.readers import Reader
 
 
 @dataclass(frozen=True)
@@ -156,13 +156,17 @@ def massive_sums(model: Model, batch: TokenBatch, *, options: RunOptions = RunOp
         h_0^2 / ||h_0||^2, h_0) or [resid_layer] (||h_0||, mean_t ||h_t||, the
         hidden state's median magnitude); "n_prompts": [1].
     """
+    return massive_reader(model, batch).read(model, options)
+
+
+def massive_reader(model: Model, batch: TokenBatch) -> Reader:
+    """What `massive_sums` reads from each chunk of its passes (`sinkmech.readers`)."""
     _check(batch)
     L, D = model.cfg.n_layers, model.cfg.d_model
     sums = {k: torch.zeros(L + 1, D, dtype=torch.float64) for k in MASSIVE_SUMS[:4]}
     sums.update({k: torch.zeros(L + 1, dtype=torch.float64) for k in MASSIVE_SUMS[4:]})
-    for _, part in tqdm(batch.batches(options.batch(16)), desc=f"massive dims (bos={batch.bos})",
-                        disable=not options.progress, unit="batch"):
 
+    def hooks(rows: slice, part: TokenBatch) -> list:
         def make(i: int):
             def hook(resid, hook):
                 f, m, a, b = dim_stats(resid, part.lengths)
@@ -174,9 +178,12 @@ def massive_sums(model: Model, batch: TokenBatch, *, options: RunOptions = RunOp
 
             return hook
 
-        hooks = [(act_name("resid_pre", l), make(l)) for l in range(L)] + [(act_name("resid_post", L - 1), make(L))]
-        run(model, part.tokens, hooks, stop_at_layer=L)
-    return {**sums, "n_prompts": torch.tensor([float(len(batch))], dtype=torch.float64)}
+        return [(act_name("resid_pre", l), make(l)) for l in range(L)] + [(act_name("resid_post", L - 1), make(L))]
+
+    def finish() -> dict[str, Tensor]:
+        return {**sums, "n_prompts": torch.tensor([float(len(batch))], dtype=torch.float64)}
+
+    return Reader(batch, hooks, finish, desc=f"massive dims (bos={batch.bos})")
 
 
 def massive_from_sums(
@@ -215,6 +222,7 @@ def massive_dims(
     sun_min_abs: float = 100.0,
     sun_min_ratio: float = 1000.0,
     options: RunOptions = RunOptions(),
+    reader: Reader | None = None,
 ) -> MassiveDims:
     """Which residual dimensions carry the first token's large norm, from which layer.
 
@@ -226,6 +234,8 @@ def massive_dims(
             dimension (|h_0[d]| > sun_min_abs and >= sun_min_ratio x the median
             magnitude of the hidden state).
         options: batch size (default 16 prompts per forward pass), progress bar.
+        reader: `massive_reader(model, batch)` filled by another pass it rode
+            (`sinkmech.readers`); then no pass of its own runs.
 
     Returns:
         MassiveDims over resid_layer 0 .. n_layers (embeddings .. last block's output).
@@ -234,7 +244,7 @@ def massive_dims(
         raise ValueError(f"top_k must lie in [1, d_model={model.cfg.d_model}], got {top_k}")
     if threshold <= 0:
         raise ValueError(f"threshold must be > 0, got {threshold}")
-    sums = massive_sums(model, batch, options=options)
+    sums = (massive_reader(model, batch) if reader is None else reader.filled(batch)).read(model, options)
     return massive_from_sums(sums, top_k=top_k, threshold=threshold, sun_min_abs=sun_min_abs,
                              sun_min_ratio=sun_min_ratio, bos=batch.bos, model_name=model.cfg.model_name)
 

@@ -23,14 +23,14 @@ import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sinkmech.loading.backend import W_O, Model
-from sinkmech.hooks import act_name, expand_kv, run
+from sinkmech.hooks import act_name, expand_kv
 from sinkmech.prompts import Bos, TokenBatch
 from sinkmech.measures.sinks import first_key_score
 from sinkmech.results import Result
 from sinkmech.options import RunOptions
+from sinkmech.readers import Reader
 
 VectorKind = Literal["output", "value"]
 VECTORS: tuple[str, ...] = ("output", "value")
@@ -97,6 +97,7 @@ def value_weighted_first(
     *,
     vector: VectorKind = "output",
     options: RunOptions = RunOptions(),
+    reader: Reader | None = None,
 ) -> ValueWeighted:
     """alpha_0 and the first token's share of the value-weighted output, per head.
 
@@ -105,17 +106,26 @@ def value_weighted_first(
         batch: right-padded tokens (one `<bos>` condition).
         vector: "output" (||v W_O||, Kobayashi's f) or "value" (||v||).
         options: batch size (default 16 prompts per forward pass), progress bar.
+        reader: `value_weighted_reader(model, batch, vector=...)` filled by another
+            pass it rode (`sinkmech.readers`); then no pass of its own runs.
 
     Returns:
         ValueWeighted with [prompt, layer, head_index] tensors.
     """
+    reader = (value_weighted_reader(model, batch, vector=vector) if reader is None
+              else reader.filled(batch, vector=vector))
+    return reader.read(model, options)
+
+
+def value_weighted_reader(model: Model, batch: TokenBatch, *, vector: VectorKind = "output") -> Reader:
+    """What `value_weighted_first` reads from each chunk of its passes (`sinkmech.readers`)."""
     if vector not in VECTORS:
         raise ValueError(f"vector must be one of {VECTORS}, got {vector!r}")
     cfg = model.cfg
     P, L, H = len(batch), cfg.n_layers, cfg.n_heads
     attn_first, output_first = torch.zeros(P, L, H), torch.zeros(P, L, H)
-    for rows, part in tqdm(batch.batches(options.batch(16)), desc=f"value-weighted (bos={batch.bos})",
-                             disable=not options.progress, unit="batch"):
+
+    def hooks(rows: slice, part: TokenBatch) -> list:
         valid = part.mask.float()  # [batch, pos]
         norms: dict[int, Tensor] = {}
 
@@ -132,11 +142,10 @@ def value_weighted_first(
             output_first[rows, l] = (first / total.clamp(min=1e-30)).cpu()
             attn_first[rows, l] = first_key_score(pattern, part.lengths).cpu()
 
-        hooks = []
-        for l in range(L):
-            hooks += [(act_name("v", l), v_hook), (act_name("pattern", l), pattern_hook)]
-        run(model, part.tokens, hooks, stop_at_layer=L)
-    return ValueWeighted(
-        attn_first=attn_first, output_first=output_first, lengths=batch.lengths.cpu(),
-        vector=vector, bos=batch.bos, model_name=cfg.model_name,
-    )
+        return [h for l in range(L) for h in ((act_name("v", l), v_hook), (act_name("pattern", l), pattern_hook))]
+
+    def finish() -> ValueWeighted:
+        return ValueWeighted(attn_first=attn_first, output_first=output_first, lengths=batch.lengths.cpu(),
+                             vector=vector, bos=batch.bos, model_name=cfg.model_name)
+
+    return Reader(batch, hooks, finish, desc=f"value-weighted (bos={batch.bos})", settings={"vector": vector})

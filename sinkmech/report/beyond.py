@@ -37,7 +37,7 @@ def _batch(ctx: ReportContext, bos: str) -> TokenBatch:
 def key_sinks_section(ctx: ReportContext) -> Section:
     """Heads whose strongest key (alpha_k averaged over prompts) is not position 0."""
     name = ctx.model.cfg.model_name
-    res = {c: key_sink_scores(ctx.model, _batch(ctx, c), options=ctx.options)
+    res = {c: key_sink_scores(ctx.model, _batch(ctx, c), options=ctx.options, reader=ctx.ridden("key_sinks", c))
            for c in CONDITIONS}
     figs = ctx.figure("strongest_key", lambda p: mechanisms.strongest_key_heatmap(res, p, model_name=name))
     summary: dict = {"n_prompts": res["prepend"].n_prompts, "min_queries": res["prepend"].min_queries}
@@ -97,7 +97,7 @@ def massive_section(ctx: ReportContext) -> Section:
     """Massive residual dimensions at position 0, and the cost of resetting them."""
     name = ctx.model.cfg.model_name
     batch = _batch(ctx, "prepend")
-    md = massive_dims(ctx.model, batch, options=ctx.options)
+    md = massive_dims(ctx.model, batch, options=ctx.options, reader=ctx.ridden("massive"))
     figs = ctx.figure("massive_dims", lambda p: mechanisms.massive_figure(md, p, model_name=name))
     summary = {"n_prompts": len(batch), **md.to_dict()}
     body = (
@@ -146,7 +146,7 @@ def value_weighted_section(ctx: ReportContext) -> Section:
     """Attention on the first token against its share of the value-weighted output."""
     name = ctx.model.cfg.model_name
     batch = _batch(ctx, "prepend")
-    vw = value_weighted_first(ctx.model, batch, options=ctx.options)
+    vw = value_weighted_first(ctx.model, batch, options=ctx.options, reader=ctx.ridden("value_weighted"))
     figs = ctx.figure("value_weighted", lambda p: mechanisms.value_weighted_scatter(vw, p, model_name=name))
     attn, out = vw.mean_attn_first(), vw.mean_output_first()
     eps = DEFAULT_EPS[0]

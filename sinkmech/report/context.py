@@ -22,6 +22,10 @@ from sinkmech.loading.backend import Model
 from sinkmech.hooks import head_label  # noqa: F401  (sections import it from here)
 from sinkmech.corpora import corpus, default_corpus, load_prompts, prompt_documents
 from sinkmech.dormant.scan import ScanSums, scan_sums
+from sinkmech.measures.key_sinks import key_sink_reader
+from sinkmech.measures.massive import massive_reader
+from sinkmech.measures.value_weighted import value_weighted_reader
+from sinkmech.readers import Reader, riders
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, TokenStr, token_text, tokenize
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
@@ -98,16 +102,42 @@ class ReportContext:
                          else prompt_documents(self.prompts, len(self.prompt_list())))
             batches = {bos: tokenize(self.model, self.prompt_list(), bos=bos, max_tokens=self.max_tokens,
                                      bos_token_id=self.options.bos_token_id) for bos in CONDITIONS}
-            riding = self._scan_rider(batches["prepend"])
+            riding = self._riders(batches)
             self.cache["sinks"] = {
                 bos: replace(sink_scores(self.model, batches[bos], max_tokens=self.max_tokens, options=self.options,
-                                         also=riding.ride if riding is not None and bos == "prepend" else None),
+                                         also=riders([r.ride for r in riding[bos].values()]) if riding[bos] else None),
                              documents=documents)
                 for bos in CONDITIONS
             }
-            if riding is not None:
-                self.cache["scan_sums"] = riding
+            self.cache["ridden"] = {(name, bos): r for bos, rs in riding.items() for name, r in rs.items()}
         return self.cache["sinks"]
+
+    def _riders(self, batches: dict[str, TokenBatch]) -> dict[str, dict[str, ScanSums | Reader]]:
+        """What rides the sink passes, by condition and name: the dormant scan's sums (with
+        `<bos>`; `_scan_rider`) and the readers of the key-sink, massive-dimension and
+        value-weighted sections (their first `beyond_prompts` prompts), each where its
+        prompts are whole chunks of the pass's first ones: one forward pass serves them all."""
+        n = len(self.first(self.beyond_prompts))
+        beyond = n == len(batches["prepend"]) or n % self.batch_size == 0
+        makers = {"prepend": {"key_sinks": key_sink_reader, "massive": massive_reader,
+                              "value_weighted": value_weighted_reader},
+                  "none": {"key_sinks": key_sink_reader}} if beyond else {}
+        out: dict[str, dict] = {bos: {} for bos in CONDITIONS}
+        for bos, made in makers.items():
+            for name, make in made.items():
+                try:
+                    out[bos][name] = make(self.model, batches[bos].slice(0, n))
+                except ValueError:  # its section says what is wrong, when it runs
+                    continue
+        scan = self._scan_rider(batches["prepend"])
+        if scan is not None:
+            out["prepend"]["scan"] = scan
+        return out
+
+    def ridden(self, name: str, bos: str = "prepend"):
+        """What rode the sink pass of `bos` for `name` (taken once), else None (no sink pass
+        ran before the section, or nothing could ride it): the section runs its own pass."""
+        return self.cache["ridden"].pop((name, bos), None) if "ridden" in self.cache else None
 
     def scan_split(self) -> tuple[list, int, int]:
         """The dormant section's prompts, how many of them it scans (the first) and
@@ -126,10 +156,6 @@ class ReportContext:
             return None
         return scan_sums(self.model, batch.slice(0, n_scan))
 
-    def ridden_scan(self) -> ScanSums | None:
-        """The sums the sink pass filled for the dormant scan (taken once), else None."""
-        self.sinks()
-        return self.cache.pop("scan_sums", None)
 
     def chosen_heads(self) -> dict[str, list[tuple[int, int]]]:
         """Heads to show up close, by alpha_0 with `<bos>`: the strongest sinks, the

@@ -244,7 +244,7 @@ def dormant_section(ctx: ReportContext) -> Section:
     items, n_scan, n_noop = ctx.scan_split()  # the no-op prompts are held out from the scan
     disc = discover_heads(model, items, scan_prompts=n_scan, noop_prompts=n_noop,
                           n_candidates=ctx.n_heads, max_heads=ctx.noop_max_heads, max_tokens=ctx.max_tokens,
-                          memo=ctx.discoveries(), options=ctx.options, scan_sums=ctx.ridden_scan())
+                          memo=ctx.discoveries(), options=ctx.options, scan_sums=ctx.ridden("scan"))
     scan, noop = disc.scan, disc.noop
     found = scan.if_else_heads()
     ranked = found or scan.ranked()

@@ -44,10 +44,10 @@ def test_a_scan_that_rides_the_sink_pass_equals_its_own(tiny_model, batch):
 
 def test_a_scan_rides_only_whole_chunks_of_its_own_prompts(tiny_model, batch):
     sums = scan_sums(tiny_model, batch.slice(0, 6), thresholds=TH)  # 6 prompts: the pass's second chunk crosses them
-    with pytest.raises(ValueError, match="not the scan's next chunk"):
+    with pytest.raises(ValueError, match="not the reader's next chunk"):
         sink_scores(tiny_model, batch, options=RUN, also=sums.ride)
     other = scan_sums(tiny_model, batch.slice(2, 10), thresholds=TH)  # not the pass's first prompts
-    with pytest.raises(ValueError, match="not the scan's next chunk"):
+    with pytest.raises(ValueError, match="not the reader's next chunk"):
         sink_scores(tiny_model, batch, options=RUN, also=other.ride)
 
 

@@ -277,24 +277,37 @@ def test_a_capped_no_op_check_says_on_the_page_what_it_left_out(tiny_model, prom
 
 
 @pytest.mark.slow
-def test_the_dormant_scan_rides_the_sink_pass_with_the_same_numbers(tiny_model, prompts, tmp_path, monkeypatch):
-    """12 prompts in chunks of 4, a scan of the first 8: the sink pass with <bos> fills the scan's sums
-    (no pass of the scan's own runs), and both sections equal a report that scans on its own."""
+def test_the_scan_and_the_sections_beyond_the_paper_ride_the_sink_pass_with_the_same_numbers(
+        tiny_model, prompts, tmp_path, monkeypatch):
+    """12 prompts in chunks of 4, a scan of the first 8 and the sections beyond the paper on the first 8: the
+    sink passes fill the scan's sums and the key-sink, massive and value-weighted readers (no pass of their
+    own runs), and every section equals a report where nothing rides."""
+    from sinkmech import readers
     from sinkmech.dormant import scan as scan_module
+    from sinkmech.report.beyond import key_sinks_section, massive_section, value_weighted_section
     from sinkmech.report.sections import dormant_section, sink_section
 
-    kw = dict(sections=[sink_section, dormant_section], prompts=prompts, n_prompts=12, max_tokens=16, scan_prompts=8,
+    kw = dict(sections=[sink_section, dormant_section, key_sinks_section, massive_section, value_weighted_section],
+              prompts=prompts, n_prompts=12, max_tokens=16, scan_prompts=8, beyond_prompts=8,
               options=RunOptions(progress=False, bos_token_id=TINY_BOS, batch_size=4))
     with monkeypatch.context() as m:  # the same report with nothing riding
-        m.setattr(report.ReportContext, "_scan_rider", lambda self, batch: None)
+        m.setattr(report.ReportContext, "_riders", lambda self, batches: {"prepend": {}, "none": {}})
         own = report.build_report(tiny_model, tmp_path / "own", **kw)
-    with monkeypatch.context() as m:  # a scan pass of its own would fail here
+    with monkeypatch.context() as m:  # a pass of the scan's or a reader's own would fail here
         m.setattr(scan_module, "accumulate", lambda *a, **k: pytest.fail("the scan ran a pass of its own"))
+        m.setattr(readers, "run", lambda *a, **k: pytest.fail("a reader ran a pass of its own"))
         ridden = report.build_report(tiny_model, tmp_path / "ridden", **kw)
-    assert ridden.summary["sections"]["dormant"]["n_prompts"] == 8
-    assert json.dumps(ridden.summary["sections"]) == json.dumps(own.summary["sections"])
-    # 8 prompts are not a whole number of chunks of 3: the scan runs its own pass
+    sections = ridden.summary["sections"]
+    assert sections["dormant"]["n_prompts"] == 8 and sections["key_sinks"]["n_prompts"] == 8
+    assert json.dumps(sections) == json.dumps(own.summary["sections"])
+    # 8 prompts are not a whole number of chunks of 3: each runs its own pass
     monkeypatch.setattr(scan_module, "accumulate", lambda *a, **k: pytest.fail("a separate scan pass"))
     with pytest.raises(pytest.fail.Exception, match="a separate scan pass"):
         report.build_report(tiny_model, tmp_path / "odd", **{**kw, "options": RunOptions(
             progress=False, bos_token_id=TINY_BOS, batch_size=3)})
+    monkeypatch.setattr(readers, "run", lambda *a, **k: pytest.fail("a separate reader pass"))
+    with pytest.raises(pytest.fail.Exception, match="a separate reader pass"):
+        report.build_report(tiny_model, tmp_path / "odd2", **{**kw, "sections": [sink_section, massive_section],
+                                                              "options": RunOptions(progress=False,
+                                                                                    bos_token_id=TINY_BOS,
+                                                                                    batch_size=3)})
