@@ -50,6 +50,7 @@ sys.path.insert(0, sys.argv[3])
 from bench_report_memory import proc_status_gib, reset_peak
 from sinkmech.files import json_text
 from sinkmech.loading.models import load_model
+from sinkmech.options import RunOptions
 from sinkmech.report.page import build_report
 from sinkmech.report.sections import SECTIONS
 
@@ -76,7 +77,7 @@ def measured(section):
 only = set(sys.argv[4].split(",")) if sys.argv[4] else None
 with tempfile.TemporaryDirectory() as tmp:
     build_report(m, Path(tmp) / "r", sections=[measured(s) for s in SECTIONS if only is None or s.__name__ in only],
-                 n_prompts=int(sys.argv[2]), progress=False)
+                 n_prompts=int(sys.argv[2]), options=RunOptions(progress=False))
 """
 
 
@@ -99,15 +100,16 @@ def section_peaks(model: str, n_prompts: int, only: list[str] | None = None, dty
     rows = []
     with subprocess.Popen([sys.executable, "-c", SECTIONS_CHILD, model, str(n_prompts), str(Path(__file__).parent),
                            ",".join(only or ()), dtype],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
             if line.startswith("ROW "):
                 rows.append(json.loads(line[4:]))
                 r = rows[-1]
                 print(f"  {r['section']:<22} {r['seconds']:>6.1f} s ({r['cpu_s']:.1f} s CPU)  peak {r['peak_gib']:.2f} GiB",
                       flush=True)
+        err = proc.stderr.read()
     if proc.returncode != 0:
-        raise RuntimeError(f"the measured report failed (exit {proc.returncode})")
+        raise RuntimeError(f"the measured report failed (exit {proc.returncode}): {err.strip()[-2000:]}")
     return rows
 
 
@@ -126,7 +128,7 @@ def child_peak(cmd: list[str]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gemma3-270m")
-    p.add_argument("--n-prompts", type=int, default=170, help="report --n-prompts (default: the report's 170)")
+    p.add_argument("--n-prompts", type=int, default=170, help="report --n-prompts (default 170, the paper's count; the report's own default is 80)")
     p.add_argument("--limit-gb", type=float, default=5.0, help="target peak of the report, GiB (default 5)")
     p.add_argument("--sections", action="store_true", help="measure the peak of each report section (the report run in-process, sections wrapped)")
     p.add_argument("--only", nargs="+", default=None, metavar="SECTION",

@@ -56,14 +56,8 @@ class Reader:
         """The hooks for one chunk of another pass over a batch whose first prompts are
         this reader's: none for a chunk past them; a chunk that is not this reader's
         next is refused (the pass must run these prompts first, in the reader's chunks)."""
-        n = len(self.batch)
-        if rows.start >= n:
+        if not rides(self.batch, self.seen, rows, part):
             return []
-        if (rows.start != self.seen or rows.stop > n
-                or not torch.equal(part.tokens, self.batch.slice(self.seen, rows.stop).tokens)):
-            raise ValueError(f"prompts {rows.start}-{rows.stop - 1} of the pass are not the reader's next chunk (it "
-                             f"has {self.seen} of its {n} prompts): the pass must run its prompts first, in chunks "
-                             "of its batch size")
         self.seen = rows.stop
         return self.hooks(rows, part)
 
@@ -77,6 +71,19 @@ class Reader:
             raise ValueError(f"the reader was filled with other settings ({self.settings}) than the analysis asks "
                              f"for ({settings})")
         return self
+
+
+def rides(batch: TokenBatch, seen: int, rows: slice, part: TokenBatch) -> bool:
+    """Whether a reader of `batch` that has read its first `seen` prompts reads chunk `rows`
+    (`part`) of another pass: False past its prompts; a chunk that is not its next is refused."""
+    n = len(batch)
+    if rows.start >= n:
+        return False
+    if rows.start != seen or rows.stop > n or not torch.equal(part.tokens, batch.slice(seen, rows.stop).tokens):
+        raise ValueError(f"prompts {rows.start}-{rows.stop - 1} of the pass are not the reader's next chunk (it "
+                         f"has {seen} of its {n} prompts): the pass must run its prompts first, in chunks "
+                         "of its batch size")
+    return True
 
 
 def riders(rides: Sequence[ChunkHooks]) -> ChunkHooks:

@@ -28,7 +28,7 @@ from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_p
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
 from sinkmech.options import RunOptions
-from sinkmech.readers import Reader
+from sinkmech.readers import rides
 
 __all__ = ["HeadScan", "ScanSums", "scan_heads", "scan_sums"]
 
@@ -154,7 +154,6 @@ class ScanSums:
         self.first_prompt = first_prompt
         self.next_prompt = first_prompt  # the global index of the next prompt (it decides a trigger's half)
         self.triggers = TriggerCounter(L, H, cfg.d_vocab, P, dev)
-        self._riding: Reader | None = None  # the chunks another pass handed this scan (`ride`)
         self.rotary = cfg.positional_embedding_type == "rotary"
 
     def ride(self, rows: slice, part: TokenBatch) -> list:
@@ -162,9 +161,7 @@ class ScanSums:
         are this scan's, in chunks of the scan's own size (`scan_sums`,
         `sinkmech.readers.Reader.ride`): none for a chunk past them; a chunk that is
         not the next of this scan's is refused."""
-        if self._riding is None:
-            self._riding = Reader(self.batch, lambda rows, part: self.hooks(part), lambda: None)
-        return self._riding.ride(rows, part)
+        return self.hooks(part) if rides(self.batch, self.next_prompt - self.first_prompt, rows, part) else []
 
     def filled(self, batch: TokenBatch, th: Thresholds, n_bins: int) -> ScanSums:
         """These sums, checked to hold every prompt of `batch` at these settings."""

@@ -117,6 +117,8 @@ class ReportContext:
         `<bos>`; `_scan_rider`) and the readers of the key-sink, massive-dimension and
         value-weighted sections (their first `beyond_prompts` prompts), each where its
         prompts are whole chunks of the pass's first ones: one forward pass serves them all."""
+        runs = self.cache.get("sections")  # the report's section functions by name (None: all of them)
+        wanted = lambda name: runs is None or f"{name}_section" in runs  # noqa: E731
         n = len(self.first(self.beyond_prompts))
         beyond = n == len(batches["prepend"]) or n % self.batch_size == 0
         makers = {"prepend": {"key_sinks": key_sink_reader, "massive": massive_reader,
@@ -125,11 +127,13 @@ class ReportContext:
         out: dict[str, dict] = {bos: {} for bos in CONDITIONS}
         for bos, made in makers.items():
             for name, make in made.items():
+                if not wanted(name):
+                    continue
                 try:
                     out[bos][name] = make(self.model, batches[bos].slice(0, n))
                 except ValueError:  # its section says what is wrong, when it runs
                     continue
-        scan = self._scan_rider(batches["prepend"])
+        scan = self._scan_rider(batches["prepend"]) if wanted("dormant") else None
         if scan is not None:
             out["prepend"]["scan"] = scan
         return out

@@ -107,6 +107,7 @@ def _build(model, out: Path, sections, model_label, settings) -> tuple[dict, lis
     ctx = ReportContext(model=model, out=out, **settings)
     done, timing = [], {}
     sections = list(SECTIONS if sections is None else sections)
+    ctx.cache["sections"] = {make.__name__ for make in sections}  # what rides the sink passes: only what runs
     for i, make in enumerate(sections, 1):
         if ctx.options.progress:
             print(f"[{i}/{len(sections)}] {make.__name__} ...", flush=True)

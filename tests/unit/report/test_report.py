@@ -300,6 +300,13 @@ def test_the_scan_and_the_sections_beyond_the_paper_ride_the_sink_pass_with_the_
     sections = ridden.summary["sections"]
     assert sections["dormant"]["n_prompts"] == 8 and sections["key_sinks"]["n_prompts"] == 8
     assert json.dumps(sections) == json.dumps(own.summary["sections"])
+    # only what runs rides: without the dormant section the scan's sums are never made
+    from sinkmech.report import context as context_module
+
+    with monkeypatch.context() as m:
+        m.setattr(context_module, "scan_sums", lambda *a, **k: pytest.fail("the scan rode without its section"))
+        alone = report.build_report(tiny_model, tmp_path / "alone", **{**kw, "sections": [sink_section, key_sinks_section]})
+    assert alone.summary["sections"]["key_sinks"] == own.summary["sections"]["key_sinks"]
     # 8 prompts are not a whole number of chunks of 3: each runs its own pass
     monkeypatch.setattr(scan_module, "accumulate", lambda *a, **k: pytest.fail("a separate scan pass"))
     with pytest.raises(pytest.fail.Exception, match="a separate scan pass"):
