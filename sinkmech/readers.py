@@ -64,13 +64,24 @@ class Reader:
     def filled(self, batch: TokenBatch, **settings) -> Reader:
         """This reader, checked to be one of `batch` at these settings (an analysis
         handed a reader that rode another pass)."""
-        if not (len(self.batch) == len(batch) and torch.equal(self.batch.tokens, batch.tokens)
-                and torch.equal(self.batch.lengths, batch.lengths)):
+        if not same_prompts(self.batch, batch):
             raise ValueError("the reader was filled over other prompts than the analysis's")
         if settings != self.settings:
             raise ValueError(f"the reader was filled with other settings ({self.settings}) than the analysis asks "
                              f"for ({settings})")
         return self
+
+
+def same_prompts(a: TokenBatch, b: TokenBatch) -> bool:
+    """Whether two batches hold the same tokens and lengths (a reader filled over `a`
+    serves an analysis of `b`)."""
+    return len(a) == len(b) and torch.equal(a.tokens, b.tokens) and torch.equal(a.lengths, b.lengths)
+
+
+def whole_chunks(n: int, batch: TokenBatch, batch_size: int) -> bool:
+    """Whether the first `n` prompts of `batch` are whole chunks of a pass over it in
+    chunks of `batch_size` (what a reader of them needs to ride that pass)."""
+    return n == len(batch) or n % batch_size == 0
 
 
 def rides(batch: TokenBatch, seen: int, rows: slice, part: TokenBatch) -> bool:
@@ -86,6 +97,6 @@ def rides(batch: TokenBatch, seen: int, rows: slice, part: TokenBatch) -> bool:
     return True
 
 
-def riders(rides: Sequence[ChunkHooks]) -> ChunkHooks:
+def riders(each: Sequence[ChunkHooks]) -> ChunkHooks:
     """One `also` for a pass (`sink_scores`) from several readers' `ride`s."""
-    return lambda rows, part: [h for ride in rides for h in ride(rows, part)]
+    return lambda rows, part: [h for ride in each for h in ride(rows, part)]

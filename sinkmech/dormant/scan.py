@@ -28,7 +28,7 @@ from sinkmech.dormant.triggers import TriggerCounter, chosen_trigger, judge_by_p
 from sinkmech.hooks import act_name, expand_kv, run
 from sinkmech.prompts import Bos, PromptSource, TokenBatch, TokenStr, as_batch, token_text
 from sinkmech.options import RunOptions
-from sinkmech.readers import rides
+from sinkmech.readers import rides, same_prompts
 
 __all__ = ["HeadScan", "ScanSums", "scan_heads", "scan_sums"]
 
@@ -167,8 +167,7 @@ class ScanSums:
         """These sums, checked to hold every prompt of `batch` at these settings."""
         if self.th != th or self.n_bins != n_bins:
             raise ValueError("the sums were filled with other thresholds or bins than the scan asks for")
-        if not (len(self.batch) == len(batch) and torch.equal(self.batch.tokens, batch.tokens)
-                and torch.equal(self.batch.lengths, batch.lengths)):
+        if not same_prompts(self.batch, batch):
             raise ValueError("the sums were filled over other prompts than the scan's")
         if self.n_prompts != len(batch):
             raise ValueError(f"the sums hold {self.n_prompts} of the scan's {len(batch)} prompts: "

@@ -25,7 +25,7 @@ from sinkmech.dormant.scan import ScanSums, scan_sums
 from sinkmech.measures.key_sinks import key_sink_reader
 from sinkmech.measures.massive import massive_reader
 from sinkmech.measures.value_weighted import value_weighted_reader
-from sinkmech.readers import Reader, riders
+from sinkmech.readers import Reader, riders, whole_chunks
 from sinkmech.prompts import CONDITIONS, PromptSource, TokenBatch, TokenStr, token_text, tokenize
 from sinkmech.render import View
 from sinkmech.measures.sinks import SinkScores, sink_scores
@@ -120,7 +120,7 @@ class ReportContext:
         runs = self.cache.get("sections")  # the report's section functions by name (None: all of them)
         wanted = lambda name: runs is None or f"{name}_section" in runs  # noqa: E731
         n = len(self.first(self.beyond_prompts))
-        beyond = n == len(batches["prepend"]) or n % self.batch_size == 0
+        beyond = whole_chunks(n, batches["prepend"], self.batch_size)
         makers = {"prepend": {"key_sinks": key_sink_reader, "massive": massive_reader,
                               "value_weighted": value_weighted_reader},
                   "none": {"key_sinks": key_sink_reader}} if beyond else {}
@@ -156,10 +156,9 @@ class ReportContext:
         last chunk would not be one of the pass's (a count short of a whole batch) or a
         shared memo may hold the scan already."""
         _, n_scan, _ = self.scan_split()
-        if self.shared is not None or not (n_scan == len(batch) or n_scan % self.batch_size == 0):
+        if self.shared is not None or not whole_chunks(n_scan, batch, self.batch_size):
             return None
         return scan_sums(self.model, batch.slice(0, n_scan))
-
 
     def chosen_heads(self) -> dict[str, list[tuple[int, int]]]:
         """Heads to show up close, by alpha_0 with `<bos>`: the strongest sinks, the
